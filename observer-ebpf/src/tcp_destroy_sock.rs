@@ -1,0 +1,20 @@
+//! `tcp:tcp_destroy_sock` (kernel 4.16+): the socket is gone. Resolves a
+//! pending reuse that never saw an outcome and frees the socket's map entry.
+
+use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use observer_common::how;
+
+use crate::common::{now, resolve_on_end, SOCKS};
+
+#[tracepoint(category = "tcp", name = "tcp_destroy_sock")]
+pub fn tcp_destroy_sock(ctx: TracePointContext) -> u32 {
+    // SAFETY: offset from /sys/kernel/tracing/events/tcp/tcp_destroy_sock/format.
+    let sk = unsafe { ctx.read_at::<u64>(8).unwrap_or(0) };
+    if let Some(p) = SOCKS.get_ptr_mut(sk) {
+        // SAFETY: pointer from a successful map lookup.
+        let st = unsafe { &mut *p };
+        resolve_on_end(sk, st, now(), how::DESTROYED);
+        let _ = SOCKS.remove(sk);
+    }
+    0
+}

@@ -1,0 +1,393 @@
+//! The only module that touches aya: loads the embedded eBPF object, chooses
+//! and attaches the probe set for this kernel, and hands out typed events,
+//! loss counters and the per-socket table. Dropping [`Probes`] detaches and
+//! unloads everything (nothing is pinned).
+
+use std::{io, os::fd::AsFd, path::Path};
+
+use aya::{
+    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
+    programs::TracePoint,
+    Ebpf, EbpfLoader,
+};
+use observer_common::{counter, globals, maps, SockState};
+
+use crate::event::{decode_bytes, Clock, DecodeError, SockEvent};
+
+/// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
+static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
+
+/// What can go wrong bringing the probes up.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    #[error("this observer binary was built with AYA_BUILD_SKIP=1 and carries no eBPF object; build it with `cargo xtask run` (or `cargo build` after `cargo xtask setup`)")]
+    NoObject,
+    #[error(
+        "observer needs root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN); run it with sudo or as root"
+    )]
+    NotRoot,
+    #[error("the kernel lacks the tracepoint {0}; observer needs Linux 6.3 or newer (sock:sock_send_length/sock_recv_length)")]
+    MissingTracepoint(String),
+    #[error(
+        "mounting {what} at {path}: {source}; mount it by hand (`mount -t {what} {what} {path}`)"
+    )]
+    Mount {
+        what: &'static str,
+        path: &'static str,
+        source: io::Error,
+    },
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {0} missing from the eBPF object")]
+    MissingMap(&'static str),
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error("invalid setting: {0}")]
+    Setting(String),
+}
+
+/// Load-time settings for the probes.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    /// Minimum idle time before a write counts as a reuse.
+    pub min_idle_ns: u64,
+    /// How long a retransmitted reuse may go unanswered before it is a stall.
+    pub stall_after_ns: u64,
+    /// Capacity of the per-socket table.
+    pub max_sockets: u32,
+    /// Ring buffer size in bytes (a power of two, multiple of the page size).
+    pub ring_buffer_bytes: u32,
+}
+
+impl Default for ProbeConfig {
+    fn default() -> Self {
+        Self {
+            min_idle_ns: 1_000_000_000,
+            stall_after_ns: 1_000_000_000,
+            max_sockets: 65_536,
+            ring_buffer_bytes: 1 << 20,
+        }
+    }
+}
+
+/// A tracepoint the probe set attaches.
+#[derive(Debug, Clone, Copy)]
+pub struct Hook {
+    /// Program name in the object.
+    pub program: &'static str,
+    pub category: &'static str,
+    pub name: &'static str,
+}
+
+/// Hooks for kernels with `sock_send_length`/`sock_recv_length` (6.3+). A
+/// fallback set for older kernels (kprobes on `tcp_sendmsg`/`tcp_recvmsg`)
+/// would be a second list chosen in [`ProbeSet::detect`]; nothing
+/// downstream depends on which set runs.
+const TRACEPOINTS_6_3: &[Hook] = &[
+    Hook {
+        program: "inet_sock_set_state",
+        category: "sock",
+        name: "inet_sock_set_state",
+    },
+    Hook {
+        program: "sock_send_length",
+        category: "sock",
+        name: "sock_send_length",
+    },
+    Hook {
+        program: "sock_recv_length",
+        category: "sock",
+        name: "sock_recv_length",
+    },
+    Hook {
+        program: "tcp_receive_reset",
+        category: "tcp",
+        name: "tcp_receive_reset",
+    },
+    Hook {
+        program: "tcp_retransmit_skb",
+        category: "tcp",
+        name: "tcp_retransmit_skb",
+    },
+    Hook {
+        program: "tcp_destroy_sock",
+        category: "tcp",
+        name: "tcp_destroy_sock",
+    },
+    Hook {
+        program: "inet_sk_error_report",
+        category: "sock",
+        name: "inet_sk_error_report",
+    },
+];
+
+/// The set of hooks chosen for the running kernel.
+#[derive(Debug, Clone, Copy)]
+pub enum ProbeSet {
+    /// Stable tracepoints only (kernel 6.3+).
+    Tracepoints,
+}
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+const BPFFS: &str = "/sys/fs/bpf";
+
+impl ProbeSet {
+    /// Choose the probe set from what the kernel offers.
+    pub fn detect() -> Result<Self, BpfError> {
+        for hook in TRACEPOINTS_6_3 {
+            let p = format!("{TRACEFS}/events/{}/{}", hook.category, hook.name);
+            if !Path::new(&p).exists() {
+                return Err(BpfError::MissingTracepoint(format!(
+                    "{}:{}",
+                    hook.category, hook.name
+                )));
+            }
+        }
+        Ok(Self::Tracepoints)
+    }
+
+    #[must_use]
+    pub const fn hooks(self) -> &'static [Hook] {
+        match self {
+            Self::Tracepoints => TRACEPOINTS_6_3,
+        }
+    }
+}
+
+/// Kernel-side loss and bookkeeping counters (summed over CPUs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KernelCounters {
+    /// Events lost because the ring buffer was full.
+    pub ringbuf_full: u64,
+    /// Sockets not tracked because the socket table was full.
+    pub map_full: u64,
+    /// Reuses that ended without any outcome (one-way writes, early close).
+    pub reuse_unresolved: u64,
+}
+
+/// One attached probe, for logs and tests.
+#[derive(Debug, Clone)]
+pub struct Attached {
+    pub hook: Hook,
+    /// Kernel program id (as `bpftool prog list` shows it).
+    pub prog_id: u32,
+}
+
+/// Loaded and attached probes.
+pub struct Probes {
+    ebpf: Ebpf,
+    ring: RingBuf<MapData>,
+    counters: PerCpuArray<MapData, u64>,
+    attached: Vec<Attached>,
+    clock: Clock,
+}
+
+fn is_mounted(path: &str, fstype: &str) -> bool {
+    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.split_whitespace().nth(1) == Some(path) && l.split_whitespace().nth(2) == Some(fstype)
+        })
+    })
+}
+
+fn mount(what: &'static str, path: &'static str) -> Result<bool, BpfError> {
+    if is_mounted(path, what) {
+        return Ok(false);
+    }
+    let c = |s: &str| std::ffi::CString::new(s).map_err(|e| BpfError::Setting(e.to_string()));
+    let (src, target, fstype) = (c(what)?, c(path)?, c(what)?);
+    // SAFETY: valid NUL-terminated strings, no data argument.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(BpfError::Mount {
+            what,
+            path,
+            source: io::Error::last_os_error(),
+        });
+    }
+    Ok(true)
+}
+
+/// Mount tracefs and bpffs when missing. Returns what was mounted.
+pub fn ensure_filesystems() -> Result<Vec<&'static str>, BpfError> {
+    let mut done = Vec::new();
+    if mount("tracefs", TRACEFS)? {
+        done.push(TRACEFS);
+    }
+    if mount("bpf", BPFFS)? {
+        done.push(BPFFS);
+    }
+    Ok(done)
+}
+
+/// Raise `RLIMIT_MEMLOCK` for kernels that still charge BPF memory to it.
+/// Returns false when it could not (harmless on 5.11+ memcg accounting).
+#[must_use]
+pub fn raise_memlock() -> bool {
+    let lim = libc::rlimit {
+        rlim_cur: libc::RLIM_INFINITY,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: valid rlimit pointer.
+    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const lim) == 0 }
+}
+
+impl Probes {
+    /// Load the embedded object with `config` and attach the probe set.
+    pub fn load(config: &ProbeConfig) -> Result<Self, BpfError> {
+        if OBJECT.is_empty() {
+            return Err(BpfError::NoObject);
+        }
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(BpfError::NotRoot);
+        }
+        if !config.ring_buffer_bytes.is_power_of_two() || config.ring_buffer_bytes < 4096 {
+            return Err(BpfError::Setting(format!(
+                "ring buffer size {} must be a power of two and at least 4096 bytes",
+                config.ring_buffer_bytes
+            )));
+        }
+        if config.max_sockets == 0 {
+            return Err(BpfError::Setting("max sockets must be at least 1".into()));
+        }
+        ensure_filesystems()?;
+        let set = ProbeSet::detect()?;
+        let mut ebpf = EbpfLoader::new()
+            .override_global(globals::MIN_IDLE_NS, &config.min_idle_ns, true)
+            .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
+            .map_max_entries(maps::SOCKS, config.max_sockets)
+            .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
+            .load(OBJECT)?;
+        let mut attached = Vec::new();
+        for hook in set.hooks() {
+            let prog: &mut TracePoint = ebpf
+                .program_mut(hook.program)
+                .ok_or(BpfError::Program {
+                    name: hook.program,
+                    source: aya::programs::ProgramError::NotLoaded,
+                })?
+                .try_into()
+                .map_err(|source| BpfError::Program {
+                    name: hook.program,
+                    source,
+                })?;
+            prog.load().map_err(|source| BpfError::Program {
+                name: hook.program,
+                source,
+            })?;
+            prog.attach(hook.category, hook.name)
+                .map_err(|source| BpfError::Program {
+                    name: hook.program,
+                    source,
+                })?;
+            let prog_id = prog
+                .info()
+                .map_err(|source| BpfError::Program {
+                    name: hook.program,
+                    source,
+                })?
+                .id();
+            attached.push(Attached {
+                hook: *hook,
+                prog_id,
+            });
+        }
+        let ring = RingBuf::try_from(
+            ebpf.take_map(maps::EVENTS)
+                .ok_or(BpfError::MissingMap(maps::EVENTS))?,
+        )
+        .map_err(|source| BpfError::Map {
+            name: maps::EVENTS,
+            source,
+        })?;
+        let counters = PerCpuArray::try_from(
+            ebpf.take_map(maps::COUNTERS)
+                .ok_or(BpfError::MissingMap(maps::COUNTERS))?,
+        )
+        .map_err(|source| BpfError::Map {
+            name: maps::COUNTERS,
+            source,
+        })?;
+        Ok(Self {
+            ebpf,
+            ring,
+            counters,
+            attached,
+            clock: Clock::now(),
+        })
+    }
+
+    /// The probes attached, in attach order.
+    #[must_use]
+    pub fn attached(&self) -> &[Attached] {
+        &self.attached
+    }
+
+    /// A duplicate of the ring buffer's fd, to wait for readiness on.
+    pub fn ring_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
+        self.ring.as_fd().try_clone_to_owned()
+    }
+
+    /// Decode every event waiting in the ring buffer, in order.
+    pub fn drain(&mut self, mut f: impl FnMut(Result<SockEvent, DecodeError>)) -> usize {
+        let mut n = 0;
+        while let Some(item) = self.ring.next() {
+            f(decode_bytes(&item, self.clock));
+            n += 1;
+        }
+        n
+    }
+
+    /// Kernel counters, summed over CPUs.
+    pub fn counters(&self) -> Result<KernelCounters, BpfError> {
+        let sum = |i: u32| -> Result<u64, BpfError> {
+            let v = self.counters.get(&i, 0).map_err(|source| BpfError::Map {
+                name: maps::COUNTERS,
+                source,
+            })?;
+            Ok(v.iter().sum())
+        };
+        Ok(KernelCounters {
+            ringbuf_full: sum(counter::RINGBUF_FULL)?,
+            map_full: sum(counter::MAP_FULL)?,
+            reuse_unresolved: sum(counter::REUSE_UNRESOLVED)?,
+        })
+    }
+
+    /// Snapshot of the per-socket table: (socket id, state).
+    pub fn sockets(&self) -> Result<Vec<(u64, SockState)>, BpfError> {
+        let map = self
+            .ebpf
+            .map(maps::SOCKS)
+            .ok_or(BpfError::MissingMap(maps::SOCKS))?;
+        let table: BpfHashMap<_, u64, SockState> =
+            BpfHashMap::try_from(map).map_err(|source| BpfError::Map {
+                name: maps::SOCKS,
+                source,
+            })?;
+        Ok(table.iter().filter_map(Result::ok).collect())
+    }
+
+    /// The clock used to convert kernel timestamps.
+    #[must_use]
+    pub const fn clock(&self) -> Clock {
+        self.clock
+    }
+}

@@ -1,0 +1,116 @@
+//! Command-line interface (clap derive). Every flag is documented in the README.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "observer",
+    version,
+    about = "Finds idle-timeout mismatches between connection pools and the network path, from the kernel"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: load and attach the probes and follow every TCP socket.
+    Run(RunArgs),
+}
+
+/// How `--events` prints events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum EventsFormat {
+    /// One human-readable line per event.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("`{s}` is not a duration ({e}); write it like 1s, 500ms or 2m"))
+}
+
+fn parse_size(s: &str) -> Result<u32, String> {
+    let (num, mult) = match s.strip_suffix("KiB").or_else(|| s.strip_suffix('K')) {
+        Some(n) => (n, 1024),
+        None => match s.strip_suffix("MiB").or_else(|| s.strip_suffix('M')) {
+            Some(n) => (n, 1024 * 1024),
+            None => (s, 1),
+        },
+    };
+    num.trim()
+        .parse::<u32>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("`{s}` is not a size; write it like 4096, 256KiB or 1MiB"))
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// Print each reuse outcome, peer close and local close (`text`, or `json` lines).
+    #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "text")]
+    pub events: Option<EventsFormat>,
+    /// Also print connection establish/close events with `--events`.
+    #[arg(long)]
+    pub connections: bool,
+    /// A write after at least this much silence is a reuse.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub min_idle: Duration,
+    /// A retransmitted reuse unanswered this long is a stall.
+    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    pub stall_after: Duration,
+    /// Capacity of the kernel's per-socket table.
+    #[arg(long, default_value_t = 65_536)]
+    pub max_sockets: u32,
+    /// Size of the kernel-to-userspace ring buffer (power of two, >= 4096).
+    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    pub ring_buffer: u32,
+    /// Append every event to this file as JSON lines.
+    #[arg(long)]
+    pub record: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_defaults() {
+        let cli = Cli::try_parse_from(["observer", "run"]).unwrap();
+        let Command::Run(a) = cli.command;
+        assert_eq!(a.events, None);
+        assert_eq!(a.min_idle, Duration::from_secs(1));
+        assert_eq!(a.ring_buffer, 1 << 20);
+    }
+
+    #[test]
+    fn events_flag_forms() {
+        let Command::Run(a) = Cli::try_parse_from(["observer", "run", "--events"])
+            .unwrap()
+            .command;
+        assert_eq!(a.events, Some(EventsFormat::Text));
+        let Command::Run(a) =
+            Cli::try_parse_from(["observer", "run", "--events=json", "--ring-buffer", "4KiB"])
+                .unwrap()
+                .command;
+        assert_eq!(a.events, Some(EventsFormat::Json));
+        assert_eq!(a.ring_buffer, 4096);
+    }
+
+    #[test]
+    fn bad_values_name_the_fix() {
+        let err = Cli::try_parse_from(["observer", "run", "--min-idle", "soon"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("write it like"), "{err}");
+        let err = Cli::try_parse_from(["observer", "run", "--ring-buffer", "lots"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("256KiB"), "{err}");
+    }
+}

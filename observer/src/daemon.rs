@@ -1,0 +1,174 @@
+//! `observer run`: brings the probes up, follows the ring buffer, prints or
+//! records events, reports losses, and tears everything down on SIGINT/SIGTERM.
+
+use std::{
+    fs::File,
+    io::{BufWriter, Write},
+    time::Duration,
+};
+
+use anyhow::{Context as _, Result};
+use log::{error, info, warn};
+use tokio::{
+    io::{unix::AsyncFd, Interest},
+    signal::unix::{signal, SignalKind},
+};
+
+use crate::{
+    bpf::{self, KernelCounters, ProbeConfig, Probes},
+    cli::{EventsFormat, RunArgs},
+    event::{EventKind, SockEvent},
+};
+
+/// Where decoded events go.
+struct Sinks {
+    print: Option<EventsFormat>,
+    connections: bool,
+    record: Option<BufWriter<File>>,
+    decode_errors: u64,
+}
+
+impl Sinks {
+    fn handle(&mut self, ev: &SockEvent) -> Result<()> {
+        if let Some(rec) = self.record.as_mut() {
+            writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
+        }
+        let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
+        if is_connection && !self.connections {
+            return Ok(());
+        }
+        match self.print {
+            Some(EventsFormat::Text) => println!("{ev}"),
+            Some(EventsFormat::Json) => println!("{}", ev.to_json_line()),
+            None => {}
+        }
+        Ok(())
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Run the daemon until SIGINT or SIGTERM.
+pub async fn run(args: RunArgs) -> Result<()> {
+    for mounted in bpf::ensure_filesystems().context("preparing tracefs/bpffs")? {
+        info!("mounted {mounted}");
+    }
+    if !bpf::raise_memlock() {
+        warn!("could not raise RLIMIT_MEMLOCK (no CAP_SYS_RESOURCE); fine on kernels that account BPF memory to the cgroup (5.11+)");
+    }
+    let config = ProbeConfig {
+        min_idle_ns: nanos(args.min_idle),
+        stall_after_ns: nanos(args.stall_after),
+        max_sockets: args.max_sockets,
+        ring_buffer_bytes: args.ring_buffer,
+    };
+    let mut probes = Probes::load(&config).context("bringing up the probes")?;
+    for a in probes.attached() {
+        info!(
+            "attached tracepoint {}:{} (program {}, id {})",
+            a.hook.category, a.hook.name, a.hook.program, a.prog_id
+        );
+    }
+    let record = match &args.record {
+        Some(path) => Some(BufWriter::new(
+            File::options()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("opening recording {}", path.display()))?,
+        )),
+        None => None,
+    };
+    let mut sinks = Sinks {
+        print: args.events,
+        connections: args.connections,
+        record,
+        decode_errors: 0,
+    };
+    info!(
+        "observer running: min_idle={:?} stall_after={:?} max_sockets={} ring_buffer={}B",
+        args.min_idle, args.stall_after, args.max_sockets, args.ring_buffer
+    );
+
+    let ring_fd = probes.ring_fd().context("duplicating the ring buffer fd")?;
+    // SAFETY: `ring_fd` is an owned duplicate that lives inside the AsyncFd
+    // and is closed only when the AsyncFd is dropped.
+    let ring = unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) }
+        .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?;
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut reported = KernelCounters::default();
+
+    loop {
+        tokio::select! {
+            guard = ring.readable() => {
+                let mut guard = guard.context("waiting on the ring buffer")?;
+                drain(&mut probes, &mut sinks)?;
+                guard.clear_ready();
+            }
+            _ = tick.tick() => {
+                drain(&mut probes, &mut sinks)?;
+                report_losses(&probes, &mut reported);
+                if let Some(rec) = sinks.record.as_mut() {
+                    rec.flush().context("flushing the recording")?;
+                }
+            }
+            _ = sigterm.recv() => { info!("SIGTERM: detaching probes"); break; }
+            _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
+        }
+    }
+    drain(&mut probes, &mut sinks)?;
+    report_losses(&probes, &mut reported);
+    if let Some(rec) = sinks.record.as_mut() {
+        rec.flush().context("flushing the recording")?;
+    }
+    drop(ring);
+    drop(probes);
+    info!("probes detached; exiting");
+    Ok(())
+}
+
+fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
+    let mut result = Ok(());
+    probes.drain(|ev| match ev {
+        Ok(ev) => {
+            if let Err(e) = sinks.handle(&ev) {
+                result = Err(e);
+            }
+        }
+        Err(e) => {
+            sinks.decode_errors += 1;
+            error!("undecodable event ({} so far): {e}", sinks.decode_errors);
+        }
+    });
+    if result.is_ok() {
+        std::io::stdout().flush().ok();
+    }
+    result
+}
+
+fn report_losses(probes: &Probes, reported: &mut KernelCounters) {
+    match probes.counters() {
+        Ok(now) => {
+            if now.ringbuf_full > reported.ringbuf_full {
+                warn!(
+                    "lost {} events because the ring buffer was full ({} in total); raise --ring-buffer",
+                    now.ringbuf_full - reported.ringbuf_full,
+                    now.ringbuf_full
+                );
+            }
+            if now.map_full > reported.map_full {
+                warn!(
+                    "{} sockets went untracked because the socket table was full ({} in total); raise --max-sockets",
+                    now.map_full - reported.map_full,
+                    now.map_full
+                );
+            }
+            *reported = now;
+        }
+        Err(e) => warn!("reading kernel counters: {e}"),
+    }
+}

@@ -1,0 +1,517 @@
+//! Typed events: decoding of the kernel's wire records into [`SockEvent`],
+//! and their text and JSON renderings.
+//!
+//! Everything downstream of the bpf module works on [`SockEvent`], so it can
+//! be fed from a live ring buffer or from a JSON-lines recording alike.
+
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use observer_common::{flags, how, kind, outcome, role, Event, AF_INET, AF_INET6, EVENT_SIZE};
+use serde::{Deserialize, Serialize};
+
+/// Why a record could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("event record is {0} bytes, expected {EVENT_SIZE}: the daemon and its eBPF object are out of step; rebuild both")]
+    Size(usize),
+    #[error("unknown event kind {0}: the eBPF object is newer than this daemon; rebuild both")]
+    Kind(u8),
+    #[error("unknown address family {0}")]
+    Family(u16),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// Connection established.
+    Established,
+    /// Connection reached CLOSE.
+    Closed,
+    /// Outcome of a reuse (first write after idle).
+    Reuse,
+    /// The peer closed (FIN or RST) a socket idle with nothing outstanding.
+    PeerCloseWhileIdle,
+    /// The local process closed a socket (idle, or with a request outstanding).
+    LocalClose,
+}
+
+impl EventKind {
+    /// Stable name, as in JSON.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Established => "established",
+            Self::Closed => "closed",
+            Self::Reuse => "reuse",
+            Self::PeerCloseWhileIdle => "peer_close_while_idle",
+            Self::LocalClose => "local_close",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Client,
+    Server,
+    /// Socket was open before observer started and the ports did not tell.
+    Unknown,
+}
+
+impl Role {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Server => "server",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    Eof,
+    Reset,
+    Stall,
+}
+
+impl Outcome {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::Eof => "eof",
+            Self::Reset => "reset",
+            Self::Stall => "stall",
+        }
+    }
+
+    #[must_use]
+    pub const fn is_failure(self) -> bool {
+        !matches!(self, Self::Ok)
+    }
+}
+
+/// How a peer closed, or how a stall ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum How {
+    Fin,
+    Rst,
+    Response,
+    LocalClose,
+    Timeout,
+    Destroyed,
+}
+
+impl How {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fin => "fin",
+            Self::Rst => "rst",
+            Self::Response => "response",
+            Self::LocalClose => "local_close",
+            Self::Timeout => "timeout",
+            Self::Destroyed => "destroyed",
+        }
+    }
+}
+
+/// One decoded event. Field names are the JSON interface (see README).
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "flat JSON record; each flag is an independent fact"
+)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SockEvent {
+    /// Wall-clock time of the event, ns since the Unix epoch.
+    pub ts_unix_ns: u64,
+    pub kind: EventKind,
+    pub role: Role,
+    /// Process that wrote on the socket (0 when unknown).
+    pub pid: u32,
+    pub comm: String,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Idle age at the event, seconds (ns precision).
+    pub idle_seconds: f64,
+    /// Reuse outcome (reuse events only).
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
+    /// Time from the reuse write to its outcome, seconds (reuse events only).
+    #[serde(default)]
+    pub elapsed_seconds: Option<f64>,
+    /// Retransmits of the reuse write before the outcome.
+    #[serde(default)]
+    pub retransmits: u32,
+    /// The peer's FIN came before the reuse write: no byte reached a live
+    /// peer, one retry on a fresh connection is safe.
+    #[serde(default)]
+    pub safe_to_retry: bool,
+    /// Peer close: `fin`/`rst`; stall: how it ended.
+    #[serde(default)]
+    pub how: Option<How>,
+    /// Local close with a request still unanswered.
+    #[serde(default)]
+    pub request_outstanding: bool,
+    /// Local close after the peer had already closed.
+    #[serde(default)]
+    pub peer_closed_first: bool,
+    /// Socket was open before observer started.
+    #[serde(default)]
+    pub preexisting: bool,
+    /// Opaque socket identity while the socket lives.
+    #[serde(default)]
+    pub sock_id: u64,
+}
+
+/// Converts the kernel's monotonic timestamps into wall-clock time.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock {
+    /// realtime - monotonic, in ns.
+    offset_ns: i128,
+}
+
+impl Clock {
+    /// Sample both clocks now.
+    #[must_use]
+    pub fn now() -> Self {
+        let mono = clock_ns(libc::CLOCK_MONOTONIC);
+        let real = clock_ns(libc::CLOCK_REALTIME);
+        Self {
+            offset_ns: i128::from(real) - i128::from(mono),
+        }
+    }
+
+    /// A clock with a fixed offset (recordings, tests).
+    #[must_use]
+    pub const fn with_offset_ns(offset_ns: i128) -> Self {
+        Self { offset_ns }
+    }
+
+    #[must_use]
+    pub fn to_unix_ns(self, mono_ns: u64) -> u64 {
+        u64::try_from((i128::from(mono_ns) + self.offset_ns).max(0)).unwrap_or(u64::MAX)
+    }
+}
+
+/// `clock_gettime` in ns.
+#[must_use]
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: valid pointer to a timespec; the clocks used always exist.
+    unsafe { libc::clock_gettime(clock, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
+}
+
+fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
+    let ip = match family {
+        AF_INET => IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3])),
+        AF_INET6 => {
+            let v6 = Ipv6Addr::from(raw);
+            // v4-mapped addresses on dual-stack sockets read better as IPv4.
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+        other => return Err(DecodeError::Family(other)),
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    reason = "idle ages are far below 2^52 ns"
+)]
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Role guess for sockets that were open before observer started: the side
+/// with the ephemeral port is the client.
+fn guess_role(local_port: u16, remote_port: u16) -> Role {
+    const EPHEMERAL_START: u16 = 32_768;
+    match (
+        local_port >= EPHEMERAL_START,
+        remote_port >= EPHEMERAL_START,
+    ) {
+        (true, false) => Role::Client,
+        (false, true) => Role::Server,
+        _ if local_port > remote_port => Role::Client,
+        _ if local_port < remote_port => Role::Server,
+        _ => Role::Unknown,
+    }
+}
+
+/// Decode a raw ring-buffer record.
+pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError> {
+    if bytes.len() != EVENT_SIZE {
+        return Err(DecodeError::Size(bytes.len()));
+    }
+    // SAFETY: length checked; Event is POD with no invalid bit patterns;
+    // read_unaligned copes with any alignment of the ring-buffer slice.
+    let raw: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) };
+    decode(&raw, clock)
+}
+
+/// Decode a kernel [`Event`].
+pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
+    let kind = match raw.kind {
+        kind::ESTABLISHED => EventKind::Established,
+        kind::CLOSED => EventKind::Closed,
+        kind::REUSE => EventKind::Reuse,
+        kind::PEER_CLOSE => EventKind::PeerCloseWhileIdle,
+        kind::LOCAL_CLOSE => EventKind::LocalClose,
+        other => return Err(DecodeError::Kind(other)),
+    };
+    let local = addr(raw.family, raw.saddr, raw.sport)?;
+    let remote = addr(raw.family, raw.daddr, raw.dport)?;
+    let role = match raw.role {
+        role::CLIENT => Role::Client,
+        role::SERVER => Role::Server,
+        _ => guess_role(raw.sport, raw.dport),
+    };
+    let outcome = match raw.outcome {
+        outcome::OK => Some(Outcome::Ok),
+        outcome::EOF => Some(Outcome::Eof),
+        outcome::RESET => Some(Outcome::Reset),
+        outcome::STALL => Some(Outcome::Stall),
+        _ => None,
+    };
+    let how = match raw.how {
+        how::FIN => Some(How::Fin),
+        how::RST => Some(How::Rst),
+        how::RESPONSE => Some(How::Response),
+        how::LOCAL_CLOSE => Some(How::LocalClose),
+        how::TIMEOUT => Some(How::Timeout),
+        how::DESTROYED => Some(How::Destroyed),
+        _ => None,
+    };
+    let comm_len = raw
+        .comm
+        .iter()
+        .position(|&b| b == 0)
+        .unwrap_or(raw.comm.len());
+    Ok(SockEvent {
+        ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
+        kind,
+        role,
+        pid: raw.tgid,
+        comm: String::from_utf8_lossy(&raw.comm[..comm_len]).into_owned(),
+        local,
+        remote,
+        idle_seconds: secs(raw.idle_ns),
+        outcome: if kind == EventKind::Reuse {
+            outcome
+        } else {
+            None
+        },
+        elapsed_seconds: (kind == EventKind::Reuse).then(|| secs(raw.elapsed_ns)),
+        retransmits: raw.retransmits,
+        safe_to_retry: raw.flags & flags::FIN_BEFORE_WRITE != 0,
+        how,
+        request_outstanding: raw.flags & flags::REQUEST_OUTSTANDING != 0,
+        peer_closed_first: raw.flags & flags::PEER_CLOSED_FIRST != 0,
+        preexisting: raw.flags & flags::PREEXISTING != 0,
+        sock_id: raw.sock_id,
+    })
+}
+
+impl SockEvent {
+    /// Wall-clock time of the event.
+    #[must_use]
+    pub fn time(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(self.ts_unix_ns)
+    }
+
+    /// The event as one JSON line (no trailing newline).
+    #[must_use]
+    pub fn to_json_line(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for SockEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:<21} {:<7} pid={} comm={} {} -> {} idle={:.3}s",
+            humantime::format_rfc3339_millis(self.time()),
+            self.kind.as_str(),
+            self.role.as_str(),
+            self.pid,
+            if self.comm.is_empty() {
+                "?"
+            } else {
+                &self.comm
+            },
+            self.local,
+            self.remote,
+            self.idle_seconds,
+        )?;
+        if let Some(o) = self.outcome {
+            write!(f, " outcome={}", o.as_str())?;
+            if let Some(e) = self.elapsed_seconds {
+                write!(f, " after={e:.3}s")?;
+            }
+            write!(
+                f,
+                " retransmits={} safe_to_retry={}",
+                self.retransmits, self.safe_to_retry
+            )?;
+        }
+        if let Some(h) = self.how {
+            write!(f, " how={}", h.as_str())?;
+        }
+        if self.request_outstanding {
+            write!(f, " request_outstanding")?;
+        }
+        if self.peer_closed_first {
+            write!(f, " peer_closed_first")?;
+        }
+        if self.preexisting {
+            write!(f, " preexisting")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bytes_of(e: &Event) -> Vec<u8> {
+        // SAFETY: Event is POD without padding.
+        unsafe {
+            std::slice::from_raw_parts(std::ptr::from_ref::<Event>(e).cast::<u8>(), EVENT_SIZE)
+        }
+        .to_vec()
+    }
+
+    fn fixture_v4() -> Event {
+        let mut e = Event::ZERO;
+        e.ts_ns = 5_000_000_000;
+        e.sock_id = 0xffff_8880_1234_5678;
+        e.kind = kind::REUSE;
+        e.family = AF_INET;
+        e.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        e.daddr[..4].copy_from_slice(&[10, 0, 0, 2]);
+        e.sport = 43_210;
+        e.dport = 80;
+        e.role = role::CLIENT;
+        e.outcome = outcome::RESET;
+        e.how = how::RST;
+        e.flags = flags::FIN_BEFORE_WRITE;
+        e.idle_ns = 2_503_000_000;
+        e.elapsed_ns = 120_000;
+        e.tgid = 4242;
+        e.comm[..7].copy_from_slice(b"python3");
+        e
+    }
+
+    #[test]
+    fn decodes_ipv4_reuse_from_bytes() {
+        let ev = decode_bytes(
+            &bytes_of(&fixture_v4()),
+            Clock::with_offset_ns(1_000_000_000_000_000_000),
+        )
+        .unwrap();
+        assert_eq!(ev.kind, EventKind::Reuse);
+        assert_eq!(ev.local, "10.0.0.1:43210".parse().unwrap());
+        assert_eq!(ev.remote, "10.0.0.2:80".parse().unwrap());
+        assert_eq!(ev.outcome, Some(Outcome::Reset));
+        assert!(ev.safe_to_retry);
+        assert_eq!(ev.comm, "python3");
+        assert_eq!(ev.pid, 4242);
+        assert!((ev.idle_seconds - 2.503).abs() < 1e-9);
+        assert_eq!(ev.ts_unix_ns, 1_000_000_005_000_000_000);
+        assert_eq!(ev.how, Some(How::Rst));
+    }
+
+    #[test]
+    fn decodes_ipv6_and_v4_mapped() {
+        let mut e = fixture_v4();
+        e.kind = kind::ESTABLISHED;
+        e.family = AF_INET6;
+        e.saddr = Ipv6Addr::LOCALHOST.octets();
+        e.daddr = Ipv4Addr::LOCALHOST.to_ipv6_mapped().octets();
+        let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
+        assert_eq!(ev.local, "[::1]:43210".parse().unwrap());
+        assert_eq!(ev.remote, "127.0.0.1:80".parse().unwrap());
+        assert_eq!(ev.outcome, None, "only reuse events carry an outcome");
+        assert_eq!(ev.elapsed_seconds, None);
+    }
+
+    #[test]
+    fn rejects_bad_records() {
+        assert_eq!(
+            decode_bytes(&[0; 10], Clock::with_offset_ns(0)),
+            Err(DecodeError::Size(10))
+        );
+        let mut e = fixture_v4();
+        e.kind = 99;
+        assert_eq!(
+            decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)),
+            Err(DecodeError::Kind(99))
+        );
+        let mut e = fixture_v4();
+        e.family = 1;
+        assert_eq!(
+            decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)),
+            Err(DecodeError::Family(1))
+        );
+    }
+
+    #[test]
+    fn preexisting_role_is_guessed_from_ports() {
+        let mut e = fixture_v4();
+        e.role = role::UNKNOWN;
+        let ev = decode(&e, Clock::with_offset_ns(0)).unwrap();
+        assert_eq!(ev.role, Role::Client);
+        e.sport = 8080;
+        e.dport = 51_000;
+        assert_eq!(
+            decode(&e, Clock::with_offset_ns(0)).unwrap().role,
+            Role::Server
+        );
+    }
+
+    #[test]
+    fn json_round_trips_with_stable_names() {
+        let ev = decode(&fixture_v4(), Clock::with_offset_ns(0)).unwrap();
+        let line = ev.to_json_line();
+        for key in [
+            "\"kind\":\"reuse\"",
+            "\"outcome\":\"reset\"",
+            "\"safe_to_retry\":true",
+            "\"role\":\"client\"",
+            "\"remote\":\"10.0.0.2:80\"",
+            "\"idle_seconds\":2.503",
+        ] {
+            assert!(line.contains(key), "{key} missing in {line}");
+        }
+        let back: SockEvent = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, ev);
+    }
+
+    #[test]
+    fn text_line_has_the_fields_a_human_needs() {
+        let ev = decode(&fixture_v4(), Clock::with_offset_ns(0)).unwrap();
+        let s = ev.to_string();
+        assert!(s.contains("reuse"), "{s}");
+        assert!(s.contains("idle=2.503s"), "{s}");
+        assert!(s.contains("outcome=reset"), "{s}");
+        assert!(s.contains("safe_to_retry=true"), "{s}");
+        assert!(s.contains("10.0.0.1:43210 -> 10.0.0.2:80"), "{s}");
+    }
+}

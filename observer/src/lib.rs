@@ -1,0 +1,10 @@
+//! observer: attributes resets, EOFs and stalls on reused TCP sockets to the
+//! idle age of the socket, from the kernel.
+//!
+//! Modules: [`bpf`] (the only aya user), [`event`] (typed events),
+//! [`daemon`] (the `run` command), [`cli`] (arguments).
+
+pub mod bpf;
+pub mod cli;
+pub mod daemon;
+pub mod event;

@@ -1,0 +1,137 @@
+//! Root integration tests for the foundation: the embedded eBPF loads and
+//! attaches, connection events arrive with the right addresses (IPv4 and
+//! IPv6), and the daemon detaches everything on SIGTERM.
+
+mod common;
+
+use std::{
+    net::{SocketAddr, TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _, Result};
+use common::{sh, Daemon};
+use observer::{
+    bpf::{ProbeConfig, Probes},
+    event::{EventKind, Role, SockEvent},
+};
+
+/// Open and close one connection on `bind`, returning (client, server) addresses.
+fn one_connection(bind: &str) -> Result<(SocketAddr, SocketAddr)> {
+    let listener = TcpListener::bind(bind).with_context(|| format!("binding {bind}"))?;
+    let server = listener.local_addr()?;
+    let client = TcpStream::connect(server)?;
+    let (accepted, _) = listener.accept()?;
+    let local = client.local_addr()?;
+    drop(client);
+    drop(accepted);
+    Ok((local, server))
+}
+
+fn connection_events(
+    probes: &mut Probes,
+    client: SocketAddr,
+    server: SocketAddr,
+) -> Result<Vec<SockEvent>> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut seen = Vec::new();
+    loop {
+        probes.drain(|ev| {
+            if let Ok(ev) = ev {
+                let ours = (ev.local == client && ev.remote == server)
+                    || (ev.local == server && ev.remote == client);
+                if ours && matches!(ev.kind, EventKind::Established | EventKind::Closed) {
+                    seen.push(ev);
+                }
+            }
+        });
+        let n = |k: EventKind, r: Role| seen.iter().filter(|e| e.kind == k && e.role == r).count();
+        if n(EventKind::Established, Role::Client) >= 1
+            && n(EventKind::Established, Role::Server) >= 1
+            && n(EventKind::Closed, Role::Client) >= 1
+            && n(EventKind::Closed, Role::Server) >= 1
+        {
+            return Ok(seen);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "did not see establish and close for {client} <-> {server}; saw {seen:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn establish_and_close_events_carry_addresses_ipv4_and_ipv6() -> Result<()> {
+    let mut probes = Probes::load(&ProbeConfig::default())?;
+    ensure!(probes.attached().len() >= 2, "expected probes attached");
+    for bind in ["127.0.0.1:0", "[::1]:0"] {
+        let (client, server) = one_connection(bind)?;
+        let seen = connection_events(&mut probes, client, server)?;
+        let est_client = seen
+            .iter()
+            .find(|e| e.kind == EventKind::Established && e.role == Role::Client)
+            .context("client establish")?;
+        assert_eq!(est_client.local, client, "client establish local address");
+        assert_eq!(est_client.remote, server, "client establish remote address");
+        let est_server = seen
+            .iter()
+            .find(|e| e.kind == EventKind::Established && e.role == Role::Server)
+            .context("server establish")?;
+        assert_eq!(est_server.local, server);
+        assert_eq!(est_server.remote, client);
+        let closed = seen
+            .iter()
+            .find(|e| e.kind == EventKind::Closed && e.role == Role::Client)
+            .context("client close")?;
+        assert_eq!((closed.local, closed.remote), (client, server));
+        assert!(
+            est_client.ts_unix_ns <= closed.ts_unix_ns,
+            "close after establish"
+        );
+    }
+    Ok(())
+}
+
+fn prog_loaded(id: u32) -> bool {
+    sh(&format!("bpftool prog show id {id}")).is_ok()
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn daemon_detaches_everything_on_sigterm() -> Result<()> {
+    let daemon = Daemon::start(&[])?;
+    let ids: Vec<u32> = daemon
+        .stderr_lines()
+        .iter()
+        .filter(|l| l.contains("attached tracepoint"))
+        .filter_map(|l| l.rsplit("id ").next()?.trim_end_matches(')').parse().ok())
+        .collect();
+    ensure!(
+        ids.len() == 7,
+        "expected one log line per attached probe (7), got {ids:?}"
+    );
+    for id in &ids {
+        ensure!(
+            prog_loaded(*id),
+            "program {id} should be loaded while the daemon runs"
+        );
+    }
+    let status = daemon.terminate()?;
+    assert_eq!(status.code(), Some(0), "exit code after SIGTERM");
+    for id in &ids {
+        ensure!(!prog_loaded(*id), "program {id} still loaded after exit");
+    }
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn daemon_exits_zero_on_sigint() -> Result<()> {
+    let daemon = Daemon::start(&[])?;
+    sh(&format!("kill -INT {}", daemon.pid()))?;
+    let status = daemon.terminate_after_signal()?;
+    assert_eq!(status.code(), Some(0));
+    Ok(())
+}

@@ -1,0 +1,340 @@
+//! Developer tasks: `setup`, `run`, `test`, `lint`, `bench`.
+//!
+//! `setup` is idempotent: it checks each prerequisite first and installs only
+//! what is missing, printing what it did.
+
+use std::{
+    env,
+    path::{Path, PathBuf},
+    process::{Command, ExitCode},
+    time::Instant,
+};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "observer developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what building the eBPF crate and running the tests needs.
+    Setup,
+    /// Set up, build release, and run `observer` as root (default: `run`).
+    Run {
+        /// Arguments for `observer` (after `--`).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Set up, then run all unit tests and all root integration tests.
+    Test {
+        /// Extra arguments for the test harness (after `--`), e.g. a test name filter.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// `cargo fmt --check` and clippy for the host crates and the eBPF crate.
+    Lint,
+}
+
+/// Debian packages the eBPF build needs (Debian's rustc with library
+/// sources, built on LLVM 22, and LLVM 22 for bpf-linker).
+const BUILD_PACKAGES: &[&str] = &[
+    "rustc-web",
+    "cargo-web",
+    "rust-web-src",
+    "rust-web-clippy",
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+];
+/// Debian packages the root integration tests use.
+const TEST_PACKAGES: &[&str] = &[
+    "bpftool",
+    "iproute2",
+    "nftables",
+    "conntrack",
+    "nginx-light",
+    "python3",
+];
+const BPF_LINKER_VERSION: &str = "0.13.0";
+const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.task {
+        Task::Setup => setup(true).map(|_| ()),
+        Task::Run { args } => run(&args),
+        Task::Test { args } => test(&args),
+        Task::Lint => lint(),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(workspace_root());
+    c
+}
+
+fn status(cmd: &mut Command) -> Result<()> {
+    let st = cmd.status().with_context(|| format!("starting {cmd:?}"))?;
+    if !st.success() {
+        bail!("{cmd:?} failed with {st}");
+    }
+    Ok(())
+}
+
+fn output_ok(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn is_root() -> bool {
+    output_ok(Command::new("id").arg("-u")).is_some_and(|s| s.trim() == "0")
+}
+
+fn dpkg_installed(pkg: &str) -> bool {
+    output_ok(Command::new("dpkg-query").args(["-W", "-f=${db:Status-Status}", pkg]))
+        .is_some_and(|s| s.trim() == "installed")
+}
+
+fn apt_install(pkgs: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = pkgs
+        .iter()
+        .copied()
+        .filter(|p| !dpkg_installed(p))
+        .collect();
+    if missing.is_empty() {
+        println!("setup: Debian packages present: {}", pkgs.join(" "));
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "Debian packages missing: {}; run `sudo apt-get install {}` or run this as root",
+            missing.join(" "),
+            missing.join(" ")
+        );
+    }
+    println!("setup: installing Debian packages: {}", missing.join(" "));
+    status(Command::new("apt-get").args(["update", "-q"]))?;
+    status(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(&missing)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    )
+}
+
+fn has_nightly_rust_src() -> bool {
+    output_ok(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")))
+}
+
+fn bpf_linker_works() -> bool {
+    output_ok(Command::new("bpf-linker").arg("--version")).is_some()
+}
+
+fn rustup_has_toolchain(name: &str) -> bool {
+    output_ok(Command::new("rustup").args(["toolchain", "list"]))
+        .is_some_and(|s| s.lines().any(|l| l.split_whitespace().next() == Some(name)))
+}
+
+/// Make sure the eBPF crate can be built; returns the rustup toolchain to
+/// build it with (`nightly` or `debian`).
+fn setup(with_test_tools: bool) -> Result<String> {
+    let started = Instant::now();
+    let toolchain = if has_nightly_rust_src() && bpf_linker_works() {
+        println!("setup: using rustup nightly with rust-src and the installed bpf-linker");
+        "nightly".to_owned()
+    } else {
+        apt_install(BUILD_PACKAGES)?;
+        if bpf_linker_works() {
+            println!("setup: bpf-linker present");
+        } else {
+            println!("setup: installing bpf-linker {BPF_LINKER_VERSION} against LLVM 22 (takes a few minutes)");
+            status(
+                Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                    .args([
+                        "install",
+                        "bpf-linker",
+                        "--version",
+                        BPF_LINKER_VERSION,
+                        "--no-default-features",
+                        "--features",
+                        "llvm-22",
+                    ])
+                    .env("LLVM_PREFIX", LLVM_PREFIX),
+            )?;
+        }
+        if rustup_has_toolchain("debian") {
+            println!("setup: rustup toolchain `debian` linked");
+        } else {
+            println!("setup: linking Debian's rustc as rustup toolchain `debian`");
+            status(Command::new("rustup").args(["toolchain", "link", "debian", "/usr"]))?;
+        }
+        "debian".to_owned()
+    };
+    if with_test_tools {
+        apt_install(TEST_PACKAGES)?;
+    }
+    println!(
+        "setup: done in {:.1}s (eBPF toolchain: {toolchain})",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(toolchain)
+}
+
+fn run(args: &[String]) -> Result<()> {
+    let toolchain = setup(false)?;
+    status(
+        cargo()
+            .args(["build", "--release", "-p", "observer"])
+            .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
+    )?;
+    let bin = workspace_root().join("target/release/observer");
+    let args: Vec<String> = if args.is_empty() {
+        vec!["run".into()]
+    } else {
+        args.to_vec()
+    };
+    let mut cmd = if is_root() {
+        Command::new(&bin)
+    } else {
+        println!("run: not root; using sudo");
+        let mut c = Command::new("sudo");
+        c.arg(&bin);
+        c
+    };
+    cmd.args(&args);
+    let st = cmd
+        .status()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    if !st.success() {
+        bail!("observer exited with {st}");
+    }
+    Ok(())
+}
+
+/// Kernel features the probes need; each missing one is named.
+fn check_kernel() -> Result<()> {
+    let tracefs = Path::new("/sys/kernel/tracing");
+    if !tracefs.join("events").exists() {
+        status(Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]))
+            .context("mounting tracefs")?;
+    }
+    let mut missing = Vec::new();
+    for tp in [
+        "sock/inet_sock_set_state",
+        "sock/sock_send_length",
+        "sock/sock_recv_length",
+        "tcp/tcp_receive_reset",
+        "tcp/tcp_retransmit_skb",
+        "tcp/tcp_destroy_sock",
+        "sock/inet_sk_error_report",
+    ] {
+        if !tracefs.join("events").join(tp).exists() {
+            missing.push(tp);
+        }
+    }
+    if !missing.is_empty() {
+        bail!(
+            "the kernel lacks tracepoints observer needs: {} (Linux 6.3+ required)",
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+fn test(args: &[String]) -> Result<()> {
+    if !is_root() {
+        bail!("`cargo xtask test` runs real-kernel tests and must run as root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN); try `sudo -E cargo xtask test`");
+    }
+    let started = Instant::now();
+    let toolchain = setup(true)?;
+    check_kernel()?;
+    // Root tests are #[ignore]d for plain `cargo test`; include them here.
+    // One test at a time: the scenarios measure timing and share the kernel.
+    status(
+        cargo()
+            .args([
+                "test",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "--include-ignored",
+                "--test-threads=1",
+            ])
+            .args(args)
+            .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
+    )?;
+    println!(
+        "test: all passed in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn lint() -> Result<()> {
+    let toolchain = setup(false)?;
+    status(cargo().args(["fmt", "--all", "--check"]))?;
+    status(
+        cargo()
+            .args([
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])
+            .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
+    )?;
+    let mut ebpf = Command::new("rustup");
+    ebpf.current_dir(workspace_root())
+        .args([
+            "run",
+            &toolchain,
+            "cargo",
+            "clippy",
+            "-p",
+            "observer-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env_remove("RUSTC")
+        .env_remove("CARGO");
+    status(&mut ebpf)?;
+    println!("lint: clean");
+    Ok(())
+}
