@@ -11,8 +11,7 @@ fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     println!("cargo:rerun-if-env-changed=OBSERVER_EBPF_TOOLCHAIN");
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
-    let manifest_dir =
-        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?);
+    let manifest_dir = PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").context("CARGO_MANIFEST_DIR not set")?);
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     let object = out_dir.join("observer");
     if skip {
@@ -22,9 +21,7 @@ fn main() -> anyhow::Result<()> {
     let common = manifest_dir.join("../observer-common");
     println!("cargo:rerun-if-changed={}", common.display());
     let ebpf_dir = manifest_dir.join("../observer-ebpf");
-    let ebpf_dir = ebpf_dir
-        .to_str()
-        .context("non UTF-8 path to observer-ebpf")?;
+    let ebpf_dir = ebpf_dir.to_str().context("non UTF-8 path to observer-ebpf")?;
     // `cargo xtask setup` picks the toolchain: `debian` (Debian's rustc with
     // rust-src, linked into rustup) or a rustup nightly with rust-src.
     let toolchain = env::var("OBSERVER_EBPF_TOOLCHAIN").unwrap_or_else(|_| "debian".to_owned());

@@ -1,9 +1,7 @@
 //! Maps, load-time settings and helpers shared by every hook.
 
 use aya_ebpf::{
-    helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel,
-    },
+    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
     macros::map,
     maps::{HashMap, PerCpuArray, RingBuf},
     programs::TracePointContext,
@@ -134,6 +132,9 @@ pub const ST_LOCAL_CLOSED: u8 = 0x80;
 /// addresses from `struct sock_common` (only on first sight, not per send).
 #[inline(always)]
 pub fn adopt(sk: u64, family: u16, now: u64) -> Option<*mut SockState> {
+    if family != AF_INET && family != AF_INET6 {
+        return None;
+    }
     let mut st = EMPTY_STATE;
     st.family = family;
     st.flags = flags::PREEXISTING;
@@ -153,8 +154,7 @@ pub fn adopt(sk: u64, family: u16, now: u64) -> Option<*mut SockState> {
         }
         // skc_dport (network order) and skc_num (host order), read as bytes
         // because the probe read has no alignment requirement.
-        let ports: [u8; 4] =
-            bpf_probe_read_kernel(base.add(12).cast::<[u8; 4]>()).unwrap_or([0; 4]);
+        let ports: [u8; 4] = bpf_probe_read_kernel(base.add(12).cast::<[u8; 4]>()).unwrap_or([0; 4]);
         st.dport = u16::from_be_bytes([ports[0], ports[1]]);
         st.sport = u16::from_ne_bytes([ports[2], ports[3]]);
     }
@@ -168,6 +168,14 @@ pub fn adopt(sk: u64, family: u16, now: u64) -> Option<*mut SockState> {
         return None;
     }
     SOCKS.get_ptr_mut(sk)
+}
+
+/// `skc_family` of a socket (offset 16 in `struct sock_common`, stable).
+#[inline(always)]
+pub fn sk_family(sk: u64) -> u16 {
+    let base = sk as *const u8;
+    // SAFETY: probe read of kernel memory; failure reads as 0.
+    unsafe { bpf_probe_read_kernel(base.add(16).cast::<[u8; 2]>()) }.map_or(0, u16::from_ne_bytes)
 }
 
 /// Later of the last send and receive; 0 when nothing was seen.

@@ -6,20 +6,13 @@ use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
 use observer_common::{flags, how, kind, outcome, role, tcp_state as S, IPPROTO_TCP};
 
 use crate::common::{
-    adopt, emit, last_activity, min_idle_ns, now, read_tuple, resolve_on_end, resolve_reuse,
-    TupleOffsets, EMPTY_STATE, LAST_ERROR, SOCKS, ST_LOCAL_CLOSED, ST_PEER_RST,
+    adopt, emit, last_activity, min_idle_ns, now, read_tuple, resolve_on_end, resolve_reuse, TupleOffsets, EMPTY_STATE,
+    LAST_ERROR, SOCKS, ST_LOCAL_CLOSED, ST_PEER_RST,
 };
 use observer_common::counter;
 
-const OFF: TupleOffsets = TupleOffsets {
-    sport: 24,
-    dport: 26,
-    family: 28,
-    saddr: 32,
-    daddr: 36,
-    saddr_v6: 40,
-    daddr_v6: 56,
-};
+const OFF: TupleOffsets =
+    TupleOffsets { sport: 24, dport: 26, family: 28, saddr: 32, daddr: 36, saddr_v6: 40, daddr_v6: 56 };
 
 /// `ETIMEDOUT`.
 const ETIMEDOUT: i32 = 110;
@@ -43,9 +36,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
         established(&ctx, sk, old, now);
     } else if old == S::ESTABLISHED && new == S::CLOSE_WAIT {
         peer_fin(&ctx, sk, now);
-    } else if (old == S::ESTABLISHED && new == S::FIN_WAIT1)
-        || (old == S::CLOSE_WAIT && new == S::LAST_ACK)
-    {
+    } else if (old == S::ESTABLISHED && new == S::FIN_WAIT1) || (old == S::CLOSE_WAIT && new == S::LAST_ACK) {
         local_close(&ctx, sk, now, how::LOCAL_CLOSE);
     } else if new == S::CLOSE {
         closed(&ctx, sk, old, now);
@@ -58,11 +49,7 @@ fn established(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
     if !read_tuple(ctx, &OFF, &mut st) {
         return;
     }
-    st.role = if old == S::SYN_SENT {
-        role::CLIENT
-    } else {
-        role::SERVER
-    };
+    st.role = if old == S::SYN_SENT { role::CLIENT } else { role::SERVER };
     // Establishment counts as activity: a connection opened and then left
     // idle in a pool ages from here.
     st.last_recv_ns = now;
@@ -72,11 +59,7 @@ fn established(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
     emit(sk, &st, kind::ESTABLISHED, now, |e| e.idle_ns = 0);
 }
 
-fn state_for(
-    ctx: &TracePointContext,
-    sk: u64,
-    now: u64,
-) -> Option<*mut observer_common::SockState> {
+fn state_for(ctx: &TracePointContext, sk: u64, now: u64) -> Option<*mut observer_common::SockState> {
     if let Some(p) = SOCKS.get_ptr_mut(sk) {
         return Some(p);
     }
@@ -151,9 +134,7 @@ fn closed(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
         }
         &mut fallback
     };
-    if (old == S::ESTABLISHED || old == S::CLOSE_WAIT)
-        && st.flags & (ST_PEER_RST | ST_LOCAL_CLOSED) == 0
-    {
+    if (old == S::ESTABLISHED || old == S::CLOSE_WAIT) && st.flags & (ST_PEER_RST | ST_LOCAL_CLOSED) == 0 {
         // Not a reset and not a FIN-first close: either the kernel gave up
         // (ETIMEDOUT reported just before on this CPU) or a local abort.
         let timed_out = LAST_ERROR.get(0).is_some_and(|le| {

@@ -2,26 +2,17 @@
 //! socket, and the events that attribute resets, EOFs and stalls on a reused
 //! socket to its idle age.
 //!
-//! Hooks (classic tracepoints, one file each; kernel 6.3+ for
-//! `sock_send_length`/`sock_recv_length`, the rest 4.16+):
-//! `sock:inet_sock_set_state`, `sock:sock_send_length`, `sock:sock_recv_length`,
-//! `tcp:tcp_receive_reset`, `tcp:tcp_retransmit_skb`, `tcp:tcp_destroy_sock`,
-//! `sock:inet_sk_error_report`.
+//! Hooks, one file each: raw tracepoints `tcp_sendmsg_locked` (6.5+) and
+//! `sock_recv_length` (6.3+) on the hot path; classic tracepoints
+//! `sock:inet_sock_set_state`, `tcp:tcp_receive_reset`,
+//! `tcp:tcp_retransmit_skb`, `tcp:tcp_destroy_sock` (4.16+) and
+//! `sock:inet_sk_error_report` (5.14+) for state changes.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code, unused_imports))]
-#![allow(
-    clippy::inline_always,
-    reason = "BPF helpers are kept inline so each program stays one verifier unit"
-)]
-#![allow(
-    clippy::cast_possible_truncation,
-    reason = "the BPF target is 64-bit; u64 -> usize is lossless"
-)]
-#![allow(
-    clippy::needless_pass_by_value,
-    reason = "the aya macros hand each program its context by value"
-)]
+#![allow(clippy::inline_always, reason = "BPF helpers are kept inline so each program stays one verifier unit")]
+#![allow(clippy::cast_possible_truncation, reason = "the BPF target is 64-bit; u64 -> usize is lossless")]
+#![allow(clippy::needless_pass_by_value, reason = "the aya macros hand each program its context by value")]
 
 #[cfg(target_arch = "bpf")]
 mod common;
@@ -32,13 +23,13 @@ mod inet_sock_set_state;
 #[cfg(target_arch = "bpf")]
 mod sock_recv_length;
 #[cfg(target_arch = "bpf")]
-mod sock_send_length;
-#[cfg(target_arch = "bpf")]
 mod tcp_destroy_sock;
 #[cfg(target_arch = "bpf")]
 mod tcp_receive_reset;
 #[cfg(target_arch = "bpf")]
 mod tcp_retransmit_skb;
+#[cfg(target_arch = "bpf")]
+mod tcp_sendmsg_locked;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

@@ -7,7 +7,7 @@ use std::{io, os::fd::AsFd, path::Path};
 
 use aya::{
     maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::TracePoint,
+    programs::{RawTracePoint, TracePoint},
     Ebpf, EbpfLoader,
 };
 use observer_common::{counter, globals, maps, SockState};
@@ -22,34 +22,20 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ob
 pub enum BpfError {
     #[error("this observer binary was built with AYA_BUILD_SKIP=1 and carries no eBPF object; build it with `cargo xtask run` (or `cargo build` after `cargo xtask setup`)")]
     NoObject,
-    #[error(
-        "observer needs root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN); run it with sudo or as root"
-    )]
+    #[error("observer needs root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN); run it with sudo or as root")]
     NotRoot,
-    #[error("the kernel lacks the tracepoint {0}; observer needs Linux 6.3 or newer (sock:sock_send_length/sock_recv_length)")]
+    #[error("the kernel lacks the tracepoint {0}; observer needs Linux 6.5 or newer")]
     MissingTracepoint(String),
-    #[error(
-        "mounting {what} at {path}: {source}; mount it by hand (`mount -t {what} {what} {path}`)"
-    )]
-    Mount {
-        what: &'static str,
-        path: &'static str,
-        source: io::Error,
-    },
+    #[error("mounting {what} at {path}: {source}; mount it by hand (`mount -t {what} {what} {path}`)")]
+    Mount { what: &'static str, path: &'static str, source: io::Error },
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name}: {source}")]
-    Program {
-        name: &'static str,
-        source: aya::programs::ProgramError,
-    },
+    Program { name: &'static str, source: aya::programs::ProgramError },
     #[error("map {0} missing from the eBPF object")]
     MissingMap(&'static str),
     #[error("map {name}: {source}")]
-    Map {
-        name: &'static str,
-        source: aya::maps::MapError,
-    },
+    Map { name: &'static str, source: aya::maps::MapError },
     #[error("invalid setting: {0}")]
     Setting(String),
 }
@@ -78,61 +64,53 @@ impl Default for ProbeConfig {
     }
 }
 
+/// How a program attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookKind {
+    /// Classic tracepoint (`category:name`), arguments from the trace record.
+    TracePoint,
+    /// Raw tracepoint (`name`), arguments are the `TP_PROTO` values; cheaper.
+    RawTracePoint,
+}
+
 /// A tracepoint the probe set attaches.
 #[derive(Debug, Clone, Copy)]
 pub struct Hook {
     /// Program name in the object.
     pub program: &'static str,
+    pub kind: HookKind,
     pub category: &'static str,
     pub name: &'static str,
 }
 
-/// Hooks for kernels with `sock_send_length`/`sock_recv_length` (6.3+). A
-/// fallback set for older kernels (kprobes on `tcp_sendmsg`/`tcp_recvmsg`)
-/// would be a second list chosen in [`ProbeSet::detect`]; nothing
-/// downstream depends on which set runs.
-const TRACEPOINTS_6_3: &[Hook] = &[
-    Hook {
-        program: "inet_sock_set_state",
-        category: "sock",
-        name: "inet_sock_set_state",
-    },
-    Hook {
-        program: "sock_send_length",
-        category: "sock",
-        name: "sock_send_length",
-    },
-    Hook {
-        program: "sock_recv_length",
-        category: "sock",
-        name: "sock_recv_length",
-    },
-    Hook {
-        program: "tcp_receive_reset",
-        category: "tcp",
-        name: "tcp_receive_reset",
-    },
-    Hook {
-        program: "tcp_retransmit_skb",
-        category: "tcp",
-        name: "tcp_retransmit_skb",
-    },
-    Hook {
-        program: "tcp_destroy_sock",
-        category: "tcp",
-        name: "tcp_destroy_sock",
-    },
-    Hook {
-        program: "inet_sk_error_report",
-        category: "sock",
-        name: "inet_sk_error_report",
-    },
+impl Hook {
+    const fn tp(category: &'static str, name: &'static str) -> Self {
+        Self { program: name, kind: HookKind::TracePoint, category, name }
+    }
+
+    const fn raw(category: &'static str, name: &'static str) -> Self {
+        Self { program: name, kind: HookKind::RawTracePoint, category, name }
+    }
+}
+
+/// Hooks for kernels with the `tcp_sendmsg_locked` and `sock_recv_length`
+/// tracepoints (6.5+). A fallback set for older kernels (kprobes on
+/// `tcp_sendmsg`/`tcp_recvmsg`) would be a second list chosen in
+/// [`ProbeSet::detect`]; nothing downstream depends on which set runs.
+const TRACEPOINTS_6_5: &[Hook] = &[
+    Hook::tp("sock", "inet_sock_set_state"),
+    Hook::raw("tcp", "tcp_sendmsg_locked"),
+    Hook::raw("sock", "sock_recv_length"),
+    Hook::tp("tcp", "tcp_receive_reset"),
+    Hook::tp("tcp", "tcp_retransmit_skb"),
+    Hook::tp("tcp", "tcp_destroy_sock"),
+    Hook::tp("sock", "inet_sk_error_report"),
 ];
 
 /// The set of hooks chosen for the running kernel.
 #[derive(Debug, Clone, Copy)]
 pub enum ProbeSet {
-    /// Stable tracepoints only (kernel 6.3+).
+    /// Tracepoints and raw tracepoints only (kernel 6.5+).
     Tracepoints,
 }
 
@@ -142,13 +120,10 @@ const BPFFS: &str = "/sys/fs/bpf";
 impl ProbeSet {
     /// Choose the probe set from what the kernel offers.
     pub fn detect() -> Result<Self, BpfError> {
-        for hook in TRACEPOINTS_6_3 {
+        for hook in TRACEPOINTS_6_5 {
             let p = format!("{TRACEFS}/events/{}/{}", hook.category, hook.name);
             if !Path::new(&p).exists() {
-                return Err(BpfError::MissingTracepoint(format!(
-                    "{}:{}",
-                    hook.category, hook.name
-                )));
+                return Err(BpfError::MissingTracepoint(format!("{}:{}", hook.category, hook.name)));
             }
         }
         Ok(Self::Tracepoints)
@@ -157,7 +132,7 @@ impl ProbeSet {
     #[must_use]
     pub const fn hooks(self) -> &'static [Hook] {
         match self {
-            Self::Tracepoints => TRACEPOINTS_6_3,
+            Self::Tracepoints => TRACEPOINTS_6_5,
         }
     }
 }
@@ -192,9 +167,7 @@ pub struct Probes {
 
 fn is_mounted(path: &str, fstype: &str) -> bool {
     std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
-        m.lines().any(|l| {
-            l.split_whitespace().nth(1) == Some(path) && l.split_whitespace().nth(2) == Some(fstype)
-        })
+        m.lines().any(|l| l.split_whitespace().nth(1) == Some(path) && l.split_whitespace().nth(2) == Some(fstype))
     })
 }
 
@@ -205,21 +178,9 @@ fn mount(what: &'static str, path: &'static str) -> Result<bool, BpfError> {
     let c = |s: &str| std::ffi::CString::new(s).map_err(|e| BpfError::Setting(e.to_string()));
     let (src, target, fstype) = (c(what)?, c(path)?, c(what)?);
     // SAFETY: valid NUL-terminated strings, no data argument.
-    let rc = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            target.as_ptr(),
-            fstype.as_ptr(),
-            0,
-            std::ptr::null(),
-        )
-    };
+    let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
     if rc != 0 {
-        return Err(BpfError::Mount {
-            what,
-            path,
-            source: io::Error::last_os_error(),
-        });
+        return Err(BpfError::Mount { what, path, source: io::Error::last_os_error() });
     }
     Ok(true)
 }
@@ -240,10 +201,7 @@ pub fn ensure_filesystems() -> Result<Vec<&'static str>, BpfError> {
 /// Returns false when it could not (harmless on 5.11+ memcg accounting).
 #[must_use]
 pub fn raise_memlock() -> bool {
-    let lim = libc::rlimit {
-        rlim_cur: libc::RLIM_INFINITY,
-        rlim_max: libc::RLIM_INFINITY,
-    };
+    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
     // SAFETY: valid rlimit pointer.
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const lim) == 0 }
 }
@@ -277,61 +235,30 @@ impl Probes {
             .load(OBJECT)?;
         let mut attached = Vec::new();
         for hook in set.hooks() {
-            let prog: &mut TracePoint = ebpf
-                .program_mut(hook.program)
-                .ok_or(BpfError::Program {
-                    name: hook.program,
-                    source: aya::programs::ProgramError::NotLoaded,
-                })?
-                .try_into()
-                .map_err(|source| BpfError::Program {
-                    name: hook.program,
-                    source,
-                })?;
-            prog.load().map_err(|source| BpfError::Program {
-                name: hook.program,
-                source,
-            })?;
-            prog.attach(hook.category, hook.name)
-                .map_err(|source| BpfError::Program {
-                    name: hook.program,
-                    source,
-                })?;
-            let prog_id = prog
-                .info()
-                .map_err(|source| BpfError::Program {
-                    name: hook.program,
-                    source,
-                })?
-                .id();
-            attached.push(Attached {
-                hook: *hook,
-                prog_id,
-            });
+            let err = |source| BpfError::Program { name: hook.program, source };
+            let prog = ebpf.program_mut(hook.program).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
+            let prog_id = match hook.kind {
+                HookKind::TracePoint => {
+                    let prog: &mut TracePoint = prog.try_into().map_err(err)?;
+                    prog.load().map_err(err)?;
+                    prog.attach(hook.category, hook.name).map_err(err)?;
+                    prog.info().map_err(err)?.id()
+                }
+                HookKind::RawTracePoint => {
+                    let prog: &mut RawTracePoint = prog.try_into().map_err(err)?;
+                    prog.load().map_err(err)?;
+                    prog.attach(hook.name).map_err(err)?;
+                    prog.info().map_err(err)?.id()
+                }
+            };
+            attached.push(Attached { hook: *hook, prog_id });
         }
-        let ring = RingBuf::try_from(
-            ebpf.take_map(maps::EVENTS)
-                .ok_or(BpfError::MissingMap(maps::EVENTS))?,
-        )
-        .map_err(|source| BpfError::Map {
-            name: maps::EVENTS,
-            source,
-        })?;
-        let counters = PerCpuArray::try_from(
-            ebpf.take_map(maps::COUNTERS)
-                .ok_or(BpfError::MissingMap(maps::COUNTERS))?,
-        )
-        .map_err(|source| BpfError::Map {
-            name: maps::COUNTERS,
-            source,
-        })?;
-        Ok(Self {
-            ebpf,
-            ring,
-            counters,
-            attached,
-            clock: Clock::now(),
-        })
+        let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
+            .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
+        let counters =
+            PerCpuArray::try_from(ebpf.take_map(maps::COUNTERS).ok_or(BpfError::MissingMap(maps::COUNTERS))?)
+                .map_err(|source| BpfError::Map { name: maps::COUNTERS, source })?;
+        Ok(Self { ebpf, ring, counters, attached, clock: Clock::now() })
     }
 
     /// The probes attached, in attach order.
@@ -358,10 +285,7 @@ impl Probes {
     /// Kernel counters, summed over CPUs.
     pub fn counters(&self) -> Result<KernelCounters, BpfError> {
         let sum = |i: u32| -> Result<u64, BpfError> {
-            let v = self.counters.get(&i, 0).map_err(|source| BpfError::Map {
-                name: maps::COUNTERS,
-                source,
-            })?;
+            let v = self.counters.get(&i, 0).map_err(|source| BpfError::Map { name: maps::COUNTERS, source })?;
             Ok(v.iter().sum())
         };
         Ok(KernelCounters {
@@ -373,15 +297,9 @@ impl Probes {
 
     /// Snapshot of the per-socket table: (socket id, state).
     pub fn sockets(&self) -> Result<Vec<(u64, SockState)>, BpfError> {
-        let map = self
-            .ebpf
-            .map(maps::SOCKS)
-            .ok_or(BpfError::MissingMap(maps::SOCKS))?;
+        let map = self.ebpf.map(maps::SOCKS).ok_or(BpfError::MissingMap(maps::SOCKS))?;
         let table: BpfHashMap<_, u64, SockState> =
-            BpfHashMap::try_from(map).map_err(|source| BpfError::Map {
-                name: maps::SOCKS,
-                source,
-            })?;
+            BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name: maps::SOCKS, source })?;
         Ok(table.iter().filter_map(Result::ok).collect())
     }
 

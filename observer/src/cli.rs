@@ -31,8 +31,7 @@ pub enum EventsFormat {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("`{s}` is not a duration ({e}); write it like 1s, 500ms or 2m"))
+    humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration ({e}); write it like 1s, 500ms or 2m"))
 }
 
 fn parse_size(s: &str) -> Result<u32, String> {
@@ -90,27 +89,19 @@ mod tests {
 
     #[test]
     fn events_flag_forms() {
-        let Command::Run(a) = Cli::try_parse_from(["observer", "run", "--events"])
-            .unwrap()
-            .command;
+        let Command::Run(a) = Cli::try_parse_from(["observer", "run", "--events"]).unwrap().command;
         assert_eq!(a.events, Some(EventsFormat::Text));
         let Command::Run(a) =
-            Cli::try_parse_from(["observer", "run", "--events=json", "--ring-buffer", "4KiB"])
-                .unwrap()
-                .command;
+            Cli::try_parse_from(["observer", "run", "--events=json", "--ring-buffer", "4KiB"]).unwrap().command;
         assert_eq!(a.events, Some(EventsFormat::Json));
         assert_eq!(a.ring_buffer, 4096);
     }
 
     #[test]
     fn bad_values_name_the_fix() {
-        let err = Cli::try_parse_from(["observer", "run", "--min-idle", "soon"])
-            .unwrap_err()
-            .to_string();
+        let err = Cli::try_parse_from(["observer", "run", "--min-idle", "soon"]).unwrap_err().to_string();
         assert!(err.contains("write it like"), "{err}");
-        let err = Cli::try_parse_from(["observer", "run", "--ring-buffer", "lots"])
-            .unwrap_err()
-            .to_string();
+        let err = Cli::try_parse_from(["observer", "run", "--ring-buffer", "lots"]).unwrap_err().to_string();
         assert!(err.contains("256KiB"), "{err}");
     }
 }

@@ -66,10 +66,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     };
     let mut probes = Probes::load(&config).context("bringing up the probes")?;
     for a in probes.attached() {
-        info!(
-            "attached tracepoint {}:{} (program {}, id {})",
-            a.hook.category, a.hook.name, a.hook.program, a.prog_id
-        );
+        let kind = match a.hook.kind {
+            bpf::HookKind::TracePoint => "tracepoint",
+            bpf::HookKind::RawTracePoint => "raw tracepoint",
+        };
+        info!("attached {kind} {}:{} (program {}, id {})", a.hook.category, a.hook.name, a.hook.program, a.prog_id);
     }
     let record = match &args.record {
         Some(path) => Some(BufWriter::new(
@@ -81,12 +82,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         )),
         None => None,
     };
-    let mut sinks = Sinks {
-        print: args.events,
-        connections: args.connections,
-        record,
-        decode_errors: 0,
-    };
+    let mut sinks = Sinks { print: args.events, connections: args.connections, record, decode_errors: 0 };
     info!(
         "observer running: min_idle={:?} stall_after={:?} max_sockets={} ring_buffer={}B",
         args.min_idle, args.stall_after, args.max_sockets, args.ring_buffer

@@ -126,10 +126,7 @@ impl How {
 }
 
 /// One decoded event. Field names are the JSON interface (see README).
-#[allow(
-    clippy::struct_excessive_bools,
-    reason = "flat JSON record; each flag is an independent fact"
-)]
+#[allow(clippy::struct_excessive_bools, reason = "flat JSON record; each flag is an independent fact")]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SockEvent {
     /// Wall-clock time of the event, ns since the Unix epoch.
@@ -186,9 +183,7 @@ impl Clock {
     pub fn now() -> Self {
         let mono = clock_ns(libc::CLOCK_MONOTONIC);
         let real = clock_ns(libc::CLOCK_REALTIME);
-        Self {
-            offset_ns: i128::from(real) - i128::from(mono),
-        }
+        Self { offset_ns: i128::from(real) - i128::from(mono) }
     }
 
     /// A clock with a fixed offset (recordings, tests).
@@ -206,10 +201,7 @@ impl Clock {
 /// `clock_gettime` in ns.
 #[must_use]
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: valid pointer to a timespec; the clocks used always exist.
     unsafe { libc::clock_gettime(clock, &raw mut ts) };
     u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
@@ -228,10 +220,7 @@ fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError
     Ok(SocketAddr::new(ip, port))
 }
 
-#[allow(
-    clippy::cast_precision_loss,
-    reason = "idle ages are far below 2^52 ns"
-)]
+#[allow(clippy::cast_precision_loss, reason = "idle ages are far below 2^52 ns")]
 fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
@@ -240,10 +229,7 @@ fn secs(ns: u64) -> f64 {
 /// with the ephemeral port is the client.
 fn guess_role(local_port: u16, remote_port: u16) -> Role {
     const EPHEMERAL_START: u16 = 32_768;
-    match (
-        local_port >= EPHEMERAL_START,
-        remote_port >= EPHEMERAL_START,
-    ) {
+    match (local_port >= EPHEMERAL_START, remote_port >= EPHEMERAL_START) {
         (true, false) => Role::Client,
         (false, true) => Role::Server,
         _ if local_port > remote_port => Role::Client,
@@ -296,11 +282,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         how::DESTROYED => Some(How::Destroyed),
         _ => None,
     };
-    let comm_len = raw
-        .comm
-        .iter()
-        .position(|&b| b == 0)
-        .unwrap_or(raw.comm.len());
+    let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());
     Ok(SockEvent {
         ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
         kind,
@@ -310,11 +292,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         local,
         remote,
         idle_seconds: secs(raw.idle_ns),
-        outcome: if kind == EventKind::Reuse {
-            outcome
-        } else {
-            None
-        },
+        outcome: if kind == EventKind::Reuse { outcome } else { None },
         elapsed_seconds: (kind == EventKind::Reuse).then(|| secs(raw.elapsed_ns)),
         retransmits: raw.retransmits,
         safe_to_retry: raw.flags & flags::FIN_BEFORE_WRITE != 0,
@@ -350,11 +328,7 @@ impl fmt::Display for SockEvent {
             self.kind.as_str(),
             self.role.as_str(),
             self.pid,
-            if self.comm.is_empty() {
-                "?"
-            } else {
-                &self.comm
-            },
+            if self.comm.is_empty() { "?" } else { &self.comm },
             self.local,
             self.remote,
             self.idle_seconds,
@@ -364,11 +338,7 @@ impl fmt::Display for SockEvent {
             if let Some(e) = self.elapsed_seconds {
                 write!(f, " after={e:.3}s")?;
             }
-            write!(
-                f,
-                " retransmits={} safe_to_retry={}",
-                self.retransmits, self.safe_to_retry
-            )?;
+            write!(f, " retransmits={} safe_to_retry={}", self.retransmits, self.safe_to_retry)?;
         }
         if let Some(h) = self.how {
             write!(f, " how={}", h.as_str())?;
@@ -392,10 +362,7 @@ mod tests {
 
     fn bytes_of(e: &Event) -> Vec<u8> {
         // SAFETY: Event is POD without padding.
-        unsafe {
-            std::slice::from_raw_parts(std::ptr::from_ref::<Event>(e).cast::<u8>(), EVENT_SIZE)
-        }
-        .to_vec()
+        unsafe { std::slice::from_raw_parts(std::ptr::from_ref::<Event>(e).cast::<u8>(), EVENT_SIZE) }.to_vec()
     }
 
     fn fixture_v4() -> Event {
@@ -421,11 +388,7 @@ mod tests {
 
     #[test]
     fn decodes_ipv4_reuse_from_bytes() {
-        let ev = decode_bytes(
-            &bytes_of(&fixture_v4()),
-            Clock::with_offset_ns(1_000_000_000_000_000_000),
-        )
-        .unwrap();
+        let ev = decode_bytes(&bytes_of(&fixture_v4()), Clock::with_offset_ns(1_000_000_000_000_000_000)).unwrap();
         assert_eq!(ev.kind, EventKind::Reuse);
         assert_eq!(ev.local, "10.0.0.1:43210".parse().unwrap());
         assert_eq!(ev.remote, "10.0.0.2:80".parse().unwrap());
@@ -454,22 +417,13 @@ mod tests {
 
     #[test]
     fn rejects_bad_records() {
-        assert_eq!(
-            decode_bytes(&[0; 10], Clock::with_offset_ns(0)),
-            Err(DecodeError::Size(10))
-        );
+        assert_eq!(decode_bytes(&[0; 10], Clock::with_offset_ns(0)), Err(DecodeError::Size(10)));
         let mut e = fixture_v4();
         e.kind = 99;
-        assert_eq!(
-            decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)),
-            Err(DecodeError::Kind(99))
-        );
+        assert_eq!(decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)), Err(DecodeError::Kind(99)));
         let mut e = fixture_v4();
         e.family = 1;
-        assert_eq!(
-            decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)),
-            Err(DecodeError::Family(1))
-        );
+        assert_eq!(decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)), Err(DecodeError::Family(1)));
     }
 
     #[test]
@@ -480,10 +434,7 @@ mod tests {
         assert_eq!(ev.role, Role::Client);
         e.sport = 8080;
         e.dport = 51_000;
-        assert_eq!(
-            decode(&e, Clock::with_offset_ns(0)).unwrap().role,
-            Role::Server
-        );
+        assert_eq!(decode(&e, Clock::with_offset_ns(0)).unwrap().role, Role::Server);
     }
 
     #[test]

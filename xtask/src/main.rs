@@ -42,24 +42,10 @@ enum Task {
 
 /// Debian packages the eBPF build needs (Debian's rustc with library
 /// sources, built on LLVM 22, and LLVM 22 for bpf-linker).
-const BUILD_PACKAGES: &[&str] = &[
-    "rustc-web",
-    "cargo-web",
-    "rust-web-src",
-    "rust-web-clippy",
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "libzstd-dev",
-];
+const BUILD_PACKAGES: &[&str] =
+    &["rustc-web", "cargo-web", "rust-web-src", "rust-web-clippy", "llvm-22-dev", "libpolly-22-dev", "libzstd-dev"];
 /// Debian packages the root integration tests use.
-const TEST_PACKAGES: &[&str] = &[
-    "bpftool",
-    "iproute2",
-    "nftables",
-    "conntrack",
-    "nginx-light",
-    "python3",
-];
+const TEST_PACKAGES: &[&str] = &["bpftool", "iproute2", "nftables", "conntrack", "nginx-light", "python3"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
@@ -81,9 +67,7 @@ fn main() -> ExitCode {
 }
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
 fn cargo() -> Command {
@@ -102,9 +86,7 @@ fn status(cmd: &mut Command) -> Result<()> {
 
 fn output_ok(cmd: &mut Command) -> Option<String> {
     let out = cmd.output().ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 fn is_root() -> bool {
@@ -117,11 +99,7 @@ fn dpkg_installed(pkg: &str) -> bool {
 }
 
 fn apt_install(pkgs: &[&str]) -> Result<()> {
-    let missing: Vec<&str> = pkgs
-        .iter()
-        .copied()
-        .filter(|p| !dpkg_installed(p))
-        .collect();
+    let missing: Vec<&str> = pkgs.iter().copied().filter(|p| !dpkg_installed(p)).collect();
     if missing.is_empty() {
         println!("setup: Debian packages present: {}", pkgs.join(" "));
         return Ok(());
@@ -144,14 +122,8 @@ fn apt_install(pkgs: &[&str]) -> Result<()> {
 }
 
 fn has_nightly_rust_src() -> bool {
-    output_ok(Command::new("rustup").args([
-        "component",
-        "list",
-        "--toolchain",
-        "nightly",
-        "--installed",
-    ]))
-    .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")))
+    output_ok(Command::new("rustup").args(["component", "list", "--toolchain", "nightly", "--installed"]))
+        .is_some_and(|s| s.lines().any(|l| l.starts_with("rust-src")))
 }
 
 fn bpf_linker_works() -> bool {
@@ -201,26 +173,15 @@ fn setup(with_test_tools: bool) -> Result<String> {
     if with_test_tools {
         apt_install(TEST_PACKAGES)?;
     }
-    println!(
-        "setup: done in {:.1}s (eBPF toolchain: {toolchain})",
-        started.elapsed().as_secs_f64()
-    );
+    println!("setup: done in {:.1}s (eBPF toolchain: {toolchain})", started.elapsed().as_secs_f64());
     Ok(toolchain)
 }
 
 fn run(args: &[String]) -> Result<()> {
     let toolchain = setup(false)?;
-    status(
-        cargo()
-            .args(["build", "--release", "-p", "observer"])
-            .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
-    )?;
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
     let bin = workspace_root().join("target/release/observer");
-    let args: Vec<String> = if args.is_empty() {
-        vec!["run".into()]
-    } else {
-        args.to_vec()
-    };
+    let args: Vec<String> = if args.is_empty() { vec!["run".into()] } else { args.to_vec() };
     let mut cmd = if is_root() {
         Command::new(&bin)
     } else {
@@ -230,9 +191,7 @@ fn run(args: &[String]) -> Result<()> {
         c
     };
     cmd.args(&args);
-    let st = cmd
-        .status()
-        .with_context(|| format!("starting {}", bin.display()))?;
+    let st = cmd.status().with_context(|| format!("starting {}", bin.display()))?;
     if !st.success() {
         bail!("observer exited with {st}");
     }
@@ -249,7 +208,7 @@ fn check_kernel() -> Result<()> {
     let mut missing = Vec::new();
     for tp in [
         "sock/inet_sock_set_state",
-        "sock/sock_send_length",
+        "tcp/tcp_sendmsg_locked",
         "sock/sock_recv_length",
         "tcp/tcp_receive_reset",
         "tcp/tcp_retransmit_skb",
@@ -261,10 +220,7 @@ fn check_kernel() -> Result<()> {
         }
     }
     if !missing.is_empty() {
-        bail!(
-            "the kernel lacks tracepoints observer needs: {} (Linux 6.3+ required)",
-            missing.join(", ")
-        );
+        bail!("the kernel lacks tracepoints observer needs: {} (Linux 6.3+ required)", missing.join(", "));
     }
     Ok(())
 }
@@ -280,21 +236,11 @@ fn test(args: &[String]) -> Result<()> {
     // One test at a time: the scenarios measure timing and share the kernel.
     status(
         cargo()
-            .args([
-                "test",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "--include-ignored",
-                "--test-threads=1",
-            ])
+            .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
             .args(args)
             .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
     )?;
-    println!(
-        "test: all passed in {:.0}s",
-        started.elapsed().as_secs_f64()
-    );
+    println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
@@ -303,14 +249,7 @@ fn lint() -> Result<()> {
     status(cargo().args(["fmt", "--all", "--check"]))?;
     status(
         cargo()
-            .args([
-                "clippy",
-                "--workspace",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ])
+            .args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
             .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
     )?;
     let mut ebpf = Command::new("rustup");

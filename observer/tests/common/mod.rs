@@ -1,11 +1,7 @@
 //! Helpers for the root integration tests: the observer daemon as a child
 //! process, network namespaces that are always removed, and event matching.
 #![allow(dead_code, reason = "each test binary uses a different subset")]
-#![allow(
-    clippy::unwrap_used,
-    clippy::missing_panics_doc,
-    reason = "test helpers"
-)]
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc, reason = "test helpers")]
 
 use std::{
     io::{BufRead, BufReader},
@@ -21,11 +17,7 @@ pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
 
 /// Run a command, fail with its output if it fails.
 pub fn sh(cmd: &str) -> Result<String> {
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg(cmd)
-        .output()
-        .with_context(|| format!("spawning `{cmd}`"))?;
+    let out = Command::new("sh").arg("-c").arg(cmd).output().with_context(|| format!("spawning `{cmd}`"))?;
     if !out.status.success() {
         bail!(
             "`{cmd}` failed ({}): {}{}",
@@ -78,17 +70,10 @@ impl Daemon {
                 se.lock().unwrap().push(line);
             }
         });
-        let mut d = Self {
-            child,
-            events,
-            stderr,
-        };
+        let mut d = Self { child, events, stderr };
         if ready_rx.recv_timeout(Duration::from_secs(30)).is_err() {
             let status = d.child.try_wait().ok().flatten();
-            bail!(
-                "observer did not come up within 30 s (exit: {status:?}); stderr: {:?}",
-                d.stderr_lines()
-            );
+            bail!("observer did not come up within 30 s (exit: {status:?}); stderr: {:?}", d.stderr_lines());
         }
         Ok(d)
     }
@@ -179,24 +164,13 @@ impl Netns {
 
     /// `ip netns exec <ns> sh -c cmd`.
     pub fn exec(&self, i: usize, cmd: &str) -> Result<String> {
-        sh(&format!(
-            "ip netns exec {} sh -c '{}'",
-            self.names[i],
-            cmd.replace('\'', r"'\''")
-        ))
+        sh(&format!("ip netns exec {} sh -c '{}'", self.names[i], cmd.replace('\'', r"'\''")))
     }
 
     /// Spawn a long-running command in namespace `i` (killed with the namespace).
     pub fn spawn(&self, i: usize, cmd: &str) -> Result<Child> {
         Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &self.names[i],
-                "sh",
-                "-c",
-                &format!("exec {cmd}"),
-            ])
+            .args(["netns", "exec", &self.names[i], "sh", "-c", &format!("exec {cmd}")])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -226,4 +200,180 @@ impl Drop for Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A test network: `client` and `server` namespaces, joined directly
+/// (`pair`) or through a `router` namespace that runs conntrack (`routed`).
+pub struct Topology {
+    pub ns: Netns,
+    pub client: usize,
+    pub server: usize,
+    pub router: Option<usize>,
+    pub server_v4: String,
+    pub server_v6: String,
+}
+
+impl Topology {
+    /// client (`10.201.1.2`, `fd00:201:1::2`) <-> server (`10.201.1.1`, `fd00:201:1::1`).
+    pub fn pair(tag: &str) -> Result<Self> {
+        let ns = Netns::create(tag, 2)?;
+        let (c, s) = (ns.name(0).to_owned(), ns.name(1).to_owned());
+        sh(&format!("ip -n {c} link add c0 type veth peer name s0 netns {s}"))?;
+        sh(&format!("ip -n {c} addr add 10.201.1.2/24 dev c0 && ip -n {c} addr add fd00:201:1::2/64 dev c0 nodad && ip -n {c} link set c0 up"))?;
+        sh(&format!("ip -n {s} addr add 10.201.1.1/24 dev s0 && ip -n {s} addr add fd00:201:1::1/64 dev s0 nodad && ip -n {s} link set s0 up"))?;
+        Ok(Self {
+            ns,
+            client: 0,
+            server: 1,
+            router: None,
+            server_v4: "10.201.1.1".into(),
+            server_v6: "fd00:201:1::1".into(),
+        })
+    }
+
+    /// client (10.201.1.2) <-> router <-> server (10.201.2.2), IPv4 and IPv6.
+    /// The router forwards with conntrack: established flows expire after
+    /// `ct_timeout_s` of silence, `nf_conntrack_tcp_loose=0` keeps expired
+    /// flows from being picked up again, and packets in state invalid get
+    /// `verdict` (`reject with tcp reset` or `drop`).
+    pub fn routed(tag: &str, ct_timeout_s: u32, verdict: &str) -> Result<Self> {
+        let ns = Netns::create(tag, 3)?;
+        let (c, r, s) = (ns.name(0).to_owned(), ns.name(1).to_owned(), ns.name(2).to_owned());
+        sh(&format!("ip -n {c} link add c0 type veth peer name r0 netns {r}"))?;
+        sh(&format!("ip -n {s} link add s0 type veth peer name r1 netns {r}"))?;
+        sh(&format!("ip -n {c} addr add 10.201.1.2/24 dev c0 && ip -n {c} addr add fd00:201:1::2/64 dev c0 nodad && ip -n {c} link set c0 up"))?;
+        sh(&format!("ip -n {c} route add default via 10.201.1.1 && ip -n {c} -6 route add default via fd00:201:1::1"))?;
+        sh(&format!("ip -n {s} addr add 10.201.2.2/24 dev s0 && ip -n {s} addr add fd00:201:2::2/64 dev s0 nodad && ip -n {s} link set s0 up"))?;
+        sh(&format!("ip -n {s} route add default via 10.201.2.1 && ip -n {s} -6 route add default via fd00:201:2::1"))?;
+        sh(&format!("ip -n {r} addr add 10.201.1.1/24 dev r0 && ip -n {r} addr add fd00:201:1::1/64 dev r0 nodad && ip -n {r} link set r0 up"))?;
+        sh(&format!("ip -n {r} addr add 10.201.2.1/24 dev r1 && ip -n {r} addr add fd00:201:2::1/64 dev r1 nodad && ip -n {r} link set r1 up"))?;
+        ns.exec(1, "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1")?;
+        ns.exec(1, "nft add table inet observer_test")?;
+        ns.exec(1, "nft add chain inet observer_test forward_filter \"{ type filter hook forward priority 0; policy accept; }\"")?;
+        ns.exec(1, &format!("nft add rule inet observer_test forward_filter ct state invalid {verdict}"))?;
+        // The conntrack sysctls exist once the ct expression loaded nf_conntrack.
+        ns.exec(
+            1,
+            &format!("sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_established={ct_timeout_s} net.netfilter.nf_conntrack_tcp_loose=0"),
+        )?;
+        Ok(Self {
+            ns,
+            client: 0,
+            server: 2,
+            router: Some(1),
+            server_v4: "10.201.2.2".into(),
+            server_v6: "fd00:201:2::2".into(),
+        })
+    }
+}
+
+/// Write a script to a temp file that lives as long as the returned handle.
+pub fn script(body: &str) -> Result<tempfile::TempPath> {
+    use std::io::Write as _;
+    let mut f = tempfile::Builder::new().suffix(".py").tempfile()?;
+    f.write_all(body.as_bytes())?;
+    Ok(f.into_temp_path())
+}
+
+/// A TCP echo server: `python3 ECHO_SERVER HOST PORT`; prints `ready`.
+pub const ECHO_SERVER: &str = r#"
+import socket, sys, threading
+host, port = sys.argv[1], int(sys.argv[2])
+fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+s = socket.socket(fam)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port))
+s.listen(128)
+print("ready", flush=True)
+def serve(c):
+    while True:
+        try:
+            d = c.recv(65536)
+        except OSError:
+            break
+        if not d:
+            break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// An echo client that reuses one connection after each gap:
+/// `python3 ECHO_CLIENT HOST PORT GAPS READ_TIMEOUT`. Prints one JSON line
+/// per reuse with its own idle measurement and the result; after a failure
+/// it stops.
+pub const ECHO_CLIENT: &str = r#"
+import json, socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+gaps = [float(g) for g in sys.argv[3].split(",")]
+timeout = float(sys.argv[4])
+s = socket.create_connection((host, port), timeout=timeout)
+s.sendall(b"hello")
+s.recv(100)
+last = time.monotonic()
+for g in gaps:
+    time.sleep(max(0.0, last + g - time.monotonic()))
+    t = time.monotonic()
+    rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2], "remote": s.getpeername()[:2]}
+    try:
+        s.sendall(b"ping")
+        d = s.recv(100)
+        rec["result"] = "ok" if d else "eof"
+    except socket.timeout:
+        rec["result"] = "timeout"
+    except ConnectionResetError:
+        rec["result"] = "reset"
+    last = time.monotonic()
+    print(json.dumps(rec), flush=True)
+    if rec["result"] != "ok":
+        s.close()
+        break
+"#;
+
+/// Start a process in a namespace and wait for it to print `ready` or a
+/// listening socket to appear.
+pub fn start_server(ns: &Netns, i: usize, cmd: &str) -> Result<Killed> {
+    let mut child = ns.spawn(i, cmd)?;
+    let out = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.contains("ready") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+        let _ = child.kill();
+        let out = child.wait_with_output()?;
+        bail!("server `{cmd}` did not get ready: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(Killed(child))
+}
+
+/// Client-side record of one reuse, printed by the test clients.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct ClientReuse {
+    pub gap: f64,
+    pub idle: f64,
+    pub local: (String, u16),
+    pub result: String,
+}
+
+impl ClientReuse {
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        let ip: std::net::IpAddr = self.local.0.parse().unwrap();
+        std::net::SocketAddr::new(ip, self.local.1)
+    }
+}
+
+/// Parse the JSON lines a test client printed.
+pub fn client_records(stdout: &str) -> Result<Vec<ClientReuse>> {
+    stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).with_context(|| format!("client line {l}")))
+        .collect()
 }

@@ -1,0 +1,379 @@
+//! Root integration tests for the kernel probes: real servers and clients in
+//! network namespaces the tests create (and always remove), observed by the
+//! real `observer run` process. Each test prints what it measured.
+
+mod common;
+
+use std::{
+    io::Write as _,
+    net::SocketAddr,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _, Result};
+use common::{
+    client_records, script, sh, start_server, ClientReuse, Daemon, Netns, Topology, ECHO_CLIENT, ECHO_SERVER,
+};
+use observer::event::{EventKind, How, Outcome, Role, SockEvent};
+
+const ROOT: &str = "needs root and a 6.3+ kernel: run `cargo xtask test`";
+
+fn reuses_from(events: &[SockEvent], local: SocketAddr) -> Vec<SockEvent> {
+    events.iter().filter(|e| e.kind == EventKind::Reuse && e.local == local).cloned().collect()
+}
+
+/// The observer reuse event that matches a client record (same socket,
+/// closest idle age), and the idle-age disagreement in seconds.
+fn matching(events: &[SockEvent], rec: &ClientReuse) -> Result<(SockEvent, f64)> {
+    let candidates = reuses_from(events, rec.local_addr());
+    let best = candidates
+        .iter()
+        .min_by(|a, b| (a.idle_seconds - rec.idle).abs().total_cmp(&(b.idle_seconds - rec.idle).abs()))
+        .with_context(|| format!("no reuse event for {rec:?}; events: {events:#?}"))?;
+    Ok((best.clone(), (best.idle_seconds - rec.idle).abs()))
+}
+
+const HTTP_CLIENT: &str = r#"
+import http.client, json, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+gaps = [float(g) for g in sys.argv[3].split(",")]
+def connect():
+    c = http.client.HTTPConnection(host, port, timeout=5)
+    c.connect()
+    return c
+def get(c):
+    c.request("GET", "/")
+    r = c.getresponse()
+    r.read()
+    return r.status
+c = connect()
+get(c)
+last = time.monotonic()
+for g in gaps:
+    time.sleep(max(0.0, last + g - time.monotonic()))
+    t = time.monotonic()
+    rec = {"gap": g, "idle": t - last, "local": c.sock.getsockname()[:2]}
+    try:
+        get(c)
+        rec["result"] = "ok"
+    except http.client.RemoteDisconnected:
+        rec["result"] = "eof"
+    except (ConnectionResetError, BrokenPipeError):
+        rec["result"] = "reset"
+    print(json.dumps(rec), flush=True)
+    if rec["result"] != "ok":
+        c.close()
+        c = connect()
+        get(c)
+    last = time.monotonic()
+"#;
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn fin_nginx_keepalive_timeout() -> Result<()> {
+    let _ = ROOT;
+    let topo = Topology::pair("fin")?;
+    let dir = tempfile::tempdir()?;
+    let conf = dir.path().join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{ access_log off; keepalive_timeout 2s;\n\
+               server {{ listen {v4}:8080; location / {{ return 200 \"ok\\n\"; }} }} }}\n",
+            d = dir.path().display(),
+            v4 = topo.server_v4
+        ),
+    )?;
+    let nginx = topo.ns.spawn(topo.server, &format!("nginx -c {} -p {}", conf.display(), dir.path().display()))?;
+    let _nginx = common::Killed(nginx);
+    // nginx prints nothing when ready: wait for its listening socket.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8080") {
+        ensure!(
+            Instant::now() < deadline,
+            "nginx did not start: {}",
+            std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let daemon = Daemon::start(&["--min-idle", "400ms"])?;
+    let client = script(HTTP_CLIENT)?;
+    let out = topo
+        .ns
+        .exec(topo.client, &format!("python3 {} {} 8080 0.5,1,1.5,2.5,3.5", client.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 5, "client printed {recs:?}");
+    let events = daemon.wait_for("outcomes of all five reuses", Duration::from_secs(5), |evs| {
+        recs.iter().all(|r| reuses_from(evs, r.local_addr()).iter().any(|e| (e.idle_seconds - r.idle).abs() < 0.1))
+    })?;
+    let mut worst: f64 = 0.0;
+    for rec in &recs {
+        let (ev, err) = matching(&events, rec)?;
+        worst = worst.max(err);
+        assert!(err < 0.020, "idle age {} vs client's {} for gap {}", ev.idle_seconds, rec.idle, rec.gap);
+        if rec.gap < 2.0 {
+            assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
+            assert!(!ev.safe_to_retry);
+        } else {
+            assert!(matches!(ev.outcome, Some(Outcome::Eof | Outcome::Reset)), "gap {}: {ev:?}", rec.gap);
+            assert!(ev.safe_to_retry, "nginx's FIN came before the write: {ev:?}");
+            assert_ne!(rec.result, "ok", "the client saw the failure too");
+        }
+        assert_eq!(ev.role, Role::Client);
+        assert_eq!(ev.remote, format!("{}:8080", topo.server_v4).parse()?);
+    }
+    let peer_closes: Vec<&SockEvent> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::PeerCloseWhileIdle && e.role == Role::Client && e.remote.port() == 8080)
+        .collect();
+    ensure!(peer_closes.len() >= 2, "expected a peer close before each failed reuse: {peer_closes:#?}");
+    for pc in &peer_closes {
+        assert_eq!(pc.how, Some(How::Fin));
+        assert!(
+            (pc.idle_seconds - 2.0).abs() < 0.1,
+            "peer close at {} s, nginx keepalive_timeout is 2 s",
+            pc.idle_seconds
+        );
+    }
+    eprintln!(
+        "MEASURED fin: {} events, {} reuses, {} peer closes at {:?} s, worst idle-age error {:.1} ms",
+        events.len(),
+        events.iter().filter(|e| e.kind == EventKind::Reuse).count(),
+        peer_closes.len(),
+        peer_closes.iter().map(|e| (e.idle_seconds * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+        worst * 1000.0
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
+    let topo = Topology::routed("rst", 3, "reject with tcp reset")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ECHO_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 2,4 5", client.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 2, "client printed {recs:?}");
+    assert_eq!(recs[0].result, "ok");
+    assert_eq!(recs[1].result, "reset", "the router's reset reached the client");
+    let events = daemon.wait_for("both reuse outcomes", Duration::from_secs(5), |evs| {
+        reuses_from(evs, recs[0].local_addr()).len() >= 2
+    })?;
+    let (ok, err_ok) = matching(&events, &recs[0])?;
+    let (reset, err_reset) = matching(&events, &recs[1])?;
+    assert_eq!(ok.outcome, Some(Outcome::Ok), "{ok:?}");
+    assert_eq!(reset.outcome, Some(Outcome::Reset), "{reset:?}");
+    assert!(!reset.safe_to_retry, "the request reached the path; only the hop answered");
+    assert!((reset.idle_seconds - 4.0).abs() < 0.1, "reset after idle {}", reset.idle_seconds);
+    assert!(err_ok < 0.020 && err_reset < 0.020, "idle-age errors {err_ok} {err_reset}");
+    assert_eq!(reset.role, Role::Client);
+    assert_eq!(reset.remote, format!("{}:9000", topo.server_v4).parse()?);
+    eprintln!(
+        "MEASURED rst: {} events; reuse ok idle {:.3} s, reset idle {:.3} s; idle-age errors {:.1} / {:.1} ms",
+        events.len(),
+        ok.idle_seconds,
+        reset.idle_seconds,
+        err_ok * 1000.0,
+        err_reset * 1000.0
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn silent_drop_ipv6_is_a_stall() -> Result<()> {
+    let topo = Topology::routed("drop", 3, "drop")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v6))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ECHO_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 4 2", client.display(), topo.server_v6))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 1, "client printed {recs:?}");
+    assert_eq!(recs[0].result, "timeout", "the client's read timed out");
+    let local = recs[0].local_addr();
+    let events = daemon.wait_for("the stall and the local close", Duration::from_secs(5), |evs| {
+        !reuses_from(evs, local).is_empty() && evs.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local)
+    })?;
+    let (stall, err) = matching(&events, &recs[0])?;
+    assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
+    assert!(stall.retransmits >= 1, "{stall:?}");
+    assert_eq!(stall.how, Some(How::LocalClose), "the stall ended when the client gave up: {stall:?}");
+    assert!(stall.local.is_ipv6() && stall.remote.is_ipv6(), "{stall:?}");
+    assert!(err < 0.020, "idle-age error {err}");
+    let close = events.iter().find(|e| e.kind == EventKind::LocalClose && e.local == local).context("local close")?;
+    assert!(close.request_outstanding, "{close:?}");
+    eprintln!(
+        "MEASURED drop: {} events; stall idle {:.3} s, {} retransmits, ended by {:?} after {:.3} s; idle-age error {:.1} ms",
+        events.len(),
+        stall.idle_seconds,
+        stall.retransmits,
+        stall.how,
+        stall.elapsed_seconds.unwrap_or_default(),
+        err * 1000.0
+    );
+    Ok(())
+}
+
+const BUSY_CLIENT: &str = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+print(s.getsockname()[0], s.getsockname()[1], flush=True)
+end = time.monotonic() + 5
+n = 0
+while time.monotonic() < end:
+    s.sendall(b"x")
+    s.recv(10)
+    n += 1
+    time.sleep(0.1)
+s.close()
+print(n, flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn busy_connection_has_no_reuse() -> Result<()> {
+    let topo = Topology::pair("busy")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(BUSY_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
+    let mut lines = out.lines();
+    let local: SocketAddr = lines.next().context("client address")?.replace(' ', ":").parse()?;
+    let exchanges: u32 = lines.next().context("exchange count")?.trim().parse()?;
+    ensure!(exchanges >= 40, "only {exchanges} exchanges");
+    // Wait until the connection's close was seen, so silence means something.
+    let events = daemon.wait_for("the busy connection's close", Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == EventKind::Closed && e.local == local)
+    })?;
+    assert!(events.iter().any(|e| e.kind == EventKind::Established && e.local == local), "establish seen");
+    let reuses = reuses_from(&events, local);
+    assert!(reuses.is_empty(), "a connection busy every 100 ms must not produce reuses: {reuses:#?}");
+    eprintln!(
+        "MEASURED busy: {exchanges} exchanges, {} events for the connection, 0 reuses",
+        events.iter().filter(|e| e.local == local).count()
+    );
+    Ok(())
+}
+
+const WAITING_CLIENT: &str = r#"
+import json, socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+s.sendall(b"before"); s.recv(100)
+print(json.dumps({"local": s.getsockname()[:2]}), flush=True)
+sys.stdin.readline()
+s.sendall(b"picked up"); s.recv(100)
+last = time.monotonic()
+time.sleep(2)
+t = time.monotonic()
+s.sendall(b"reuse"); d = s.recv(100)
+print(json.dumps({"gap": 2, "idle": t - last, "local": s.getsockname()[:2], "result": "ok" if d else "eof"}), flush=True)
+s.close()
+"#;
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn preexisting_connection_is_picked_up() -> Result<()> {
+    let topo = Topology::pair("pre")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let client_py = script(WAITING_CLIENT)?;
+    let mut client = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            topo.ns.name(topo.client),
+            "python3",
+            &client_py.display().to_string(),
+            &topo.server_v4,
+            "9000",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut stdout = std::io::BufReader::new(client.stdout.take().context("stdout")?);
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first)?;
+    ensure!(first.contains("local"), "client did not connect: {first}");
+    // The connection exists; only now does observer start.
+    let daemon = Daemon::start(&[])?;
+    client.stdin.as_mut().context("stdin")?.write_all(b"go\n")?;
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest)?;
+    client.wait()?;
+    let recs = client_records(&rest)?;
+    ensure!(recs.len() == 1, "client printed {rest}");
+    let events = daemon.wait_for("the reuse of the pre-existing connection", Duration::from_secs(5), |evs| {
+        !reuses_from(evs, recs[0].local_addr()).is_empty()
+    })?;
+    let (ev, err) = matching(&events, &recs[0])?;
+    assert!(ev.preexisting, "{ev:?}");
+    assert_eq!(ev.outcome, Some(Outcome::Ok));
+    assert_eq!(
+        ev.remote,
+        format!("{}:9000", topo.server_v4).parse()?,
+        "addresses read for a socket opened before observer"
+    );
+    assert_eq!(ev.local, recs[0].local_addr());
+    assert_eq!(ev.role, Role::Client, "role from the ephemeral port");
+    assert!(err < 0.020, "idle-age error {err}");
+    eprintln!(
+        "MEASURED preexisting: {} events; reuse idle {:.3} s, error {:.1} ms",
+        events.len(),
+        ev.idle_seconds,
+        err * 1000.0
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn full_ring_buffer_is_counted_and_daemon_survives() -> Result<()> {
+    let ns = Netns::create("burst", 1)?;
+    let daemon = Daemon::start(&["--ring-buffer", "4096"])?;
+    // Stop the reader so the burst must overflow the one-page ring buffer.
+    sh(&format!("kill -STOP {}", daemon.pid()))?;
+    let burst = script(
+        r#"
+import socket
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(512)
+for _ in range(300):
+    c = socket.create_connection(l.getsockname()); a, _ = l.accept(); c.close(); a.close()
+"#,
+    )?;
+    let result = ns.exec(0, &format!("python3 {}", burst.display()));
+    sh(&format!("kill -CONT {}", daemon.pid()))?;
+    result?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lost_line = loop {
+        if let Some(l) = daemon.stderr_lines().into_iter().find(|l| l.contains("because the ring buffer was full")) {
+            break l;
+        }
+        ensure!(Instant::now() < deadline, "no loss reported; stderr: {:?}", daemon.stderr_lines());
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    // Still alive and still delivering events.
+    let after = ns.exec(
+        0,
+        "python3 -c 'import socket; l=socket.socket(); l.bind((\"127.0.0.1\", 0)); l.listen(); c=socket.create_connection(l.getsockname()); print(c.getsockname()[1])'",
+    )?;
+    let port: u16 = after.trim().parse()?;
+    daemon.wait_for("an event after the overload", Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == EventKind::Established && e.local.port() == port)
+    })?;
+    let status = daemon.terminate()?;
+    assert_eq!(status.code(), Some(0));
+    eprintln!("MEASURED overload: {lost_line}");
+    Ok(())
+}
