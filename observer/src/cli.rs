@@ -19,6 +19,38 @@ pub struct Cli {
 pub enum Command {
     /// Run the daemon: load and attach the probes and follow every TCP socket.
     Run(RunArgs),
+    /// Ask the running daemon for the destination table.
+    Status(StatusArgs),
+    /// Run the daemon's aggregation offline over a recording (`run --record`).
+    Analyze(AnalyzeArgs),
+}
+
+/// Default address of the daemon's HTTP endpoint (loopback only).
+pub const DEFAULT_METRICS_ADDR: &str = "127.0.0.1:9477";
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatusArgs {
+    /// The daemon's HTTP address (`run --metrics-addr`).
+    #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
+    pub addr: String,
+    /// Print the table as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct AnalyzeArgs {
+    /// A JSON-lines recording written by `observer run --record`.
+    pub file: PathBuf,
+    /// Print the table as a JSON array.
+    #[arg(long)]
+    pub json: bool,
+    /// Evidence window.
+    #[arg(long, value_parser = parse_duration, default_value = "24h")]
+    pub window: Duration,
+    /// Destinations with their own row; the rest are pooled as `other`.
+    #[arg(long, default_value_t = 1000)]
+    pub max_destinations: usize,
 }
 
 /// How `--events` prints events.
@@ -72,6 +104,15 @@ pub struct RunArgs {
     /// Append every event to this file as JSON lines.
     #[arg(long)]
     pub record: Option<PathBuf>,
+    /// Serve `GET /api/v1/destinations` and `GET /metrics` here.
+    #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
+    pub metrics_addr: String,
+    /// Evidence window of the per-destination estimates.
+    #[arg(long, value_parser = parse_duration, default_value = "24h")]
+    pub window: Duration,
+    /// Destinations with their own row and metric labels; the rest are pooled as `other`.
+    #[arg(long, default_value_t = 1000)]
+    pub max_destinations: usize,
 }
 
 #[cfg(test)]
@@ -81,7 +122,9 @@ mod tests {
     #[test]
     fn run_defaults() {
         let cli = Cli::try_parse_from(["observer", "run"]).unwrap();
-        let Command::Run(a) = cli.command;
+        let Command::Run(a) = cli.command else { panic!("run") };
+        assert_eq!(a.metrics_addr, "127.0.0.1:9477");
+        assert_eq!(a.window, Duration::from_hours(24));
         assert_eq!(a.events, None);
         assert_eq!(a.min_idle, Duration::from_secs(1));
         assert_eq!(a.ring_buffer, 1 << 20);
@@ -89,10 +132,15 @@ mod tests {
 
     #[test]
     fn events_flag_forms() {
-        let Command::Run(a) = Cli::try_parse_from(["observer", "run", "--events"]).unwrap().command;
+        let Command::Run(a) = Cli::try_parse_from(["observer", "run", "--events"]).unwrap().command else {
+            panic!("run")
+        };
         assert_eq!(a.events, Some(EventsFormat::Text));
         let Command::Run(a) =
-            Cli::try_parse_from(["observer", "run", "--events=json", "--ring-buffer", "4KiB"]).unwrap().command;
+            Cli::try_parse_from(["observer", "run", "--events=json", "--ring-buffer", "4KiB"]).unwrap().command
+        else {
+            panic!("run")
+        };
         assert_eq!(a.events, Some(EventsFormat::Json));
         assert_eq!(a.ring_buffer, 4096);
     }

@@ -4,6 +4,7 @@
 use std::{
     fs::File,
     io::{BufWriter, Write},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
@@ -15,10 +16,37 @@ use tokio::{
 };
 
 use crate::{
+    aggregate::{self, Aggregator},
     bpf::{self, KernelCounters, ProbeConfig, Probes},
     cli::{EventsFormat, RunArgs},
-    event::{EventKind, SockEvent},
+    event::{clock_ns, EventKind, SockEvent},
+    http::{self, Handler, Response},
 };
+
+/// How often the at-risk view is refreshed from the kernel's socket table.
+const SOCKET_REFRESH: Duration = Duration::from_secs(2);
+
+/// State the HTTP endpoint reads.
+pub struct Shared {
+    pub aggregator: Mutex<Aggregator>,
+}
+
+impl Handler for Shared {
+    fn get(&self, path: &str) -> Response {
+        match path {
+            "/api/v1/destinations" => {
+                let rows =
+                    self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).rows(clock_ns(libc::CLOCK_REALTIME));
+                match serde_json::to_vec(&rows) {
+                    Ok(body) => Response::json(body),
+                    Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
+                }
+            }
+            "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics\n"),
+            _ => Response::text(404, "not found; try /api/v1/destinations or /metrics\n"),
+        }
+    }
+}
 
 /// Where decoded events go.
 struct Sinks {
@@ -26,12 +54,28 @@ struct Sinks {
     connections: bool,
     record: Option<BufWriter<File>>,
     decode_errors: u64,
+    shared: Arc<Shared>,
 }
 
 impl Sinks {
     fn handle(&mut self, ev: &SockEvent) -> Result<()> {
         if let Some(rec) = self.record.as_mut() {
             writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
+        }
+        {
+            let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+            agg.ingest(ev);
+            for c in agg.take_changes() {
+                warn!(
+                    "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
+                    c.destination,
+                    c.role.as_str(),
+                    c.before_lower_seconds,
+                    c.before_upper_seconds,
+                    c.after_lower_seconds,
+                    c.after_upper_seconds
+                );
+            }
         }
         let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
         if is_connection && !self.connections {
@@ -82,7 +126,24 @@ pub async fn run(args: RunArgs) -> Result<()> {
         )),
         None => None,
     };
-    let mut sinks = Sinks { print: args.events, connections: args.connections, record, decode_errors: 0 };
+    let shared = Arc::new(Shared {
+        aggregator: Mutex::new(Aggregator::new(aggregate::Config {
+            window_ns: nanos(args.window),
+            max_destinations: args.max_destinations,
+        })),
+    });
+    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
+        .await
+        .with_context(|| format!("listening on --metrics-addr {}; pick a free address", args.metrics_addr))?;
+    info!("serving http://{}/api/v1/destinations and /metrics", listener.local_addr().context("local address")?);
+    tokio::spawn(http::serve(listener, Arc::clone(&shared) as Arc<dyn Handler>));
+    let mut sinks = Sinks {
+        print: args.events,
+        connections: args.connections,
+        record,
+        decode_errors: 0,
+        shared: Arc::clone(&shared),
+    };
     info!(
         "observer running: min_idle={:?} stall_after={:?} max_sockets={} ring_buffer={}B",
         args.min_idle, args.stall_after, args.max_sockets, args.ring_buffer
@@ -96,6 +157,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut refresh = tokio::time::interval(SOCKET_REFRESH);
     let mut reported = KernelCounters::default();
 
     loop {
@@ -110,6 +172,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 report_losses(&probes, &mut reported);
                 if let Some(rec) = sinks.record.as_mut() {
                     rec.flush().context("flushing the recording")?;
+                }
+            }
+            _ = refresh.tick() => {
+                match probes.socket_views() {
+                    Ok(views) => shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views),
+                    Err(e) => warn!("reading the socket table: {e}"),
                 }
             }
             _ = sigterm.recv() => { info!("SIGTERM: detaching probes"); break; }

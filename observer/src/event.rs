@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use observer_common::{flags, how, kind, outcome, role, Event, AF_INET, AF_INET6, EVENT_SIZE};
+use observer_common::{flags, how, kind, outcome, role, Event, SockState, AF_INET, AF_INET6, EVENT_SIZE};
 use serde::{Deserialize, Serialize};
 
 /// Why a record could not be decoded.
@@ -168,6 +168,34 @@ pub struct SockEvent {
     /// Opaque socket identity while the socket lives.
     #[serde(default)]
     pub sock_id: u64,
+}
+
+/// One tracked socket as the kernel's table shows it now (the at-risk view).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SocketView {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub role: Role,
+    /// Seconds since the last payload either way.
+    pub idle_seconds: f64,
+}
+
+/// Decode a kernel per-socket record, with its idle age at `now_mono_ns`.
+/// Sockets with no payload seen yet are skipped.
+#[must_use]
+pub fn view_of(st: &SockState, now_mono_ns: u64) -> Option<SocketView> {
+    let last = st.last_send_ns.max(st.last_recv_ns);
+    if last == 0 {
+        return None;
+    }
+    let local = addr(st.family, st.saddr, st.sport).ok()?;
+    let remote = addr(st.family, st.daddr, st.dport).ok()?;
+    let role = match st.role {
+        role::CLIENT => Role::Client,
+        role::SERVER => Role::Server,
+        _ => guess_role(st.sport, st.dport),
+    };
+    Some(SocketView { local, remote, role, idle_seconds: secs(now_mono_ns.saturating_sub(last)) })
 }
 
 /// Converts the kernel's monotonic timestamps into wall-clock time.

@@ -4,7 +4,11 @@
 //! Modules: [`bpf`] (the only aya user), [`event`] (typed events),
 //! [`daemon`] (the `run` command), [`cli`] (arguments).
 
+pub mod aggregate;
 pub mod bpf;
 pub mod cli;
 pub mod daemon;
+pub mod estimate;
 pub mod event;
+pub mod http;
+pub mod status;

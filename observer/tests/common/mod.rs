@@ -39,8 +39,12 @@ pub struct Daemon {
 impl Daemon {
     /// Start the daemon with extra args and wait until its probes are attached.
     pub fn start(extra: &[&str]) -> Result<Self> {
+        let mut args = vec!["run", "--events=json", "--connections"];
+        if !extra.contains(&"--metrics-addr") {
+            args.extend(["--metrics-addr", "127.0.0.1:0"]);
+        }
         let mut child = Command::new(OBSERVER)
-            .args(["run", "--events=json", "--connections"])
+            .args(&args)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -80,6 +84,23 @@ impl Daemon {
 
     pub fn events(&self) -> Vec<SockEvent> {
         self.events.lock().unwrap().clone()
+    }
+
+    /// The HTTP address the daemon logged.
+    pub fn http_addr(&self) -> Result<String> {
+        self.stderr_lines()
+            .iter()
+            .find_map(|l| l.split("serving http://").nth(1).and_then(|r| r.split('/').next()).map(str::to_owned))
+            .context("daemon did not log its HTTP address")
+    }
+
+    /// `observer status --json` against this daemon.
+    pub fn status(&self) -> Result<Vec<observer::aggregate::DestinationRow>> {
+        let out = Command::new(OBSERVER).args(["status", "--json", "--addr", &self.http_addr()?]).output()?;
+        if !out.status.success() {
+            bail!("observer status failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        serde_json::from_slice(&out.stdout).context("observer status --json output")
     }
 
     pub fn stderr_lines(&self) -> Vec<String> {
@@ -148,11 +169,15 @@ impl Netns {
     pub fn create(tag: &str, count: usize) -> Result<Self> {
         let pid = std::process::id();
         let names: Vec<String> = (0..count).map(|i| format!("obs-{tag}-{pid}-{i}")).collect();
-        let ns = Self { names: Vec::new() };
-        let mut ns = ns;
+        let mut ns = Self { names: Vec::new() };
         for n in &names {
             sh(&format!("ip netns add {n}"))?;
             ns.names.push(n.clone());
+            // No duplicate address detection: addresses (link-local too)
+            // are usable at once, so the first connection is not delayed.
+            sh(&format!(
+                "ip netns exec {n} sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0"
+            ))?;
             sh(&format!("ip netns exec {n} ip link set lo up"))?;
         }
         Ok(ns)
@@ -267,6 +292,22 @@ impl Topology {
     }
 }
 
+impl Topology {
+    /// Ping the server from the client (IPv4 and IPv6) until it answers.
+    fn wait_reachable(&self) -> Result<()> {
+        for addr in [&self.server_v4, &self.server_v6] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while self.ns.exec(self.client, &format!("ping -c1 -W1 {addr}")).is_err() {
+                if Instant::now() > deadline {
+                    bail!("{addr} unreachable from the client namespace");
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Write a script to a temp file that lives as long as the returned handle.
 pub fn script(body: &str) -> Result<tempfile::TempPath> {
     use std::io::Write as _;
@@ -309,7 +350,8 @@ import json, socket, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
 gaps = [float(g) for g in sys.argv[3].split(",")]
 timeout = float(sys.argv[4])
-s = socket.create_connection((host, port), timeout=timeout)
+s = socket.create_connection((host, port), timeout=10)
+s.settimeout(timeout)
 s.sendall(b"hello")
 s.recv(100)
 last = time.monotonic()
@@ -377,3 +419,39 @@ pub fn client_records(stdout: &str) -> Result<Vec<ClientReuse>> {
         .map(|l| serde_json::from_str(l).with_context(|| format!("client line {l}")))
         .collect()
 }
+
+/// An echo client that reuses its connection after each gap and, after a
+/// failure, reconnects (one fresh exchange) and goes on:
+/// `python3 RECONNECTING_CLIENT HOST PORT GAPS READ_TIMEOUT`.
+pub const RECONNECTING_CLIENT: &str = r#"
+import json, socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+gaps = [float(g) for g in sys.argv[3].split(",")]
+timeout = float(sys.argv[4])
+def connect():
+    s = socket.create_connection((host, port), timeout=10)
+    s.settimeout(timeout)
+    s.sendall(b"hello")
+    s.recv(100)
+    return s
+s = connect()
+last = time.monotonic()
+for g in gaps:
+    time.sleep(max(0.0, last + g - time.monotonic()))
+    t = time.monotonic()
+    rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2]}
+    try:
+        s.sendall(b"ping")
+        d = s.recv(100)
+        rec["result"] = "ok" if d else "eof"
+    except socket.timeout:
+        rec["result"] = "timeout"
+    except (ConnectionResetError, BrokenPipeError):
+        rec["result"] = "reset"
+    print(json.dumps(rec), flush=True)
+    if rec["result"] != "ok":
+        s.close()
+        s = connect()
+    last = time.monotonic()
+s.close()
+"#;

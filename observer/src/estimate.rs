@@ -1,0 +1,274 @@
+//! The estimation math, as pure functions over idle ages (seconds).
+//!
+//! # Path idle timeout interval
+//!
+//! Evidence comes in two kinds: **alive** at idle `t` (a reuse after idle `t`
+//! got a response, so the path timeout is above `t`) and **dead** at idle `t`
+//! (the peer closed an idle socket at `t`, or a reuse after idle `t` failed,
+//! so the timeout is at most `t`). In a clean world every alive age lies
+//! below every dead age and the interval is `[max alive, min dead]`.
+//!
+//! Real hosts are not clean: a backend restart resets one pooled socket
+//! that was idle for a few seconds, and the naive rule would collapse the
+//! interval onto that one reset. The rule used here is the threshold that
+//! **misclassifies the fewest observations**: every boundary between
+//! sorted idle ages is scored by (alive ages above it) + (dead ages below
+//! it), the lowest score wins, and ties go to the *highest* boundary. A
+//! single stray reset below many successful reuses then costs one
+//! misclassification instead of moving the bounds, and the tie rule trusts a
+//! success (which proves the socket was alive) over a failure (which may have
+//! had another cause). The interval is `[largest alive age below the
+//! boundary, smallest dead age above it]`; the evidence on the wrong side is
+//! reported as `outliers`.
+//!
+//! # Change of timeout
+//!
+//! When the path's timeout changes, the old evidence contradicts the new.
+//! [`crate::aggregate`] watches for evidence that falls on the wrong side of
+//! the current interval; three such observations in the same direction, with
+//! nothing in between that confirms the old interval, start a new epoch: the
+//! evidence before the first of them is set aside and a change is reported.
+//! One stray reset is one contradiction and never starts an epoch.
+//!
+//! # Point estimates
+//!
+//! Peer closes while idle measure a hop's timeout directly. When at least
+//! three of them lie within 5% of each other they form a cluster and its
+//! median is the point estimate. The same rule gives the pool's own idle
+//! timeout from local closes of idle sockets.
+
+use serde::{Deserialize, Serialize};
+
+/// Interval estimate of the path idle timeout.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, Default)]
+pub struct Interval {
+    /// Largest idle age proven to survive (None without such evidence).
+    pub lower: Option<f64>,
+    /// Smallest idle age proven to fail (None without such evidence).
+    pub upper: Option<f64>,
+    /// Alive observations at or below `lower`.
+    pub lower_evidence: usize,
+    /// Dead observations at or above `upper`.
+    pub upper_evidence: usize,
+    /// Observations on the wrong side of the chosen boundary.
+    pub outliers: usize,
+}
+
+impl Interval {
+    /// Does `t` lie inside the interval (open bounds count as unbounded)?
+    #[must_use]
+    pub fn contains(&self, t: f64) -> bool {
+        self.lower.is_none_or(|l| t >= l) && self.upper.is_none_or(|u| t <= u)
+    }
+
+    /// `upper - lower` when both are known.
+    #[must_use]
+    pub fn width(&self) -> Option<f64> {
+        Some(self.upper? - self.lower?)
+    }
+}
+
+/// Minimum-misclassification interval from alive and dead idle ages.
+#[must_use]
+pub fn interval(alive: &[f64], dead: &[f64]) -> Interval {
+    // (age, is_alive), sorted by age; equal ages are never split.
+    let mut pts: Vec<(f64, bool)> =
+        alive.iter().map(|&t| (t, true)).chain(dead.iter().map(|&t| (t, false))).filter(|p| p.0.is_finite()).collect();
+    if pts.is_empty() {
+        return Interval::default();
+    }
+    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total_alive = pts.iter().filter(|p| p.1).count();
+    // Boundaries: before index i, for i at the start of each group of equal
+    // ages, plus the end.
+    let mut best: Option<(usize, usize)> = None; // (errors, i)
+    let mut alive_below = 0;
+    let mut dead_below = 0;
+    let mut i = 0;
+    loop {
+        let errors = (total_alive - alive_below) + dead_below;
+        if best.is_none_or(|(e, _)| errors <= e) {
+            best = Some((errors, i));
+        }
+        if i == pts.len() {
+            break;
+        }
+        let age = pts[i].0;
+        while i < pts.len() && pts[i].0.total_cmp(&age).is_eq() {
+            if pts[i].1 {
+                alive_below += 1;
+            } else {
+                dead_below += 1;
+            }
+            i += 1;
+        }
+    }
+    let (outliers, cut) = best.unwrap_or((0, 0));
+    let (below, above) = pts.split_at(cut);
+    Interval {
+        lower: below.iter().rev().find(|p| p.1).map(|p| p.0),
+        upper: above.iter().find(|p| !p.1).map(|p| p.0),
+        lower_evidence: below.iter().filter(|p| p.1).count(),
+        upper_evidence: above.iter().filter(|p| !p.1).count(),
+        outliers,
+    }
+}
+
+/// A cluster of observations within 5% of each other.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Cluster {
+    /// Median of the cluster.
+    pub value: f64,
+    /// Observations in it.
+    pub count: usize,
+}
+
+/// Minimum members of a cluster.
+pub const CLUSTER_MIN: usize = 3;
+/// Relative spread of a cluster.
+pub const CLUSTER_SPREAD: f64 = 0.05;
+
+/// The largest cluster of at least [`CLUSTER_MIN`] values whose largest is
+/// within [`CLUSTER_SPREAD`] of its smallest; ties go to the smaller value
+/// (the smallest timeout on a path is the one that bites).
+#[must_use]
+pub fn cluster(values: &[f64]) -> Option<Cluster> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite() && *x > 0.0).collect();
+    v.sort_by(f64::total_cmp);
+    let mut best: Option<(usize, usize)> = None; // (start, len)
+    let mut end = 0;
+    for start in 0..v.len() {
+        end = end.max(start);
+        while end < v.len() && v[end] <= v[start] * (1.0 + CLUSTER_SPREAD) {
+            end += 1;
+        }
+        let len = end - start;
+        if len >= CLUSTER_MIN && best.is_none_or(|(_, l)| len > l) {
+            best = Some((start, len));
+        }
+    }
+    let (start, len) = best?;
+    let members = &v[start..start + len];
+    let mid = len / 2;
+    let value = if len % 2 == 1 { members[mid] } else { f64::midpoint(members[mid - 1], members[mid]) };
+    Some(Cluster { value, count: len })
+}
+
+/// The seeds' rule: the client's idle timeout should be about 0.8 x the
+/// smallest idle timeout on the path.
+pub const POOL_FRACTION: f64 = 0.8;
+
+/// Recommended pool idle timeout for a path timeout.
+#[must_use]
+pub fn recommended_pool_idle(path_timeout: f64) -> f64 {
+    (path_timeout * POOL_FRACTION * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+#[allow(clippy::float_cmp, reason = "expected values are exact copies of the inputs")]
+#[allow(clippy::cast_precision_loss, reason = "small test indices")]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn clean_evidence_gives_max_alive_min_dead() {
+        let i = interval(&[1.0, 2.0, 2.9], &[3.1, 4.0]);
+        assert_eq!(i.lower, Some(2.9));
+        assert_eq!(i.upper, Some(3.1));
+        assert_eq!((i.lower_evidence, i.upper_evidence, i.outliers), (3, 2, 0));
+    }
+
+    #[test]
+    fn one_sided_evidence() {
+        let i = interval(&[1.0, 5.0], &[]);
+        assert_eq!((i.lower, i.upper), (Some(5.0), None));
+        let i = interval(&[], &[7.0, 9.0]);
+        assert_eq!((i.lower, i.upper), (None, Some(7.0)));
+        assert_eq!(interval(&[], &[]), Interval::default());
+    }
+
+    #[test]
+    fn a_stray_reset_does_not_collapse_the_interval() {
+        // True timeout 60 s; a backend restart reset a socket idle 5 s.
+        let alive = [10.0, 20.0, 30.0, 45.0, 55.0, 59.0];
+        let dead = [5.0, 61.0, 70.0, 90.0];
+        let i = interval(&alive, &dead);
+        assert_eq!((i.lower, i.upper), (Some(59.0), Some(61.0)));
+        assert_eq!(i.outliers, 1);
+    }
+
+    #[test]
+    fn ties_trust_successes() {
+        // One success above one failure: keep the success.
+        let i = interval(&[1.0, 2.0, 5.0], &[3.0, 6.0]);
+        assert_eq!((i.lower, i.upper), (Some(5.0), Some(6.0)));
+    }
+
+    #[test]
+    fn clusters() {
+        assert_eq!(cluster(&[60.0, 60.5, 61.0, 200.0]), Some(Cluster { value: 60.5, count: 3 }));
+        assert_eq!(cluster(&[60.0, 61.0]), None, "two is not a cluster");
+        assert_eq!(cluster(&[10.0, 30.0, 60.0]), None, "spread too wide");
+        // Equal-sized clusters: the smaller timeout wins.
+        assert_eq!(cluster(&[5.0, 5.0, 5.1, 60.0, 60.0, 60.0]).map(|c| c.value), Some(5.0));
+        assert_eq!(cluster(&[2.0, 2.0, 2.002, 2.004]).map(|c| c.value), Some(2.001));
+    }
+
+    #[test]
+    fn recommendation_is_eighty_percent() {
+        assert!((recommended_pool_idle(60.0) - 48.0).abs() < 1e-9);
+        assert!((recommended_pool_idle(3.0) - 2.4).abs() < 1e-9);
+    }
+
+    /// Reuse outcome at idle `gap` for a path with timeout `t`.
+    fn observe(t: f64, gaps: &[f64]) -> (Vec<f64>, Vec<f64>) {
+        gaps.iter().partition(|&&g| g < t)
+    }
+
+    proptest! {
+        #[test]
+        fn interval_always_contains_the_truth(t in 1.0f64..4000.0, gaps in prop::collection::vec(0.01f64..3.0, 1..200)) {
+            let gaps: Vec<f64> = gaps.iter().map(|g| g * t).collect();
+            let (alive, dead) = observe(t, &gaps);
+            let i = interval(&alive, &dead);
+            prop_assert!(i.contains(t), "{i:?} excludes {t}");
+            prop_assert_eq!(i.outliers, 0);
+        }
+
+        #[test]
+        fn interval_narrows_as_evidence_grows(t in 1.0f64..4000.0, gaps in prop::collection::vec(0.5f64..1.5, 2..200)) {
+            let gaps: Vec<f64> = gaps.iter().map(|g| g * t).collect();
+            let half = gaps.len() / 2;
+            let (a1, d1) = observe(t, &gaps[..half]);
+            let (a2, d2) = observe(t, &gaps);
+            let (i1, i2) = (interval(&a1, &d1), interval(&a2, &d2));
+            if let (Some(w1), Some(w2)) = (i1.width(), i2.width()) {
+                prop_assert!(w2 <= w1 + 1e-9, "width grew from {w1} to {w2}");
+            }
+            prop_assert!(i2.lower.unwrap_or(0.0) >= i1.lower.unwrap_or(0.0));
+            prop_assert!(i2.upper.unwrap_or(f64::INFINITY) <= i1.upper.unwrap_or(f64::INFINITY));
+        }
+
+        #[test]
+        fn twenty_spread_reuses_pin_the_timeout_to_twenty_percent(t in 1.0f64..4000.0, jitter in prop::collection::vec(0.0f64..1.0, 20)) {
+            // Stratified: one gap in each twentieth of [0.5T, 1.5T].
+            let gaps: Vec<f64> = jitter.iter().enumerate().map(|(k, j)| (0.5 + (k as f64 + j) / 20.0) * t).collect();
+            let (alive, dead) = observe(t, &gaps);
+            let i = interval(&alive, &dead);
+            prop_assert!(i.contains(t));
+            let w = i.width().expect("both bounds");
+            prop_assert!(w <= 0.2 * t, "width {w} for T={t}");
+        }
+
+        #[test]
+        fn one_stray_reset_never_moves_bounds_below_truth(t in 1.0f64..4000.0, jitter in prop::collection::vec(0.0f64..1.0, 20), stray in 0.0f64..1.0) {
+            let gaps: Vec<f64> = jitter.iter().enumerate().map(|(k, j)| (0.5 + (k as f64 + j) / 20.0) * t).collect();
+            let (alive, mut dead) = observe(t, &gaps);
+            dead.push(stray * 0.5 * t);
+            let i = interval(&alive, &dead);
+            prop_assert!(i.contains(t), "{i:?} excludes {t}");
+            prop_assert!(i.upper.is_some_and(|u| u >= t));
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! `observer status` and `observer analyze`: the destination table as text
+//! or JSON, from the daemon's API or from a recording.
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader, Read},
+};
+
+use crate::{
+    aggregate::{Aggregator, Config, DestinationRow},
+    event::SockEvent,
+};
+
+/// A recording could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("reading the recording: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("line {line}: {problem}; each line must be one JSON event as written by `observer run --record`")]
+    Line { line: usize, problem: String },
+}
+
+/// Parse a JSON-lines recording (blank lines are skipped).
+pub fn read_recording(r: impl Read) -> Result<Vec<SockEvent>, RecordingError> {
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(r).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let ev =
+            serde_json::from_str(&line).map_err(|e| RecordingError::Line { line: i + 1, problem: e.to_string() })?;
+        out.push(ev);
+    }
+    Ok(out)
+}
+
+/// Aggregate a recording as the daemon would have, as of its last event.
+#[must_use]
+pub fn analyze(events: &[SockEvent], config: Config) -> Vec<DestinationRow> {
+    let mut agg = Aggregator::new(config);
+    for ev in events {
+        agg.ingest(ev);
+    }
+    agg.rows(agg.latest_ns())
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |s| format!("{s:.3}s"))
+}
+
+fn path_cell(r: &DestinationRow) -> String {
+    let interval = format!("[{:.3}, {}]", r.path_idle_timeout_lower_seconds, secs(r.path_idle_timeout_upper_seconds));
+    match r.path_idle_timeout_seconds {
+        Some(p) => format!("{p:.3}s {interval}"),
+        None if r.path_idle_timeout_upper_seconds.is_none() && r.path_idle_timeout_lower_seconds == 0.0 => {
+            "-".to_owned()
+        }
+        None => interval,
+    }
+}
+
+/// The human table.
+#[must_use]
+pub fn render_table(rows: &[DestinationRow]) -> String {
+    let header = [
+        "DESTINATION",
+        "ROLE",
+        "MODE",
+        "PATH IDLE TIMEOUT",
+        "POOL IDLE",
+        "VERDICT",
+        "RECOMMENDED POOL IDLE",
+        "REUSES/1H",
+        "FAILURES/1H",
+        "AT RISK",
+    ];
+    let cells: Vec<[String; 10]> = rows
+        .iter()
+        .map(|r| {
+            [
+                r.destination.clone(),
+                r.role.as_str().to_owned(),
+                r.failure_mode.as_str().to_owned(),
+                path_cell(r),
+                secs(r.pool_idle_timeout_seconds),
+                r.verdict.as_str().to_owned(),
+                secs(r.recommended_pool_idle_timeout_seconds),
+                r.reuses.to_string(),
+                r.failures.to_string(),
+                r.at_risk_idle_sockets.to_string(),
+            ]
+        })
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &cells {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let line = |out: &mut String, items: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (item, w) in items.zip(&widths) {
+            let _ = write!(l, "{item:<w$}  ");
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut out, &mut header.iter().copied());
+    for row in &cells {
+        line(&mut out, &mut row.iter().map(String::as_str));
+    }
+    if rows.is_empty() {
+        out.push_str("(no destinations with evidence yet)\n");
+    }
+    for r in rows.iter().filter(|r| r.verdict == crate::aggregate::Verdict::Mismatch) {
+        let _ = writeln!(out, "{} ({}): {}", r.destination, r.role.as_str(), r.recommendation);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RECORDING: &str = r#"{"ts_unix_ns":1700000000000000000,"kind":"reuse","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":1.5,"outcome":"ok","elapsed_seconds":0.001,"retransmits":0,"safe_to_retry":false,"how":null,"request_outstanding":false,"peer_closed_first":false,"preexisting":false,"sock_id":1}
+{"ts_unix_ns":1700000002000000000,"kind":"peer_close_while_idle","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":2.0,"how":"fin"}
+
+{"ts_unix_ns":1700000003000000000,"kind":"reuse","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":2.5,"outcome":"reset","elapsed_seconds":0.001,"retransmits":0,"safe_to_retry":true,"how":"rst"}
+"#;
+
+    #[test]
+    fn analyze_a_recording() {
+        let events = read_recording(RECORDING.as_bytes()).unwrap();
+        assert_eq!(events.len(), 3);
+        let rows = analyze(&events, Config::default());
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert_eq!(r.destination, "10.0.0.2:80");
+        assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (1.5, Some(2.0)));
+        assert_eq!(r.verdict.as_str(), "mismatch");
+        assert_eq!(r.failure_mode.as_str(), "fin");
+        let table = render_table(&rows);
+        assert!(table.contains("10.0.0.2:80"), "{table}");
+        assert!(table.contains("[1.500, 2.000s]"), "{table}");
+        assert!(table.contains("mismatch"), "{table}");
+        assert!(table.contains("1.200s"), "0.8 x the 1.5 s proven to survive: {table}");
+    }
+
+    #[test]
+    fn malformed_recording_names_the_line() {
+        let bad = format!("{}\n{{\"kind\": 3}}\n", RECORDING.lines().next().unwrap());
+        let err = read_recording(bad.as_bytes()).unwrap_err().to_string();
+        assert!(err.starts_with("line 2:"), "{err}");
+        let err = read_recording("not json\n".as_bytes()).unwrap_err().to_string();
+        assert!(err.contains("line 1") && err.contains("observer run --record"), "{err}");
+    }
+
+    #[test]
+    fn status_json_has_the_documented_fields() {
+        let rows = analyze(&read_recording(RECORDING.as_bytes()).unwrap(), Config::default());
+        let v = serde_json::to_value(&rows).unwrap();
+        let obj = v[0].as_object().unwrap();
+        for f in [
+            "destination",
+            "role",
+            "failure_mode",
+            "path_idle_timeout_seconds",
+            "path_idle_timeout_lower_seconds",
+            "path_idle_timeout_upper_seconds",
+            "pool_idle_timeout_seconds",
+            "verdict",
+            "recommended_pool_idle_timeout_seconds",
+            "reuses",
+            "failures",
+            "at_risk_idle_sockets",
+        ] {
+            assert!(obj.contains_key(f), "missing {f}");
+        }
+        assert!(obj["path_idle_timeout_seconds"].is_null());
+        assert_eq!(obj["recommended_pool_idle_timeout_seconds"].as_f64(), Some(1.2));
+    }
+}
