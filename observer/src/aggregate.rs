@@ -425,6 +425,20 @@ impl Aggregator {
         }
     }
 
+    /// The `destination` label of an evidence event already ingested: its
+    /// address, or `other` past the cap. None for events of no destination.
+    #[must_use]
+    pub fn label_of(&self, ev: &SockEvent) -> Option<String> {
+        let (addr, role) = destination_of(ev)?;
+        if self.dests.contains_key(&(Destination::Addr(addr), role)) {
+            Some(addr.to_string())
+        } else if self.dests.contains_key(&(Destination::Other, role)) {
+            Some(Destination::Other.to_string())
+        } else {
+            None
+        }
+    }
+
     /// Replace the at-risk view with the current idle sockets.
     pub fn set_sockets(&mut self, sockets: &[SocketView]) {
         for st in self.dests.values_mut() {

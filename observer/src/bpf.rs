@@ -12,7 +12,7 @@ use aya::{
 };
 use observer_common::{counter, globals, maps, SockState};
 
-use crate::event::{decode_bytes, view_of, Clock, DecodeError, SockEvent, SocketView};
+use crate::event::{decode_bytes, Clock, DecodeError, SockEvent};
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -301,12 +301,6 @@ impl Probes {
         let table: BpfHashMap<_, u64, SockState> =
             BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name: maps::SOCKS, source })?;
         Ok(table.iter().filter_map(Result::ok).collect())
-    }
-
-    /// The sockets in the kernel's table with their idle ages now.
-    pub fn socket_views(&self) -> Result<Vec<SocketView>, BpfError> {
-        let now = crate::event::clock_ns(libc::CLOCK_MONOTONIC);
-        Ok(self.sockets()?.iter().filter_map(|(_, st)| view_of(st, now)).collect())
     }
 
     /// The clock used to convert kernel timestamps.

@@ -21,6 +21,7 @@ use crate::{
     cli::{EventsFormat, RunArgs},
     event::{clock_ns, EventKind, SockEvent},
     http::{self, Handler, Response},
+    metrics::{self, Metrics},
 };
 
 /// How often the at-risk view is refreshed from the kernel's socket table.
@@ -29,6 +30,7 @@ const SOCKET_REFRESH: Duration = Duration::from_secs(2);
 /// State the HTTP endpoint reads.
 pub struct Shared {
     pub aggregator: Mutex<Aggregator>,
+    pub metrics: Metrics,
 }
 
 impl Handler for Shared {
@@ -41,6 +43,12 @@ impl Handler for Shared {
                     Ok(body) => Response::json(body),
                     Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
                 }
+            }
+            "/metrics" => {
+                let rows =
+                    self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).rows(clock_ns(libc::CLOCK_REALTIME));
+                self.metrics.set_estimates(&rows);
+                Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
             }
             "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics\n"),
             _ => Response::text(404, "not found; try /api/v1/destinations or /metrics\n"),
@@ -65,6 +73,7 @@ impl Sinks {
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
             agg.ingest(ev);
+            self.shared.metrics.observe(ev, agg.label_of(ev).as_deref());
             for c in agg.take_changes() {
                 warn!(
                     "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
@@ -94,8 +103,8 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Run the daemon until SIGINT or SIGTERM.
-pub async fn run(args: RunArgs) -> Result<()> {
+/// Mount what is missing, load and attach the probes, log each one.
+fn bring_up(args: &RunArgs) -> Result<Probes> {
     for mounted in bpf::ensure_filesystems().context("preparing tracefs/bpffs")? {
         info!("mounted {mounted}");
     }
@@ -108,7 +117,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         max_sockets: args.max_sockets,
         ring_buffer_bytes: args.ring_buffer,
     };
-    let mut probes = Probes::load(&config).context("bringing up the probes")?;
+    let probes = Probes::load(&config).context("bringing up the probes")?;
     for a in probes.attached() {
         let kind = match a.hook.kind {
             bpf::HookKind::TracePoint => "tracepoint",
@@ -116,6 +125,25 @@ pub async fn run(args: RunArgs) -> Result<()> {
         };
         info!("attached {kind} {}:{} (program {}, id {})", a.hook.category, a.hook.name, a.hook.program, a.prog_id);
     }
+    Ok(probes)
+}
+
+/// Refresh the at-risk view and the tracked-socket gauge from the kernel.
+fn refresh_sockets(probes: &Probes, shared: &Shared) {
+    match probes.sockets() {
+        Ok(table) => {
+            shared.metrics.set_tracked_sockets(table.len());
+            let now = clock_ns(libc::CLOCK_MONOTONIC);
+            let views: Vec<_> = table.iter().filter_map(|(_, st)| crate::event::view_of(st, now)).collect();
+            shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views);
+        }
+        Err(e) => warn!("reading the socket table: {e}"),
+    }
+}
+
+/// Run the daemon until SIGINT or SIGTERM.
+pub async fn run(args: RunArgs) -> Result<()> {
+    let mut probes = bring_up(&args)?;
     let record = match &args.record {
         Some(path) => Some(BufWriter::new(
             File::options()
@@ -131,6 +159,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             window_ns: nanos(args.window),
             max_destinations: args.max_destinations,
         })),
+        metrics: Metrics::new(),
     });
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
@@ -169,23 +198,18 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             _ = tick.tick() => {
                 drain(&mut probes, &mut sinks)?;
-                report_losses(&probes, &mut reported);
+                report_losses(&probes, &mut reported, &shared.metrics);
                 if let Some(rec) = sinks.record.as_mut() {
                     rec.flush().context("flushing the recording")?;
                 }
             }
-            _ = refresh.tick() => {
-                match probes.socket_views() {
-                    Ok(views) => shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views),
-                    Err(e) => warn!("reading the socket table: {e}"),
-                }
-            }
+            _ = refresh.tick() => refresh_sockets(&probes, &shared),
             _ = sigterm.recv() => { info!("SIGTERM: detaching probes"); break; }
             _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
         }
     }
     drain(&mut probes, &mut sinks)?;
-    report_losses(&probes, &mut reported);
+    report_losses(&probes, &mut reported, &shared.metrics);
     if let Some(rec) = sinks.record.as_mut() {
         rec.flush().context("flushing the recording")?;
     }
@@ -214,9 +238,11 @@ fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
     result
 }
 
-fn report_losses(probes: &Probes, reported: &mut KernelCounters) {
+fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metrics) {
     match probes.counters() {
         Ok(now) => {
+            metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
+            metrics.lost(metrics::reason::SOCKET_TABLE_FULL, now.map_full.saturating_sub(reported.map_full));
             if now.ringbuf_full > reported.ringbuf_full {
                 warn!(
                     "lost {} events because the ring buffer was full ({} in total); raise --ring-buffer",

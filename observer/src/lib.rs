@@ -11,4 +11,5 @@ pub mod daemon;
 pub mod estimate;
 pub mod event;
 pub mod http;
+pub mod metrics;
 pub mod status;

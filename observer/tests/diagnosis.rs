@@ -8,24 +8,18 @@ mod common;
 
 use std::{
     process::{Child, Command},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use anyhow::{bail, ensure, Context as _, Result};
-use common::{script, start_server, Daemon, Killed, Topology, ECHO_SERVER, OBSERVER, RECONNECTING_CLIENT};
+use anyhow::{ensure, Context as _, Result};
+use common::{
+    gaps, script, start_nginx, start_server, Daemon, Topology, ECHO_SERVER, HTTP_RECONNECTING, OBSERVER,
+    RECONNECTING_CLIENT,
+};
 use observer::{
     aggregate::{DestinationRow, FailureMode, Verdict},
     event::Role,
 };
-
-/// 20 gaps, one in the middle of each twentieth of [0.5 T, 1.5 T], dealt
-/// round-robin to `clients` clients.
-fn gaps(t: f64, clients: usize) -> Vec<String> {
-    let all: Vec<f64> = (0..20).map(|k| (0.5 + (f64::from(k) + 0.5) / 20.0) * t).collect();
-    (0..clients)
-        .map(|c| all.iter().skip(c).step_by(clients).map(|g| format!("{g:.3}")).collect::<Vec<_>>().join(","))
-        .collect()
-}
 
 fn wait_all(children: Vec<Child>) -> Result<()> {
     for c in children {
@@ -103,29 +97,9 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
 fn fin_path_diagnosed() -> Result<()> {
     let topo = Topology::pair("dfin")?;
     let dir = tempfile::tempdir()?;
-    let conf = dir.path().join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{ access_log off; keepalive_timeout 2s;\n\
-               server {{ listen {v4}:8080; location / {{ return 200 \"ok\\n\"; }} }} }}\n",
-            d = dir.path().display(),
-            v4 = topo.server_v4
-        ),
-    )?;
-    let _nginx =
-        Killed(topo.ns.spawn(topo.server, &format!("nginx -c {} -p {}", conf.display(), dir.path().display()))?);
+    let _nginx = start_nginx(&topo, dir.path(), 2)?;
     let echo = script(ECHO_SERVER)?;
     let _echo = start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9001", echo.display(), topo.server_v4))?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8080") {
-        if Instant::now() > deadline {
-            bail!("nginx did not start");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
     let recording = dir.path().join("events.jsonl");
     let daemon = Daemon::start(&["--record", recording.to_str().context("path")?])?;
     let http = script(HTTP_RECONNECTING)?;
@@ -150,33 +124,6 @@ fn fin_path_diagnosed() -> Result<()> {
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
     check_analyze_matches(daemon, &rows, &recording)
 }
-
-const HTTP_RECONNECTING: &str = r#"
-import http.client, sys, time
-host, port = sys.argv[1], int(sys.argv[2])
-gaps = [float(g) for g in sys.argv[3].split(",")]
-def connect():
-    c = http.client.HTTPConnection(host, port, timeout=5)
-    c.connect()
-    return c
-def get(c):
-    c.request("GET", "/")
-    r = c.getresponse()
-    r.read()
-c = connect()
-get(c)
-last = time.monotonic()
-for g in gaps:
-    time.sleep(max(0.0, last + g - time.monotonic()))
-    try:
-        get(c)
-    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
-        c.close()
-        c = connect()
-        get(c)
-    last = time.monotonic()
-c.close()
-"#;
 
 fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode) -> Result<()> {
     let topo = Topology::routed(tag, 3, verdict)?;

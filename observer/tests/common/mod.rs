@@ -455,3 +455,68 @@ for g in gaps:
     last = time.monotonic()
 s.close()
 "#;
+
+/// An HTTP keep-alive client that reuses its connection after each gap and
+/// retries on a fresh connection after a failure:
+/// `python3 HTTP_RECONNECTING HOST PORT GAPS`.
+pub const HTTP_RECONNECTING: &str = r#"
+import http.client, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+gaps = [float(g) for g in sys.argv[3].split(",")]
+def connect():
+    c = http.client.HTTPConnection(host, port, timeout=5)
+    c.connect()
+    return c
+def get(c):
+    c.request("GET", "/")
+    r = c.getresponse()
+    r.read()
+c = connect()
+get(c)
+last = time.monotonic()
+for g in gaps:
+    time.sleep(max(0.0, last + g - time.monotonic()))
+    try:
+        get(c)
+    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        c.close()
+        c = connect()
+        get(c)
+    last = time.monotonic()
+c.close()
+"#;
+
+/// 20 gaps, one in the middle of each twentieth of [0.5 T, 1.5 T], dealt
+/// round-robin to `clients` clients.
+pub fn gaps(t: f64, clients: usize) -> Vec<String> {
+    let all: Vec<f64> = (0..20).map(|k| (0.5 + (f64::from(k) + 0.5) / 20.0) * t).collect();
+    (0..clients)
+        .map(|c| all.iter().skip(c).step_by(clients).map(|g| format!("{g:.3}")).collect::<Vec<_>>().join(","))
+        .collect()
+}
+
+/// nginx in the server namespace on `server_v4:8080` with
+/// `keepalive_timeout` of `keepalive_s` seconds; killed on drop.
+pub fn start_nginx(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> Result<Killed> {
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+             events {{ worker_connections 256; }}\n\
+             http {{ access_log off; keepalive_timeout {keepalive_s}s;\n\
+               server {{ listen {v4}:8080; location / {{ return 200 \"ok\\n\"; }} }} }}\n",
+            d = dir.display(),
+            v4 = topo.server_v4
+        ),
+    )?;
+    let nginx = Killed(topo.ns.spawn(topo.server, &format!("nginx -c {} -p {}", conf.display(), dir.display()))?);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8080") {
+        if Instant::now() > deadline {
+            bail!("nginx did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(nginx)
+}

@@ -1,0 +1,379 @@
+//! Prometheus metrics (prometheus-client), served at `GET /metrics`.
+//!
+//! Histograms and counters are fed event by event; the estimate gauges are
+//! rebuilt from the destination table at each scrape, so a gauge without
+//! evidence is absent rather than zero. Label values come from bounded sets:
+//! `destination` is one of at most `--max-destinations` addresses or
+//! `other`, the rest are fixed enumerations.
+
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::{Registry, Unit},
+};
+use std::sync::atomic::AtomicU64;
+
+use crate::{
+    aggregate::{DestinationRow, Verdict},
+    event::{EventKind, SockEvent},
+};
+
+/// Histogram buckets (seconds): the idle timeouts that matter in practice.
+pub const BUCKETS: &[f64] = crate::aggregate::IDLE_BUCKETS;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReuseLabels {
+    destination: String,
+    role: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PeerLabels {
+    destination: String,
+    role: String,
+    how: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DestLabels {
+    destination: String,
+    role: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BoundLabels {
+    destination: String,
+    role: String,
+    bound: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MismatchLabels {
+    destination: String,
+    role: String,
+    failure_mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+fn histogram() -> Histogram {
+    Histogram::new(BUCKETS.iter().copied())
+}
+
+/// Why events were lost (values of the `reason` label).
+pub mod reason {
+    /// The kernel's ring buffer was full.
+    pub const RING_BUFFER_FULL: &str = "ring_buffer_full";
+    /// The kernel's socket table was full (a socket went untracked).
+    pub const SOCKET_TABLE_FULL: &str = "socket_table_full";
+    /// The evidence store could not keep up.
+    pub const STORE_BACKLOG: &str = "store_backlog";
+    pub const ALL: &[&str] = &[RING_BUFFER_FULL, SOCKET_TABLE_FULL, STORE_BACKLOG];
+}
+
+/// All metrics of the daemon.
+pub struct Metrics {
+    registry: Registry,
+    reuse_idle: HistFamily<ReuseLabels>,
+    peer_idle_close: HistFamily<PeerLabels>,
+    local_idle_close: HistFamily<DestLabels>,
+    path_timeout: Family<BoundLabels, FGauge>,
+    pool_timeout: Family<DestLabels, FGauge>,
+    recommended: Family<DestLabels, FGauge>,
+    mismatch: Family<MismatchLabels, Gauge>,
+    at_risk: Family<DestLabels, Gauge>,
+    events: Family<KindLabels, Counter>,
+    lost: Family<ReasonLabels, Counter>,
+    tracked: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            reuse_idle: Family::new_with_constructor(histogram),
+            peer_idle_close: Family::new_with_constructor(histogram),
+            local_idle_close: Family::new_with_constructor(histogram),
+            path_timeout: Family::default(),
+            pool_timeout: Family::default(),
+            recommended: Family::default(),
+            mismatch: Family::default(),
+            at_risk: Family::default(),
+            events: Family::default(),
+            lost: Family::default(),
+            tracked: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register_with_unit(
+            "observer_reuse_idle",
+            "Idle age of a socket when it was reused, by outcome",
+            Unit::Seconds,
+            m.reuse_idle.clone(),
+        );
+        registry.register_with_unit(
+            "observer_peer_idle_close",
+            "Idle age of a socket when the peer closed it while idle",
+            Unit::Seconds,
+            m.peer_idle_close.clone(),
+        );
+        registry.register_with_unit(
+            "observer_local_idle_close",
+            "Idle age of a socket when a local process closed it while idle",
+            Unit::Seconds,
+            m.local_idle_close.clone(),
+        );
+        registry.register_with_unit(
+            "observer_path_idle_timeout",
+            "Effective path idle timeout: interval bounds and point estimate",
+            Unit::Seconds,
+            m.path_timeout.clone(),
+        );
+        registry.register_with_unit(
+            "observer_pool_idle_timeout",
+            "Idle timeout of the local pool, from its idle closes",
+            Unit::Seconds,
+            m.pool_timeout.clone(),
+        );
+        registry.register_with_unit(
+            "observer_recommended_pool_idle_timeout",
+            "Recommended pool idle timeout: 0.8 x the path idle timeout",
+            Unit::Seconds,
+            m.recommended.clone(),
+        );
+        registry.register(
+            "observer_mismatch",
+            "1 when the pool keeps sockets idle longer than the path allows",
+            m.mismatch.clone(),
+        );
+        registry.register(
+            "observer_at_risk_idle_sockets",
+            "Sockets idle right now past the path idle timeout (they will fail on first use)",
+            m.at_risk.clone(),
+        );
+        registry.register("observer_events", "Events received from the kernel, by kind", m.events.clone());
+        registry.register("observer_events_lost", "Events or sockets lost, by reason", m.lost.clone());
+        registry.register("observer_tracked_sockets", "Sockets in the kernel's socket table", m.tracked.clone());
+        for r in reason::ALL {
+            let _ = m.lost.get_or_create(&ReasonLabels { reason: (*r).to_owned() });
+        }
+        Self { registry, ..m }
+    }
+
+    /// Count and, for evidence events, observe one event. `destination` is
+    /// the capped label from the aggregator (None for events that belong
+    /// to no destination).
+    pub fn observe(&self, ev: &SockEvent, destination: Option<&str>) {
+        self.events.get_or_create(&KindLabels { kind: ev.kind.as_str().to_owned() }).inc();
+        let Some(destination) = destination else { return };
+        let role = ev.role.as_str().to_owned();
+        let destination = destination.to_owned();
+        match ev.kind {
+            EventKind::Reuse => {
+                if let Some(o) = ev.outcome {
+                    self.reuse_idle
+                        .get_or_create(&ReuseLabels { destination, role, outcome: o.as_str().to_owned() })
+                        .observe(ev.idle_seconds);
+                }
+            }
+            EventKind::PeerCloseWhileIdle => {
+                let how = ev.how.map_or("fin", |h| h.as_str()).to_owned();
+                self.peer_idle_close.get_or_create(&PeerLabels { destination, role, how }).observe(ev.idle_seconds);
+            }
+            EventKind::LocalClose if !ev.request_outstanding && !ev.peer_closed_first => {
+                self.local_idle_close.get_or_create(&DestLabels { destination, role }).observe(ev.idle_seconds);
+            }
+            _ => {}
+        }
+    }
+
+    /// Add to a loss counter (deltas of the kernel's counters).
+    pub fn lost(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.lost.get_or_create(&ReasonLabels { reason: reason.to_owned() }).inc_by(n);
+        }
+    }
+
+    pub fn set_tracked_sockets(&self, n: usize) {
+        self.tracked.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Rebuild the estimate gauges from the destination table.
+    pub fn set_estimates(&self, rows: &[DestinationRow]) {
+        self.path_timeout.clear();
+        self.pool_timeout.clear();
+        self.recommended.clear();
+        self.mismatch.clear();
+        self.at_risk.clear();
+        for r in rows {
+            let d = || DestLabels { destination: r.destination.clone(), role: r.role.as_str().to_owned() };
+            let bound = |b: &str| BoundLabels {
+                destination: r.destination.clone(),
+                role: r.role.as_str().to_owned(),
+                bound: b.to_owned(),
+            };
+            let has_lower = r.path_lower_evidence > 0;
+            if has_lower {
+                self.path_timeout.get_or_create(&bound("lower")).set(r.path_idle_timeout_lower_seconds);
+            }
+            if let Some(u) = r.path_idle_timeout_upper_seconds {
+                self.path_timeout.get_or_create(&bound("upper")).set(u);
+            }
+            if let Some(p) = r.path_idle_timeout_seconds {
+                self.path_timeout.get_or_create(&bound("point")).set(p);
+            }
+            if let Some(p) = r.pool_idle_timeout_seconds {
+                self.pool_timeout.get_or_create(&d()).set(p);
+            }
+            if let Some(p) = r.recommended_pool_idle_timeout_seconds {
+                self.recommended.get_or_create(&d()).set(p);
+            }
+            if r.verdict != Verdict::Unknown {
+                self.mismatch
+                    .get_or_create(&MismatchLabels {
+                        destination: r.destination.clone(),
+                        role: r.role.as_str().to_owned(),
+                        failure_mode: r.failure_mode.as_str().to_owned(),
+                    })
+                    .set(i64::from(r.verdict == Verdict::Mismatch));
+            }
+            if r.path_idle_timeout_upper_seconds.is_some() {
+                self.at_risk.get_or_create(&d()).set(i64::try_from(r.at_risk_idle_sockets).unwrap_or(i64::MAX));
+            }
+        }
+    }
+
+    /// The exposition (`OpenMetrics` text).
+    #[must_use]
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Content type of [`Metrics::encode`].
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        aggregate::{Aggregator, Config},
+        event::{How, Outcome, Role},
+    };
+
+    fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> SockEvent {
+        SockEvent {
+            ts_unix_ns: 1_700_000_000_000_000_000,
+            kind,
+            role: Role::Client,
+            pid: 1,
+            comm: "curl".into(),
+            local: "10.0.0.1:40000".parse().unwrap(),
+            remote: remote.parse().unwrap(),
+            idle_seconds: idle,
+            outcome,
+            elapsed_seconds: outcome.map(|_| 0.001),
+            retransmits: 0,
+            safe_to_retry: false,
+            how: (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin),
+            request_outstanding: false,
+            peer_closed_first: false,
+            preexisting: false,
+            sock_id: 1,
+        }
+    }
+
+    fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
+        agg.ingest(e);
+        let label = agg.label_of(e);
+        m.observe(e, label.as_deref());
+    }
+
+    #[test]
+    fn exposition_lines_for_known_events() {
+        let m = Metrics::new();
+        let mut agg = Aggregator::new(Config::default());
+        let d = "10.0.0.2:443";
+        feed(&m, &mut agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
+        feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+        for idle in [60.0, 60.1, 59.9] {
+            feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
+        }
+        feed(&m, &mut agg, &ev(EventKind::Established, 0.0, None, d));
+        m.lost(reason::RING_BUFFER_FULL, 3);
+        m.set_tracked_sockets(42);
+        m.set_estimates(&agg.rows(agg.latest_ns()));
+        let text = m.encode();
+        for line in [
+            "# TYPE observer_reuse_idle_seconds histogram",
+            "# UNIT observer_reuse_idle_seconds seconds",
+            r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+            r#"observer_reuse_idle_seconds_bucket{le="30.0",destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+            r#"observer_reuse_idle_seconds_bucket{le="15.0",destination="10.0.0.2:443",role="client",outcome="ok"} 0"#,
+            r#"observer_reuse_idle_seconds_bucket{le="75.0",destination="10.0.0.2:443",role="client",outcome="reset"} 1"#,
+            r#"observer_reuse_idle_seconds_bucket{le="60.0",destination="10.0.0.2:443",role="client",outcome="reset"} 0"#,
+            r#"observer_peer_idle_close_seconds_count{destination="10.0.0.2:443",role="client",how="fin"} 3"#,
+            r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="lower"} 30.0"#,
+            r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="upper"} 59.9"#,
+            r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="point"} 60.0"#,
+            r#"observer_recommended_pool_idle_timeout_seconds{destination="10.0.0.2:443",role="client"} 48.0"#,
+            r#"observer_mismatch{destination="10.0.0.2:443",role="client",failure_mode="fin"} 1"#,
+            r#"observer_at_risk_idle_sockets{destination="10.0.0.2:443",role="client"} 0"#,
+            r#"observer_events_total{kind="reuse"} 2"#,
+            r#"observer_events_total{kind="peer_close_while_idle"} 3"#,
+            r#"observer_events_total{kind="established"} 1"#,
+            r#"observer_events_lost_total{reason="ring_buffer_full"} 3"#,
+            r#"observer_events_lost_total{reason="socket_table_full"} 0"#,
+            "observer_tracked_sockets 42",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
+        }
+        assert!(!text.contains("observer_pool_idle_timeout_seconds{"), "no pool evidence, no gauge:\n{text}");
+        for b in ["1.0", "350.0", "1200.0", "3600.0", "+Inf"] {
+            assert!(text.contains(&format!("le=\"{b}\"")), "bucket {b}");
+        }
+    }
+
+    #[test]
+    fn cardinality_cap_holds_with_1200_destinations() {
+        let m = Metrics::new();
+        let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
+        for k in 0..1200u32 {
+            let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
+            feed(&m, &mut agg, &ev(EventKind::Reuse, 2.0, Some(Outcome::Ok), &remote));
+        }
+        m.set_estimates(&agg.rows(agg.latest_ns()));
+        let text = m.encode();
+        let dests: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("observer_reuse_idle_seconds_count{"))
+            .filter_map(|l| l.split("destination=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(dests.len(), 1001, "1000 destinations plus other");
+        assert!(dests.contains("other"));
+        assert!(
+            text.contains(r#"observer_reuse_idle_seconds_count{destination="other",role="client",outcome="ok"} 200"#)
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! End to end with a real Prometheus (root): run the FIN scenario (nginx,
+//! `keepalive_timeout 2s`) under the daemon, let a Prometheus on loopback
+//! scrape it every second, then evaluate every PromQL expression of
+//! `dashboards/*.json` through Prometheus' HTTP API and check each returns
+//! data without errors, and that the path idle timeout brackets 2 s.
+
+mod common;
+
+use std::{
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use common::{gaps, script, start_nginx, Daemon, Killed, Topology, HTTP_RECONNECTING};
+use serde_json::Value;
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// Every `expr` in a dashboard, and every `label_values(...)` variable query.
+fn expressions(v: &Value, exprs: &mut Vec<String>, labels: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("expr", Value::String(s)) => exprs.push(s.clone()),
+                    ("definition", Value::String(s)) if s.starts_with("label_values(") => labels.push(s.clone()),
+                    _ => expressions(x, exprs, labels),
+                }
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| expressions(x, exprs, labels)),
+        _ => {}
+    }
+}
+
+/// Grafana's variables, as "all" would expand them.
+fn expand(expr: &str) -> String {
+    expr.replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$destination", ".*")
+}
+
+fn query(prom: &str, q: &str) -> Result<Value> {
+    let path = format!("/api/v1/query?query={}", urlencode(q));
+    let body = observer::http::get(prom, &path).map_err(anyhow::Error::msg).with_context(|| format!("query {q}"))?;
+    let v: Value = serde_json::from_slice(&body)?;
+    ensure!(v["status"] == "success", "query {q} failed: {v}");
+    Ok(v)
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn scalar(v: &Value) -> Option<f64> {
+    v["data"]["result"].get(0)?["value"].get(1)?.as_str()?.parse().ok()
+}
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn dashboards_query_real_prometheus() -> Result<()> {
+    let topo = Topology::pair("prom")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = start_nginx(&topo, dir.path(), 2)?;
+    let daemon = Daemon::start(&[])?;
+    let target = daemon.http_addr()?;
+    let prom_addr = format!("127.0.0.1:{}", free_port()?);
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [\"{target}\"]\n"),
+    )?;
+    let _prom = Killed(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting prometheus")?,
+    );
+    let http = script(HTTP_RECONNECTING)?;
+    let mut children = Vec::new();
+    for g in gaps(2.0, 4) {
+        children.push(topo.ns.spawn(topo.client, &format!("python3 {} {} 8080 {g}", http.display(), topo.server_v4))?);
+    }
+    for c in children {
+        let out = c.wait_with_output()?;
+        ensure!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Wait until Prometheus has scraped the scenario's results a few times.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    loop {
+        let ok = query(&prom_addr, "count(observer_path_idle_timeout_seconds{bound=\"point\"})")
+            .ok()
+            .and_then(|v| scalar(&v));
+        let scrapes = query(&prom_addr, "count_over_time(up{job=\"observer\"}[1m])").ok().and_then(|v| scalar(&v));
+        if ok.is_some_and(|n| n >= 1.0) && scrapes.is_some_and(|n| n >= 5.0) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("prometheus never scraped the estimates (point series: {ok:?}, scrapes: {scrapes:?})");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let dashboards = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dashboards)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        let v: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path)?).with_context(|| format!("{}", path.display()))?;
+        let (mut exprs, mut labels) = (Vec::new(), Vec::new());
+        expressions(&v, &mut exprs, &mut labels);
+        ensure!(!exprs.is_empty(), "{} has no expressions", path.display());
+        for e in &exprs {
+            let q = expand(e);
+            let r = query(&prom_addr, &q)?;
+            let n = r["data"]["result"].as_array().map_or(0, Vec::len);
+            ensure!(n > 0, "{}: `{q}` returned no data", path.display());
+            checked += 1;
+        }
+        for l in &labels {
+            // label_values(SELECTOR, LABEL) -> /api/v1/label/LABEL/values?match[]=SELECTOR
+            let inner = l.trim_start_matches("label_values(").trim_end_matches(')');
+            let (sel, label) = inner.rsplit_once(',').context("label_values form")?;
+            let path = format!("/api/v1/label/{}/values?match[]={}", label.trim(), urlencode(&expand(sel.trim())));
+            let body = observer::http::get(&prom_addr, &path).map_err(anyhow::Error::msg)?;
+            let v: Value = serde_json::from_slice(&body)?;
+            ensure!(v["data"].as_array().is_some_and(|a| !a.is_empty()), "variable `{l}` has no values: {v}");
+            checked += 1;
+        }
+    }
+    let dest = format!("{}:8080", topo.server_v4);
+    let bound = |b: &str| -> Result<f64> {
+        let q = format!("observer_path_idle_timeout_seconds{{destination=\"{dest}\",role=\"client\",bound=\"{b}\"}}");
+        scalar(&query(&prom_addr, &q)?).with_context(|| format!("no {b} bound"))
+    };
+    let (lower, upper) = (bound("lower")?, bound("upper")?);
+    // 20 ms: the probes' measurement precision (see diagnosis.rs).
+    assert!(lower - 0.02 <= 2.0 && 2.0 <= upper + 0.02, "[{lower}, {upper}] does not bracket 2 s");
+    let mismatch = scalar(&query(&prom_addr, &format!("observer_mismatch{{destination=\"{dest}\",role=\"client\"}}"))?);
+    assert_eq!(mismatch, Some(1.0));
+    let series =
+        query(&prom_addr, &format!("count({{__name__=~\"observer_.+\",destination=\"{dest}\",role=\"client\"}})"))?;
+    let scrape = observer::http::get(&target, "/metrics").map_err(anyhow::Error::msg)?;
+    eprintln!(
+        "MEASURED prometheus: {checked} dashboard expressions returned data; path [{lower:.3}, {upper:.3}] s; {:?} series for the destination; scrape {} bytes",
+        scalar(&series),
+        scrape.len()
+    );
+    Ok(())
+}
