@@ -23,6 +23,41 @@ pub enum Command {
     Status(StatusArgs),
     /// Run the daemon's aggregation offline over a recording (`run --record`).
     Analyze(AnalyzeArgs),
+    /// Check a path's timeout staircases on paper.
+    #[command(subcommand)]
+    Path(PathCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PathCommand {
+    /// Draw both staircases of a path file and list every violation (exit 0 clean, 1 violations, 2 bad file).
+    Check(PathCheckArgs),
+    /// Print the catalog of documented defaults (all kinds, or one).
+    Defaults {
+        /// A kind id, e.g. `nginx`.
+        kind: Option<String>,
+    },
+}
+
+/// Output format of `path check`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PathFormat {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct PathCheckArgs {
+    /// The path file (TOML), hops from the client inward.
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: PathFormat,
+    /// Compare declared idle timeouts of hops with an `address` to the daemon's measurements.
+    #[arg(long)]
+    pub observed: bool,
+    /// The daemon's HTTP address, for `--observed`.
+    #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
+    pub addr: String,
 }
 
 /// Default address of the daemon's HTTP endpoint (loopback only).

@@ -12,4 +12,5 @@ pub mod estimate;
 pub mod event;
 pub mod http;
 pub mod metrics;
+pub mod path;
 pub mod status;

@@ -122,7 +122,38 @@ fn fin_path_diagnosed() -> Result<()> {
     assert!((p - 2.0).abs() < 0.1, "point {p}");
     let other = row(&rows, &format!("{}:9001", topo.server_v4))?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
+    check_path_observed(&daemon, &topo.server_v4)?;
     check_analyze_matches(daemon, &rows, &recording)
+}
+
+/// `observer path check --observed` flags a declared timeout (60 s) that
+/// disagrees with the measurement (2 s), and accepts the right one.
+fn check_path_observed(daemon: &Daemon, server: &str) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let run = |declared: &str| -> Result<(i32, String)> {
+        let f = dir.path().join("path.toml");
+        std::fs::write(
+            &f,
+            format!("[[hop]]\nname = \"client\"\nkind = \"urllib3\"\n\n[[hop]]\nname = \"backend nginx\"\nidle_timeout = \"{declared}\"\naddress = \"{server}:8080\"\n"),
+        )?;
+        let out = Command::new(OBSERVER)
+            .args(["path", "check", "--observed", "--addr", &daemon.http_addr()?])
+            .arg(&f)
+            .output()?;
+        Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned()))
+    };
+    let (code, out) = run("60s")?;
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("[observed]")
+            && out.contains("declared with an idle timeout of 60 s")
+            && out.contains("measured 2"),
+        "{out}"
+    );
+    let (_, out) = run("2s")?;
+    assert!(!out.contains("[observed]") && out.contains("agree"), "{out}");
+    eprintln!("MEASURED path --observed: {}", out.lines().find(|l| l.contains("agree")).unwrap_or_default());
+    Ok(())
 }
 
 fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode) -> Result<()> {

@@ -1,0 +1,160 @@
+use super::*;
+
+const DEFAULT_CHAIN: &str = include_str!("../../../examples/seeds-default-chain.toml");
+const FIXED_CHAIN: &str = include_str!("../../../examples/seeds-fixed-chain.toml");
+const SETTLEMENT: &str = include_str!("../../../examples/settlement-partner.toml");
+
+fn rules(r: &Report) -> Vec<(&str, &str)> {
+    r.violations.iter().map(|v| (v.rule, v.hop.as_str())).collect()
+}
+
+#[test]
+fn seeds_default_chain_breaks_both_staircases_exactly() {
+    let r = check(&parse(DEFAULT_CHAIN).unwrap());
+    assert_eq!(
+        rules(&r),
+        vec![("idle_staircase", "Node.js"), ("deadline_staircase", "Node.js"), ("deadline_unlimited", "PostgreSQL")],
+        "{}",
+        render(&r)
+    );
+    let text = render(&r);
+    assert!(text.contains("Node.js closes idle connections after 5 s, but nginx keeps them idle up to 60 s"), "{text}");
+    assert!(text.contains("Node.js waits up to 300 s, but load balancer gives up after 60 s"), "{text}");
+    assert!(text.contains("PostgreSQL waits without limit"), "{text}");
+}
+
+#[test]
+fn seeds_fixed_chain_is_clean() {
+    let r = check(&parse(FIXED_CHAIN).unwrap());
+    assert!(r.violations.is_empty(), "{}", render(&r));
+    assert!(render(&r).contains("both staircases hold"));
+}
+
+#[test]
+fn settlement_story_gets_the_48_second_fix() {
+    let r = check(&parse(SETTLEMENT).unwrap());
+    let margin = r.violations.iter().find(|v| v.rule == "client_pool_margin").expect("margin violation");
+    assert!(margin.fix.contains("pool idle timeout at most 48 s"), "{}", margin.fix);
+    assert!(margin.message.contains("300 s"), "{}", margin.message);
+}
+
+#[test]
+fn bad_files_name_line_and_field() {
+    let e = parse("[[hop]]\nname = \"lb\"\nkind = \"f5-bigip\"\n").unwrap_err();
+    assert!(matches!(e, PathError::Field { line: 3, field: "kind", .. }), "{e}");
+    assert!(e.to_string().contains("aws-alb"), "lists the known kinds: {e}");
+    let e = parse("[[hop]]\nname = \"lb\"\n\nidle_timeout = \"sixty\"\n").unwrap_err();
+    assert!(matches!(e, PathError::Field { line: 4, field: "idle_timeout", .. }), "{e}");
+    assert!(e.to_string().contains("\"60s\""), "{e}");
+    assert_eq!(parse("# nothing\n").unwrap_err(), PathError::NoHops);
+    let e = parse("[[hop]]\nname = \"lb\"\nidle = \"60s\"\n").unwrap_err().to_string();
+    assert!(e.contains("line 3") && e.contains("idle"), "{e}");
+    let e = parse("[[hop]]\nkind = \"nginx\"\n").unwrap_err().to_string();
+    assert!(e.contains("name"), "{e}");
+    let e = parse("[[hop]]\nname = \"x\"\naddress = \"nowhere\"\n").unwrap_err();
+    assert!(matches!(e, PathError::Field { line: 3, field: "address", .. }), "{e}");
+}
+
+#[test]
+fn limits_parse_and_order() {
+    assert_eq!(Limit::parse("5m"), Ok(Limit::Seconds(300.0)));
+    assert_eq!(Limit::parse("none"), Ok(Limit::Unlimited));
+    assert_eq!(Limit::parse("1500ms"), Ok(Limit::Seconds(1.5)));
+    assert!(Limit::Unlimited.longer_than(Limit::Seconds(1e9)));
+    assert!(!Limit::Seconds(5.0).longer_than(Limit::Seconds(5.0)));
+    assert_eq!(fmt_secs(2.4), "2.4 s");
+    assert_eq!(fmt_secs(48.0), "48 s");
+}
+
+#[test]
+fn node_headers_and_health_check_rules() {
+    let src = "[[hop]]\nname = \"lb\"\nkind = \"aws-alb\"\nhealth_check_timeout = \"30s\"\n\n[[hop]]\nname = \"app\"\nkind = \"nodejs\"\nidle_timeout = \"65s\"\ndeadline = \"20s\"\n";
+    let r = check(&parse(src).unwrap());
+    let got = rules(&r);
+    assert!(got.contains(&("node_headers_timeout", "app")), "{got:?}");
+    assert!(got.contains(&("health_check", "lb")), "{got:?}");
+}
+
+fn row(dest: &str, lower: f64, upper: Option<f64>, point: Option<f64>) -> DestinationRow {
+    let mut agg = crate::aggregate::Aggregator::new(crate::aggregate::Config::default());
+    // Build a row through the aggregator, then set the bounds under test.
+    let ev = crate::event::SockEvent {
+        ts_unix_ns: 1,
+        kind: crate::event::EventKind::Reuse,
+        role: crate::event::Role::Client,
+        pid: 1,
+        comm: "c".into(),
+        local: "10.0.0.1:40000".parse().unwrap(),
+        remote: dest.parse().unwrap(),
+        idle_seconds: 1.0,
+        outcome: Some(crate::event::Outcome::Ok),
+        elapsed_seconds: Some(0.0),
+        retransmits: 0,
+        safe_to_retry: false,
+        how: None,
+        request_outstanding: false,
+        peer_closed_first: false,
+        preexisting: false,
+        sock_id: 1,
+    };
+    agg.ingest(&ev);
+    let mut r = agg.rows(1).remove(0);
+    r.path_idle_timeout_lower_seconds = lower;
+    r.path_idle_timeout_upper_seconds = upper;
+    r.path_idle_timeout_seconds = point;
+    r
+}
+
+#[test]
+fn observed_disagreement_is_flagged() {
+    let hops = parse(SETTLEMENT).unwrap();
+    let mut r = check(&hops);
+    let before = r.violations.len();
+    compare_observed(&mut r, &[row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0))]);
+    assert_eq!(r.violations.len(), before + 1);
+    let v = r.violations.last().unwrap();
+    assert_eq!(v.rule, "observed");
+    assert!(
+        v.message.contains("declared with an idle timeout of 60 s") && v.message.contains("350 s"),
+        "{}",
+        v.message
+    );
+    let mut r = check(&hops);
+    compare_observed(&mut r, &[row("203.0.113.10:443", 59.0, Some(60.2), Some(60.0))]);
+    assert_eq!(r.violations.len(), before, "60 s declared, 60 s measured");
+    assert!(r.notes.iter().any(|n| n.contains("agree")));
+    let mut r = check(&hops);
+    compare_observed(&mut r, &[]);
+    assert!(r.notes.iter().any(|n| n.contains("no evidence")));
+}
+
+#[test]
+fn catalog_lists_kinds_with_sources() {
+    let all = render_catalog(None).unwrap();
+    for id in [
+        "aws-alb",
+        "aws-nlb",
+        "aws-nat-gateway",
+        "azure-lb",
+        "gcp-cloud-nat",
+        "nginx",
+        "haproxy",
+        "nodejs",
+        "gunicorn",
+        "uvicorn",
+        "postgresql",
+        "go-http",
+        "okhttp",
+        "reqwest",
+        "hyper",
+        "dotnet",
+        "jdk-httpclient",
+        "urllib3",
+        "hikaricp",
+    ] {
+        assert!(all.contains(id), "{id} missing");
+    }
+    let one = render_catalog(Some("nodejs")).unwrap();
+    assert!(one.contains("headers_timeout = 60 s") && one.contains("source:"), "{one}");
+    assert!(render_catalog(Some("nope")).unwrap_err().contains("known kinds"));
+}
