@@ -26,6 +26,49 @@ pub enum Command {
     /// Check a path's timeout staircases on paper.
     #[command(subcommand)]
     Path(PathCommand),
+    /// Write the evidence report for one destination (reads the store; no daemon needed).
+    Report(ReportArgs),
+    /// Tools for tests and benchmarks.
+    #[command(subcommand, hide = true)]
+    Debug(DebugCommand),
+}
+
+/// Report formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReportFormat {
+    Html,
+    Md,
+    Json,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// The destination, `ip:port` (IPv6 as `[addr]:port`).
+    #[arg(long)]
+    pub destination: String,
+    /// Evidence from this long ago until now.
+    #[arg(long, value_parser = parse_duration, default_value = "14days")]
+    pub since: Duration,
+    #[arg(long, value_enum, default_value = "html")]
+    pub format: ReportFormat,
+    /// Write here instead of standard output.
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<PathBuf>,
+    /// Directory of the evidence store.
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Read a recording (`run --record`) instead of the store.
+    #[arg(long)]
+    pub recording: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DebugCommand {
+    /// Write synthetic evidence records into a store as fast as possible, forever (crash tests).
+    WriteEvidence {
+        #[arg(long)]
+        data_dir: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -101,6 +144,19 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("`{s}` is not a duration ({e}); write it like 1s, 500ms or 2m"))
 }
 
+fn parse_size64(s: &str) -> Result<u64, String> {
+    let (num, mult) =
+        [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)]
+            .iter()
+            .find_map(|(suf, m)| s.strip_suffix(suf).map(|n| (n, *m)))
+            .unwrap_or((s, 1));
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| format!("`{s}` is not a size; write it like 4096, 256KiB, 256MiB or 1GiB"))
+}
+
 fn parse_size(s: &str) -> Result<u32, String> {
     let (num, mult) = match s.strip_suffix("KiB").or_else(|| s.strip_suffix('K')) {
         Some(n) => (n, 1024),
@@ -148,7 +204,19 @@ pub struct RunArgs {
     /// Destinations with their own row and metric labels; the rest are pooled as `other`.
     #[arg(long, default_value_t = 1000)]
     pub max_destinations: usize,
+    /// Directory of the evidence store.
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Stored evidence older than this is deleted.
+    #[arg(long, value_parser = parse_duration, default_value = "14days")]
+    pub retention: Duration,
+    /// The evidence store is kept below this size.
+    #[arg(long, value_parser = parse_size64, default_value = "256MiB")]
+    pub max_store_bytes: u64,
 }
+
+/// Default directory of the evidence store.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/observer";
 
 #[cfg(test)]
 mod tests {

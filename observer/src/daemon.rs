@@ -22,6 +22,7 @@ use crate::{
     event::{clock_ns, EventKind, SockEvent},
     http::{self, Handler, Response},
     metrics::{self, Metrics},
+    store::{self, Record, Store, Writer},
 };
 
 /// How often the at-risk view is refreshed from the kernel's socket table.
@@ -63,6 +64,8 @@ struct Sinks {
     record: Option<BufWriter<File>>,
     decode_errors: u64,
     shared: Arc<Shared>,
+    store: Option<Writer>,
+    store_dropped: u64,
 }
 
 impl Sinks {
@@ -75,6 +78,9 @@ impl Sinks {
             agg.ingest(ev);
             self.shared.metrics.observe(ev, agg.label_of(ev).as_deref());
             for c in agg.take_changes() {
+                if let Some(w) = &self.store {
+                    let _ = w.send(Record::Change(c.clone()));
+                }
                 warn!(
                     "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
                     c.destination,
@@ -84,6 +90,11 @@ impl Sinks {
                     c.after_lower_seconds,
                     c.after_upper_seconds
                 );
+            }
+        }
+        if ev.kind != EventKind::Closed {
+            if let Some(w) = &self.store {
+                let _ = w.send(Record::Event(ev.clone()));
             }
         }
         let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
@@ -97,6 +108,32 @@ impl Sinks {
         }
         Ok(())
     }
+
+    /// Log and export records the store had to drop since the last call.
+    fn report_store_losses(&mut self) {
+        let Some(w) = &self.store else { return };
+        let now = w.dropped();
+        if now > self.store_dropped {
+            let n = now - self.store_dropped;
+            self.shared.metrics.lost(metrics::reason::STORE_BACKLOG, n);
+            warn!("the evidence store could not keep up: {n} records not stored ({now} in total); check the disk under --data-dir");
+            self.store_dropped = now;
+        }
+    }
+}
+
+/// Open the store and rebuild the estimates from what it holds.
+fn open_store(args: &RunArgs, aggregator: &mut Aggregator) -> Result<Writer> {
+    let store = Store::open(&args.data_dir).context("opening the evidence store")?;
+    let since = clock_ns(libc::CLOCK_REALTIME).saturating_sub(nanos(args.window));
+    let events = store.events(None, since).context("reading stored evidence")?;
+    for ev in &events {
+        aggregator.ingest(ev);
+    }
+    aggregator.take_changes();
+    info!("evidence store {}: rebuilt the estimates from {} stored records", store.path().display(), events.len());
+    let limits = store::Limits { retention_ns: nanos(args.retention), max_bytes: args.max_store_bytes };
+    Writer::start(store, limits, store::QUEUE).context("starting the evidence store writer")
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -143,6 +180,9 @@ fn refresh_sockets(probes: &Probes, shared: &Shared) {
 
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
+    let mut aggregator =
+        Aggregator::new(aggregate::Config { window_ns: nanos(args.window), max_destinations: args.max_destinations });
+    let writer = open_store(&args, &mut aggregator)?;
     let mut probes = bring_up(&args)?;
     let record = match &args.record {
         Some(path) => Some(BufWriter::new(
@@ -154,13 +194,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         )),
         None => None,
     };
-    let shared = Arc::new(Shared {
-        aggregator: Mutex::new(Aggregator::new(aggregate::Config {
-            window_ns: nanos(args.window),
-            max_destinations: args.max_destinations,
-        })),
-        metrics: Metrics::new(),
-    });
+    let shared = Arc::new(Shared { aggregator: Mutex::new(aggregator), metrics: Metrics::new() });
     let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
         .await
         .with_context(|| format!("listening on --metrics-addr {}; pick a free address", args.metrics_addr))?;
@@ -172,6 +206,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
         record,
         decode_errors: 0,
         shared: Arc::clone(&shared),
+        store: Some(writer),
+        store_dropped: 0,
     };
     info!(
         "observer running: min_idle={:?} stall_after={:?} max_sockets={} ring_buffer={}B",
@@ -199,6 +235,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             _ = tick.tick() => {
                 drain(&mut probes, &mut sinks)?;
                 report_losses(&probes, &mut reported, &shared.metrics);
+                sinks.report_store_losses();
                 if let Some(rec) = sinks.record.as_mut() {
                     rec.flush().context("flushing the recording")?;
                 }
@@ -215,7 +252,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
     }
     drop(ring);
     drop(probes);
-    info!("probes detached; exiting");
+    sinks.report_store_losses();
+    if let Some(w) = sinks.store.take() {
+        w.finish();
+    }
+    info!("probes detached, evidence stored; exiting");
     Ok(())
 }
 

@@ -13,4 +13,6 @@ pub mod event;
 pub mod http;
 pub mod metrics;
 pub mod path;
+pub mod report;
 pub mod status;
+pub mod store;

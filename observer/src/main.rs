@@ -6,8 +6,10 @@ use anyhow::{Context as _, Result};
 use clap::Parser as _;
 use observer::{
     aggregate::{Config, DestinationRow},
-    cli::{AnalyzeArgs, Cli, Command, PathCommand, PathFormat, StatusArgs},
-    http, path, status,
+    cli::{AnalyzeArgs, Cli, Command, DebugCommand, PathCommand, PathFormat, ReportArgs, ReportFormat, StatusArgs},
+    event::clock_ns,
+    http, path, report, status,
+    store::{Record, Store},
 };
 
 fn main() -> ExitCode {
@@ -86,6 +88,8 @@ fn real_main() -> Result<ExitCode> {
         Command::Status(args) => status_cmd(&args)?,
         Command::Analyze(args) => analyze_cmd(&args)?,
         Command::Path(cmd) => return Ok(path_cmd(&cmd)),
+        Command::Report(args) => report_cmd(&args)?,
+        Command::Debug(DebugCommand::WriteEvidence { data_dir }) => debug_write_evidence(&data_dir)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -111,4 +115,76 @@ fn analyze_cmd(args: &AnalyzeArgs) -> Result<()> {
     let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
     let rows = status::analyze(&events, Config { window_ns, max_destinations: args.max_destinations });
     print_rows(&rows, args.json)
+}
+
+fn report_cmd(args: &ReportArgs) -> Result<()> {
+    let dest: std::net::SocketAddr = args
+        .destination
+        .parse()
+        .with_context(|| format!("--destination `{}` is not ip:port (IPv6 as [addr]:port)", args.destination))?;
+    let destination = dest.to_string();
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    let since_ns = now.saturating_sub(u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX));
+    let input = if let Some(rec) = &args.recording {
+        let file = std::fs::File::open(rec).with_context(|| format!("opening {}", rec.display()))?;
+        let events = status::read_recording(file).with_context(|| format!("in {}", rec.display()))?;
+        report::input_from_recording(events, dest, u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX))
+    } else {
+        let store = Store::open(&args.data_dir).context("opening the evidence store")?;
+        report::Input {
+            events: store.events(Some(&destination), since_ns)?,
+            volume: store.volume(&destination, since_ns)?,
+            changes: store.changes(&destination, since_ns)?,
+            destination,
+            since_ns,
+            until_ns: now,
+        }
+    };
+    let r = report::build(&input)?;
+    let text = match args.format {
+        ReportFormat::Html => report::html(&r),
+        ReportFormat::Md => report::markdown(&r),
+        ReportFormat::Json => serde_json::to_string_pretty(&r)? + "\n",
+    };
+    match &args.output {
+        Some(path) => std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?,
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+/// Writes batches of synthetic evidence forever; tests kill it with SIGKILL.
+fn debug_write_evidence(dir: &std::path::Path) -> Result<()> {
+    let mut store = Store::open(dir)?;
+    let mut k: u64 = 0;
+    loop {
+        let now = clock_ns(libc::CLOCK_REALTIME);
+        let batch: Vec<Record> = (0..500)
+            .map(|i| {
+                k += 1;
+                Record::Event(observer::event::SockEvent {
+                    ts_unix_ns: now + i,
+                    kind: observer::event::EventKind::Reuse,
+                    role: observer::event::Role::Client,
+                    pid: 1,
+                    comm: "writer".into(),
+                    local: "10.0.0.1:40000".parse().expect("literal"),
+                    remote: "10.0.0.2:443".parse().expect("literal"),
+                    #[allow(clippy::cast_precision_loss, reason = "synthetic idle ages")]
+                    idle_seconds: (k % 120) as f64,
+                    outcome: Some(observer::event::Outcome::Ok),
+                    elapsed_seconds: Some(0.001),
+                    retransmits: 0,
+                    safe_to_retry: false,
+                    how: None,
+                    request_outstanding: false,
+                    peer_closed_first: false,
+                    preexisting: false,
+                    sock_id: k,
+                })
+            })
+            .collect();
+        store.insert(&batch)?;
+        println!("{k}");
+    }
 }

@@ -123,7 +123,12 @@ fn fin_path_diagnosed() -> Result<()> {
     let other = row(&rows, &format!("{}:9001", topo.server_v4))?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
     check_path_observed(&daemon, &topo.server_v4)?;
-    check_analyze_matches(daemon, &rows, &recording)
+    check_analyze_matches(daemon, &rows, &recording)?;
+    // Refresh the report fixture and examples from a real run on request.
+    if let Ok(to) = std::env::var("OBSERVER_SAVE_RECORDING") {
+        std::fs::copy(&recording, &to)?;
+    }
+    Ok(())
 }
 
 /// `observer path check --observed` flags a declared timeout (60 s) that
@@ -166,7 +171,13 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
     let _s2 = start_server(&topo.ns, topo.server, &format!("python3 -u {} {host} 9001", echo.display()))?;
     let dir = tempfile::tempdir()?;
     let recording = dir.path().join("events.jsonl");
-    let daemon = Daemon::start(&["--record", recording.to_str().context("path")?])?;
+    let data = dir.path().join("data");
+    let daemon = Daemon::start(&[
+        "--record",
+        recording.to_str().context("path")?,
+        "--data-dir",
+        data.to_str().context("path")?,
+    ])?;
     let client = script(RECONNECTING_CLIENT)?;
     let mut children = Vec::new();
     for g in gaps(t, 4) {
@@ -180,7 +191,29 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
     check_mismatch(r, t, mode);
     let other = row(&rows, &dest2)?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
-    check_analyze_matches(daemon, &rows, &recording)
+    check_analyze_matches(daemon, &rows, &recording)?;
+    check_report(&data, &dest, t, mode)
+}
+
+/// `observer report` from the store the daemon left behind states the
+/// failure mode and an interval containing the configured timeout.
+fn check_report(data: &std::path::Path, dest: &str, t: f64, mode: FailureMode) -> Result<()> {
+    let out = Command::new(OBSERVER)
+        .args(["report", "--destination", dest, "--format", "json", "--data-dir"])
+        .arg(data)
+        .output()?;
+    ensure!(out.status.success(), "report: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let s = &v["summary"];
+    assert_eq!(s["failure_mode"], mode.as_str(), "{s}");
+    let lower = s["path_idle_timeout_lower_seconds"].as_f64().context("lower")?;
+    let upper = s["path_idle_timeout_upper_seconds"].as_f64().context("upper")?;
+    assert!(lower - PRECISION <= t && t <= upper + PRECISION, "report interval [{lower}, {upper}] excludes {t}");
+    let text = s["failure_mode_text"].as_str().unwrap_or_default();
+    let html = Command::new(OBSERVER).args(["report", "--destination", dest, "--data-dir"]).arg(data).output()?;
+    ensure!(html.status.success());
+    eprintln!("MEASURED report {dest}: \"{text}\", [{lower:.3}, {upper:.3}] s, html {} bytes", html.stdout.len());
+    Ok(())
 }
 
 #[test]

@@ -45,8 +45,17 @@ enum Task {
 const BUILD_PACKAGES: &[&str] =
     &["rustc-web", "cargo-web", "rust-web-src", "rust-web-clippy", "llvm-22-dev", "libpolly-22-dev", "libzstd-dev"];
 /// Debian packages the root integration tests use.
-const TEST_PACKAGES: &[&str] =
-    &["bpftool", "iproute2", "nftables", "conntrack", "nginx-light", "python3", "iputils-ping", "prometheus"];
+const TEST_PACKAGES: &[&str] = &[
+    "bpftool",
+    "iproute2",
+    "nftables",
+    "conntrack",
+    "nginx-light",
+    "python3",
+    "iputils-ping",
+    "prometheus",
+    "chromium",
+];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 

@@ -32,6 +32,8 @@ pub fn sh(cmd: &str) -> Result<String> {
 /// A running `observer run --events=json`, killed on drop.
 pub struct Daemon {
     child: Child,
+    /// The evidence store's directory when the test did not choose one.
+    _data: Option<tempfile::TempDir>,
     events: Arc<Mutex<Vec<SockEvent>>>,
     stderr: Arc<Mutex<Vec<String>>>,
 }
@@ -42,6 +44,11 @@ impl Daemon {
         let mut args = vec!["run", "--events=json", "--connections"];
         if !extra.contains(&"--metrics-addr") {
             args.extend(["--metrics-addr", "127.0.0.1:0"]);
+        }
+        let data = if extra.contains(&"--data-dir") { None } else { Some(tempfile::tempdir()?) };
+        let data_path = data.as_ref().map(|d| d.path().display().to_string());
+        if let Some(p) = &data_path {
+            args.extend(["--data-dir", p.as_str()]);
         }
         let mut child = Command::new(OBSERVER)
             .args(&args)
@@ -74,7 +81,7 @@ impl Daemon {
                 se.lock().unwrap().push(line);
             }
         });
-        let mut d = Self { child, events, stderr };
+        let mut d = Self { child, _data: data, events, stderr };
         if ready_rx.recv_timeout(Duration::from_secs(30)).is_err() {
             let status = d.child.try_wait().ok().flatten();
             bail!("observer did not come up within 30 s (exit: {status:?}); stderr: {:?}", d.stderr_lines());

@@ -1,0 +1,407 @@
+//! The evidence store: every evidence record (reuse outcomes, peer and local
+//! idle closes, estimate changes) and per-minute connection counts, in an
+//! embedded `SQLite` database in WAL mode under `--data-dir`.
+//!
+//! - Writes are batched by a writer thread off the event path; when its
+//!   queue is full the record is dropped and counted (`store_backlog`), so a
+//!   slow disk never blocks event reading.
+//! - WAL mode: a crash or `kill -9` loses at most the batch being written;
+//!   the database itself stays consistent.
+//! - Bounded: records older than the retention are deleted, and the oldest
+//!   records go first while the database is above its size limit; pruning
+//!   runs in the writer thread every minute.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use log::{debug, warn};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::{
+    aggregate::{destination_of, Change},
+    event::{clock_ns, EventKind, SockEvent},
+};
+
+/// Name of the database file in the data directory.
+pub const DB_FILE: &str = "evidence.sqlite";
+const SCHEMA_VERSION: i64 = 1;
+
+/// What can go wrong with the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("creating the data directory {path}: {source}; choose another with --data-dir")]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error(
+        "opening the evidence store {path}: {source}; check the file and the permissions, or choose another --data-dir"
+    )]
+    Open { path: PathBuf, source: rusqlite::Error },
+    #[error("the evidence store {path} has schema version {found}, this observer understands {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
+    Schema { path: PathBuf, found: i64 },
+    #[error("evidence store: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("evidence store: a stored record is not valid: {0}")]
+    Record(#[from] serde_json::Error),
+}
+
+/// Limits of the store.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Records older than this are deleted (ns).
+    pub retention_ns: u64,
+    /// The database is kept below this size.
+    pub max_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { retention_ns: 14 * 86_400 * 1_000_000_000, max_bytes: 256 * 1024 * 1024 }
+    }
+}
+
+/// One thing to store.
+#[derive(Debug, Clone)]
+pub enum Record {
+    Event(SockEvent),
+    Change(Change),
+}
+
+/// What a prune did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub by_age: u64,
+    pub by_size: u64,
+}
+
+/// An open store.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+fn is_evidence(ev: &SockEvent) -> bool {
+    matches!(ev.kind, EventKind::Reuse | EventKind::PeerCloseWhileIdle | EventKind::LocalClose)
+}
+
+impl Store {
+    /// Open (or create) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir { path: dir.to_path_buf(), source })?;
+        let path = dir.join(DB_FILE);
+        let conn = Connection::open(&path).map_err(|source| StoreError::Open { path: path.clone(), source })?;
+        let setup = || -> rusqlite::Result<()> {
+            conn.busy_timeout(Duration::from_secs(5))?;
+            // auto_vacuum must be set before the first table exists.
+            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.execute_batch(
+                "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                 CREATE TABLE IF NOT EXISTS evidence (
+                     id INTEGER PRIMARY KEY,
+                     ts_unix_ns INTEGER NOT NULL,
+                     destination TEXT NOT NULL,
+                     role TEXT NOT NULL,
+                     kind TEXT NOT NULL,
+                     event TEXT NOT NULL);
+                 CREATE INDEX IF NOT EXISTS evidence_ts ON evidence(ts_unix_ns);
+                 CREATE INDEX IF NOT EXISTS evidence_dest ON evidence(destination, ts_unix_ns);
+                 CREATE TABLE IF NOT EXISTS changes (
+                     id INTEGER PRIMARY KEY,
+                     ts_unix_ns INTEGER NOT NULL,
+                     destination TEXT NOT NULL,
+                     change TEXT NOT NULL);
+                 CREATE TABLE IF NOT EXISTS volume (
+                     minute INTEGER NOT NULL,
+                     destination TEXT NOT NULL,
+                     role TEXT NOT NULL,
+                     connections INTEGER NOT NULL,
+                     PRIMARY KEY (minute, destination, role));",
+            )
+        };
+        setup().map_err(|source| StoreError::Open { path: path.clone(), source })?;
+        let version: Option<i64> =
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional()?;
+        match version {
+            None => {
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION])?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(found) => return Err(StoreError::Schema { path, found }),
+        }
+        Ok(Self { conn, path })
+    }
+
+    /// The database file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Write records in one transaction. Established connections become
+    /// per-minute volume counts; other non-evidence events are skipped.
+    pub fn insert(&mut self, records: &[Record]) -> Result<usize, StoreError> {
+        let tx = self.conn.transaction()?;
+        let mut n = 0;
+        {
+            let mut ev_stmt = tx.prepare_cached(
+                "INSERT INTO evidence (ts_unix_ns, destination, role, kind, event) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            let mut vol_stmt = tx.prepare_cached(
+                "INSERT INTO volume (minute, destination, role, connections) VALUES (?1, ?2, ?3, 1)
+                 ON CONFLICT (minute, destination, role) DO UPDATE SET connections = connections + 1",
+            )?;
+            let mut ch_stmt =
+                tx.prepare_cached("INSERT INTO changes (ts_unix_ns, destination, change) VALUES (?1, ?2, ?3)")?;
+            for r in records {
+                match r {
+                    Record::Event(ev) => {
+                        let Some((addr, role)) = destination_of(ev) else { continue };
+                        let ts = i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX);
+                        if is_evidence(ev) {
+                            ev_stmt.execute(params![
+                                ts,
+                                addr.to_string(),
+                                role.as_str(),
+                                ev.kind.as_str(),
+                                serde_json::to_string(ev)?
+                            ])?;
+                            n += 1;
+                        } else if ev.kind == EventKind::Established {
+                            vol_stmt.execute(params![ts / 60_000_000_000, addr.to_string(), role.as_str()])?;
+                        }
+                    }
+                    Record::Change(c) => {
+                        let ts = i64::try_from(c.ts_unix_ns).unwrap_or(i64::MAX);
+                        ch_stmt.execute(params![ts, c.destination, serde_json::to_string(c)?])?;
+                        n += 1;
+                    }
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// Evidence events since `since_ns` (all destinations, or one), oldest first.
+    pub fn events(&self, destination: Option<&str>, since_ns: u64) -> Result<Vec<SockEvent>, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let mut out = Vec::new();
+        let mut push = |json: String| -> Result<(), StoreError> {
+            out.push(serde_json::from_str(&json)?);
+            Ok(())
+        };
+        if let Some(d) = destination {
+            let mut stmt = self.conn.prepare(
+                "SELECT event FROM evidence WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY ts_unix_ns, id",
+            )?;
+            for row in stmt.query_map(params![d, since], |r| r.get::<_, String>(0))? {
+                push(row?)?;
+            }
+        } else {
+            let mut stmt =
+                self.conn.prepare("SELECT event FROM evidence WHERE ts_unix_ns >= ?1 ORDER BY ts_unix_ns, id")?;
+            for row in stmt.query_map(params![since], |r| r.get::<_, String>(0))? {
+                push(row?)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Estimate changes for a destination since `since_ns`.
+    pub fn changes(&self, destination: &str, since_ns: u64) -> Result<Vec<Change>, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let mut stmt = self.conn.prepare(
+            "SELECT change FROM changes WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY ts_unix_ns, id",
+        )?;
+        let rows = stmt.query_map(params![destination, since], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for r in rows {
+            out.push(serde_json::from_str(&r?)?);
+        }
+        Ok(out)
+    }
+
+    /// New connections per minute (unix minute, count) for a destination.
+    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);
+        let mut stmt = self.conn.prepare(
+            "SELECT minute, SUM(connections) FROM volume WHERE destination = ?1 AND minute >= ?2 GROUP BY minute ORDER BY minute",
+        )?;
+        let rows = stmt.query_map(params![destination, since], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (m, c) = r?;
+            out.push((u64::try_from(m).unwrap_or(0), u64::try_from(c).unwrap_or(0)));
+        }
+        Ok(out)
+    }
+
+    /// Number of evidence records.
+    pub fn count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row("SELECT COUNT(*) FROM evidence", [], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Size of the database in bytes (pages in use and free, plus the WAL).
+    pub fn size_bytes(&self) -> Result<u64, StoreError> {
+        let pages: i64 = self.conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        let page: i64 = self.conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        let wal = std::fs::metadata(self.path.with_extension("sqlite-wal")).map_or(0, |m| m.len());
+        Ok(u64::try_from(pages * page).unwrap_or(0) + wal)
+    }
+
+    /// Apply retention by age, then by size, and give the space back.
+    pub fn prune(&mut self, now_ns: u64, limits: Limits) -> Result<Pruned, StoreError> {
+        let cutoff = i64::try_from(now_ns.saturating_sub(limits.retention_ns)).unwrap_or(i64::MAX);
+        let mut pruned = Pruned::default();
+        let n = self.conn.execute("DELETE FROM evidence WHERE ts_unix_ns < ?1", [cutoff])?;
+        self.conn.execute("DELETE FROM changes WHERE ts_unix_ns < ?1", [cutoff])?;
+        self.conn.execute("DELETE FROM volume WHERE minute < ?1", [cutoff / 60_000_000_000])?;
+        pruned.by_age = n as u64;
+        self.compact()?;
+        // Oldest tenth at a time until under the limit.
+        let mut rounds = 0;
+        while self.size_bytes()? > limits.max_bytes && rounds < 64 {
+            let total = self.count()?;
+            if total == 0 {
+                break;
+            }
+            let chunk = (total / 10).max(1);
+            let n = self.conn.execute(
+                "DELETE FROM evidence WHERE id IN (SELECT id FROM evidence ORDER BY ts_unix_ns, id LIMIT ?1)",
+                [i64::try_from(chunk).unwrap_or(i64::MAX)],
+            )?;
+            pruned.by_size += n as u64;
+            self.compact()?;
+            rounds += 1;
+        }
+        Ok(pruned)
+    }
+
+    fn compact(&self) -> Result<(), StoreError> {
+        // Each step of incremental_vacuum frees one page: run it to the end.
+        let mut stmt = self.conn.prepare("PRAGMA incremental_vacuum")?;
+        let mut rows = stmt.query([])?;
+        while rows.next()?.is_some() {}
+        // Fold the WAL back and truncate it so the size bound covers it.
+        self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// `PRAGMA integrity_check` says "ok".
+    pub fn integrity_ok(&self) -> Result<bool, StoreError> {
+        let r: String = self.conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+        Ok(r == "ok")
+    }
+}
+
+/// The writer thread's handle: queue records without blocking.
+pub struct Writer {
+    tx: Option<SyncSender<Record>>,
+    dropped: Arc<AtomicU64>,
+    handle: Option<JoinHandle<()>>,
+}
+
+/// Records queued for the writer at most.
+pub const QUEUE: usize = 65_536;
+const BATCH: usize = 4096;
+const FLUSH_EVERY: Duration = Duration::from_millis(500);
+const PRUNE_EVERY: Duration = Duration::from_mins(1);
+
+impl Writer {
+    /// Start the writer thread on an open store, with a queue of `queue` records.
+    pub fn start(store: Store, limits: Limits, queue: usize) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::sync_channel(queue);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let handle =
+            std::thread::Builder::new().name("observer-store".into()).spawn(move || write_loop(store, &rx, limits))?;
+        Ok(Self { tx: Some(tx), dropped, handle: Some(handle) })
+    }
+
+    /// Queue a record; false (and counted) when the queue is full.
+    #[must_use = "a false return means the record was dropped (it is counted)"]
+    pub fn send(&self, r: Record) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        match tx.try_send(r) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Records dropped so far because the writer could not keep up.
+    #[must_use]
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Write what is queued and stop.
+    pub fn finish(mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn write_loop(mut store: Store, rx: &Receiver<Record>, limits: Limits) {
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut last_prune = Instant::now().checked_sub(PRUNE_EVERY).unwrap_or_else(Instant::now);
+    loop {
+        let open = match rx.recv_timeout(FLUSH_EVERY) {
+            Ok(r) => {
+                batch.push(r);
+                while batch.len() < BATCH {
+                    match rx.try_recv() {
+                        Ok(r) => batch.push(r),
+                        Err(_) => break,
+                    }
+                }
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Disconnected) => false,
+        };
+        if !batch.is_empty() {
+            if let Err(e) = store.insert(&batch) {
+                warn!("evidence store: writing {} records failed: {e}", batch.len());
+            }
+            batch.clear();
+        }
+        if last_prune.elapsed() >= PRUNE_EVERY {
+            match store.prune(clock_ns(libc::CLOCK_REALTIME), limits) {
+                Ok(p) if p.by_age + p.by_size > 0 => {
+                    debug!("evidence store pruned {} old and {} records over the size limit", p.by_age, p.by_size);
+                }
+                Ok(_) => {}
+                Err(e) => warn!("evidence store: pruning failed: {e}"),
+            }
+            last_prune = Instant::now();
+        }
+        if !open {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
