@@ -15,6 +15,8 @@
 #![allow(clippy::needless_pass_by_value, reason = "the aya macros hand each program its context by value")]
 
 #[cfg(target_arch = "bpf")]
+mod bench_empty;
+#[cfg(target_arch = "bpf")]
 mod common;
 #[cfg(target_arch = "bpf")]
 mod inet_sk_error_report;

@@ -51,6 +51,8 @@ pub struct ProbeConfig {
     pub max_sockets: u32,
     /// Ring buffer size in bytes (a power of two, multiple of the page size).
     pub ring_buffer_bytes: u32,
+    /// Also attach empty programs on the hot-path hooks (benchmarks).
+    pub bench_empty: bool,
 }
 
 impl Default for ProbeConfig {
@@ -60,6 +62,7 @@ impl Default for ProbeConfig {
             stall_after_ns: 1_000_000_000,
             max_sockets: 65_536,
             ring_buffer_bytes: 1 << 20,
+            bench_empty: false,
         }
     }
 }
@@ -105,6 +108,12 @@ const TRACEPOINTS_6_5: &[Hook] = &[
     Hook::tp("tcp", "tcp_retransmit_skb"),
     Hook::tp("tcp", "tcp_destroy_sock"),
     Hook::tp("sock", "inet_sk_error_report"),
+];
+
+/// Empty programs for benchmarks (`--bench-empty-probes`).
+const BENCH_EMPTY: &[Hook] = &[
+    Hook { program: "bench_empty_send", kind: HookKind::RawTracePoint, category: "tcp", name: "tcp_sendmsg_locked" },
+    Hook { program: "bench_empty_recv", kind: HookKind::RawTracePoint, category: "sock", name: "sock_recv_length" },
 ];
 
 /// The set of hooks chosen for the running kernel.
@@ -234,7 +243,8 @@ impl Probes {
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
         let mut attached = Vec::new();
-        for hook in set.hooks() {
+        let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
+        for hook in set.hooks().iter().chain(empty) {
             let err = |source| BpfError::Program { name: hook.program, source };
             let prog = ebpf.program_mut(hook.program).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
             let prog_id = match hook.kind {

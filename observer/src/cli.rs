@@ -69,6 +69,13 @@ pub enum DebugCommand {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// Measure decoding plus aggregation on synthetic kernel records (benchmarks); prints JSON.
+    BenchPipeline {
+        #[arg(long, default_value_t = 2_000_000)]
+        events: usize,
+        #[arg(long, default_value_t = 1000)]
+        destinations: u32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -213,6 +220,9 @@ pub struct RunArgs {
     /// The evidence store is kept below this size.
     #[arg(long, value_parser = parse_size64, default_value = "256MiB")]
     pub max_store_bytes: u64,
+    /// Attach empty programs beside the hot-path probes (benchmark baseline).
+    #[arg(long, hide = true)]
+    pub bench_empty_probes: bool,
 }
 
 /// Default directory of the evidence store.

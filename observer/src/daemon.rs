@@ -153,6 +153,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         stall_after_ns: nanos(args.stall_after),
         max_sockets: args.max_sockets,
         ring_buffer_bytes: args.ring_buffer,
+        bench_empty: args.bench_empty_probes,
     };
     let probes = Probes::load(&config).context("bringing up the probes")?;
     for a in probes.attached() {

@@ -5,6 +5,7 @@
 //! [`daemon`] (the `run` command), [`cli`] (arguments).
 
 pub mod aggregate;
+pub mod bench;
 pub mod bpf;
 pub mod cli;
 pub mod daemon;

@@ -90,6 +90,9 @@ fn real_main() -> Result<ExitCode> {
         Command::Path(cmd) => return Ok(path_cmd(&cmd)),
         Command::Report(args) => report_cmd(&args)?,
         Command::Debug(DebugCommand::WriteEvidence { data_dir }) => debug_write_evidence(&data_dir)?,
+        Command::Debug(DebugCommand::BenchPipeline { events, destinations }) => {
+            println!("{}", serde_json::to_string(&observer::bench::pipeline(events, destinations))?);
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

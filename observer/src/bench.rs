@@ -1,0 +1,88 @@
+//! Userspace pipeline benchmark: decoding plus aggregation (and metrics) of
+//! kernel records, fed from memory, on one core. Used by `cargo xtask bench`
+//! through `observer debug bench-pipeline`.
+
+use std::time::Instant;
+
+use observer_common::{how, kind, outcome, role, Event, AF_INET, EVENT_SIZE};
+use serde::Serialize;
+
+use crate::{
+    aggregate::{Aggregator, Config},
+    event::{decode_bytes, Clock},
+    metrics::Metrics,
+};
+
+/// What the pipeline sustained.
+#[derive(Debug, Serialize)]
+pub struct PipelineResult {
+    pub events: usize,
+    pub destinations: u32,
+    pub seconds: f64,
+    pub events_per_second: f64,
+    pub rows: usize,
+}
+
+/// A mix like a busy host's: mostly successful reuses, some failures and
+/// peer closes, connection churn; spread over `destinations`.
+fn synthetic(n: usize, destinations: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * EVENT_SIZE);
+    for i in 0..n {
+        let mut e = Event::ZERO;
+        let k = u32::try_from(i % 10_000_000).unwrap_or(0);
+        let d = (k / 10) % destinations.max(1);
+        e.ts_ns = 1_000_000_000 + (i as u64) * 10_000;
+        e.sock_id = u64::from(k % 65_536);
+        e.family = AF_INET;
+        e.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
+        e.daddr[..4].copy_from_slice(&[10, 1, u8::try_from(d / 250).unwrap_or(0), u8::try_from(d % 250).unwrap_or(0)]);
+        e.sport = 40_000 + u16::try_from(k % 20_000).unwrap_or(0);
+        e.dport = 443;
+        e.role = role::CLIENT;
+        e.tgid = 1000 + (k % 7);
+        e.comm[..4].copy_from_slice(b"java");
+        let idle_ms = u64::from(500 + (k * 7919) % 120_000);
+        e.idle_ns = idle_ms * 1_000_000;
+        match i % 10 {
+            0..=5 => {
+                e.kind = kind::REUSE;
+                e.outcome = if idle_ms > 60_000 { outcome::RESET } else { outcome::OK };
+                e.elapsed_ns = 1_000_000;
+            }
+            6 => {
+                e.kind = kind::PEER_CLOSE;
+                e.how = how::FIN;
+                e.idle_ns = 60_000_000_000;
+            }
+            7 => e.kind = kind::LOCAL_CLOSE,
+            8 => e.kind = kind::ESTABLISHED,
+            _ => e.kind = kind::CLOSED,
+        }
+        // SAFETY: Event is POD without padding.
+        let bytes = unsafe { std::slice::from_raw_parts(std::ptr::from_ref(&e).cast::<u8>(), EVENT_SIZE) };
+        out.extend_from_slice(bytes);
+    }
+    out
+}
+
+/// Decode, aggregate and count `n` records; report events per second.
+#[must_use]
+#[allow(clippy::cast_precision_loss, reason = "rates")]
+pub fn pipeline(n: usize, destinations: u32) -> PipelineResult {
+    let raw = synthetic(n, destinations);
+    let clock = Clock::with_offset_ns(1_700_000_000_000_000_000);
+    let mut agg = Aggregator::new(Config::default());
+    let metrics = Metrics::new();
+    let start = Instant::now();
+    let mut decoded = 0usize;
+    for chunk in raw.chunks_exact(EVENT_SIZE) {
+        if let Ok(ev) = decode_bytes(chunk, clock) {
+            agg.ingest(&ev);
+            metrics.observe(&ev, agg.label_of(&ev).as_deref());
+            decoded += 1;
+        }
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let rows = agg.rows(agg.latest_ns()).len();
+    PipelineResult { events: decoded, destinations, seconds, events_per_second: decoded as f64 / seconds, rows }
+}
