@@ -13,6 +13,8 @@ use std::{
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
+
 #[derive(Parser)]
 #[command(name = "xtask", about = "observer developer tasks")]
 struct Cli {
@@ -38,6 +40,21 @@ enum Task {
     },
     /// `cargo fmt --check` and clippy for the host crates and the eBPF crate.
     Lint,
+    /// Measure what observer costs the host; writes BENCHMARKS.md and target/bench/results.json.
+    Bench {
+        /// A few seconds of each measurement, no report (CI).
+        #[arg(long)]
+        smoke: bool,
+    },
+    /// (internal) hold loopback connections for the memory benchmark.
+    #[command(hide = true)]
+    BenchHold {
+        /// `port:count` runs, comma separated.
+        #[arg(long)]
+        runs: String,
+        #[arg(long)]
+        per_port: usize,
+    },
 }
 
 /// Debian packages the eBPF build needs (Debian's rustc with library
@@ -56,6 +73,8 @@ const TEST_PACKAGES: &[&str] = &[
     "prometheus",
     "chromium",
 ];
+/// Debian packages the benchmarks use.
+const BENCH_PACKAGES: &[&str] = &["bpftrace"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
 
@@ -66,6 +85,8 @@ fn main() -> ExitCode {
         Task::Run { args } => run(&args),
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
+        Task::Bench { smoke } => bench_task(smoke),
+        Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -252,6 +273,27 @@ fn test(args: &[String]) -> Result<()> {
     )?;
     println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+fn bench_task(smoke: bool) -> Result<()> {
+    if !is_root() {
+        bail!("`cargo xtask bench` loads probes and must run as root");
+    }
+    let toolchain = setup(true)?;
+    apt_install(BENCH_PACKAGES)?;
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    bench::run(smoke)
+}
+
+fn bench_hold(runs: &str, per_port: usize) -> Result<()> {
+    let runs = runs
+        .split(',')
+        .map(|r| {
+            let (p, n) = r.split_once(':').context("run is port:count")?;
+            Ok((p.parse()?, n.parse()?))
+        })
+        .collect::<Result<Vec<(u16, u16)>>>()?;
+    bench::hold(&runs, per_port)
 }
 
 fn lint() -> Result<()> {

@@ -1,0 +1,834 @@
+//! `cargo xtask bench`: what observer costs the host, measured side by side
+//! (no probes / observer / a bpftrace equivalent) in interleaved runs, with
+//! results in `BENCHMARKS.md` and `target/bench/results.json`.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::{BufRead, BufReader, Read, Write},
+    net::{Shutdown, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _, Result};
+use serde_json::{json, Value};
+
+/// Settings of one bench run.
+struct Plan {
+    smoke: bool,
+    rounds: usize,
+    duration: Duration,
+    pipeline_events: usize,
+    memory_ports: usize,
+    memory_per_port: usize,
+}
+
+fn sh(cmd: &str) -> Result<String> {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().with_context(|| format!("running {cmd}"))?;
+    ensure!(out.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// min / median / max.
+fn stats(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let med = if s.is_empty() {
+        f64::NAN
+    } else if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        f64::midpoint(s[s.len() / 2 - 1], s[s.len() / 2])
+    };
+    json!({"min": s.first().copied().unwrap_or(f64::NAN), "median": med, "max": s.last().copied().unwrap_or(f64::NAN), "n": s.len(), "values": v})
+}
+
+fn med(v: &Value) -> f64 {
+    v["median"].as_f64().unwrap_or(f64::NAN)
+}
+
+// ---------------------------------------------------------------- load
+
+/// Ping-pong round trips per second over `conns` loopback connections.
+fn pingpong(conns: usize, dur: Duration) -> Result<f64> {
+    paced_pingpong(conns, dur, None)
+}
+
+/// Ping-pong, each connection paced to at most `rate` round trips/s.
+#[allow(clippy::cast_precision_loss, reason = "rates")]
+fn paced_pingpong(conns: usize, dur: Duration, rate: Option<f64>) -> Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let server = thread::spawn(move || {
+        let mut handles = Vec::new();
+        for s in listener.incoming().take(conns) {
+            let Ok(mut s) = s else { break };
+            handles.push(thread::spawn(move || {
+                let _ = s.set_nodelay(true);
+                let mut buf = [0u8; 32];
+                while s.read_exact(&mut buf).is_ok() {
+                    if s.write_all(&buf).is_err() {
+                        break;
+                    }
+                }
+            }));
+        }
+        for h in handles {
+            let _ = h.join();
+        }
+    });
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let clients: Vec<_> = (0..conns)
+        .map(|_| {
+            let (stop, count) = (Arc::clone(&stop), Arc::clone(&count));
+            thread::spawn(move || -> std::io::Result<()> {
+                let mut s = TcpStream::connect(addr)?;
+                s.set_nodelay(true)?;
+                let mut buf = [7u8; 32];
+                let mut n = 0u64;
+                let t0 = Instant::now();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(r) = rate {
+                        let due = Duration::from_secs_f64(n as f64 / r);
+                        let now = t0.elapsed();
+                        if due > now {
+                            thread::sleep(due - now);
+                        }
+                    }
+                    s.write_all(&buf)?;
+                    s.read_exact(&mut buf)?;
+                    n += 1;
+                }
+                count.fetch_add(n, Ordering::Relaxed);
+                s.shutdown(Shutdown::Both)
+            })
+        })
+        .collect();
+    thread::sleep(dur);
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    for c in clients {
+        c.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    }
+    let _ = server.join();
+    Ok(count.load(Ordering::Relaxed) as f64 / elapsed)
+}
+
+/// Short connections per second: connect, one request, one response, close.
+#[allow(clippy::cast_precision_loss, reason = "rates")]
+fn churn(threads: usize, dur: Duration) -> Result<f64> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop_s = Arc::clone(&stop);
+    listener.set_nonblocking(true)?;
+    // The server closes first, so TIME_WAIT stays on its side.
+    let server = thread::spawn(move || {
+        while !stop_s.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    let mut buf = [0u8; 32];
+                    if s.read_exact(&mut buf).is_ok() {
+                        let _ = s.write_all(&buf);
+                    }
+                }
+                Err(_) => thread::sleep(Duration::from_micros(50)),
+            }
+        }
+    });
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let clients: Vec<_> = (0..threads)
+        .map(|_| {
+            let (stop, count) = (Arc::clone(&stop), Arc::clone(&count));
+            thread::spawn(move || -> std::io::Result<()> {
+                let mut buf = [1u8; 32];
+                let mut rest = [0u8; 1];
+                while !stop.load(Ordering::Relaxed) {
+                    let mut one = || -> std::io::Result<()> {
+                        let mut s = TcpStream::connect(addr)?;
+                        s.write_all(&buf)?;
+                        s.read_exact(&mut buf)?;
+                        let _ = s.read(&mut rest);
+                        Ok(())
+                    };
+                    match one() {
+                        Ok(()) => {
+                            count.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // The server stops accepting when the run ends.
+                        Err(_) if stop.load(Ordering::Relaxed) => break,
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    thread::sleep(dur);
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = start.elapsed().as_secs_f64();
+    for c in clients {
+        c.join().map_err(|_| anyhow::anyhow!("client thread panicked"))??;
+    }
+    let _ = server.join();
+    Ok(count.load(Ordering::Relaxed) as f64 / elapsed)
+}
+
+// ---------------------------------------------------------------- processes
+
+/// A running `observer run`, stopped with SIGTERM on drop.
+struct Observer {
+    child: Child,
+    progs: Vec<(String, u32)>,
+    http: String,
+    _data: PathBuf,
+}
+
+fn observer_bin() -> PathBuf {
+    crate::workspace_root().join("target/release/observer")
+}
+
+impl Observer {
+    fn start(extra: &[&str], data: &Path) -> Result<Self> {
+        let _ = std::fs::remove_dir_all(data);
+        let mut child = Command::new(observer_bin())
+            .args(["run", "--metrics-addr", "127.0.0.1:0", "--data-dir"])
+            .arg(data)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting observer")?;
+        let err = child.stderr.take().context("stderr")?;
+        let (tx, rx) = mpsc::channel::<String>();
+        thread::spawn(move || {
+            for line in BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    // Keep draining so the daemon never blocks on stderr.
+                }
+            }
+        });
+        let mut progs = Vec::new();
+        let mut http = String::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .context("observer did not start")?;
+            if let Some(rest) = line.split("(program ").nth(1) {
+                let mut p = rest.trim_end_matches(')').split(", id ");
+                if let (Some(name), Some(id)) = (p.next(), p.next()) {
+                    progs.push((name.to_owned(), id.parse()?));
+                }
+            }
+            if let Some(rest) = line.split("serving http://").nth(1) {
+                http = rest.split('/').next().unwrap_or_default().to_owned();
+            }
+            if line.contains("observer running") {
+                break;
+            }
+        }
+        Ok(Self { child, progs, http, _data: data.to_path_buf() })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn metrics(&self) -> Result<String> {
+        http_get(&self.http, "/metrics")
+    }
+
+    fn stop(mut self) -> Result<()> {
+        sh(&format!("kill -TERM {}", self.child.id()))?;
+        let st = self.child.wait()?;
+        ensure!(st.success(), "observer exited with {st}");
+        Ok(())
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect(addr)?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
+    let mut body = String::new();
+    s.read_to_string(&mut body)?;
+    Ok(body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+}
+
+/// Sum of a metric's samples whose line contains `filter`.
+fn metric_sum(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A running bpftrace script.
+struct Bpftrace {
+    child: Child,
+    progs: Vec<(String, u32)>,
+}
+
+fn loaded_progs() -> Result<BTreeMap<u32, (String, u64, u64)>> {
+    let v: Value = serde_json::from_str(&sh("bpftool -j prog show")?)?;
+    Ok(v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| {
+                    let id = u32::try_from(p["id"].as_u64()?).ok()?;
+                    Some((
+                        id,
+                        (
+                            p["name"].as_str().unwrap_or("").to_owned(),
+                            p["run_time_ns"].as_u64().unwrap_or(0),
+                            p["run_cnt"].as_u64().unwrap_or(0),
+                        ),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+impl Bpftrace {
+    fn start(script: &Path) -> Result<Self> {
+        let before = loaded_progs()?;
+        let mut child = Command::new("bpftrace")
+            .arg(script)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting bpftrace (Debian package bpftrace)")?;
+        let out = child.stdout.take().context("stdout")?;
+        let (tx, rx) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let line = rx
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+                .context("bpftrace did not attach")?;
+            if line.starts_with("Attaching") {
+                break;
+            }
+        }
+        thread::sleep(Duration::from_millis(300));
+        let progs = loaded_progs()?
+            .into_iter()
+            .filter(|(id, _)| !before.contains_key(id))
+            .map(|(id, (name, _, _))| (name, id))
+            .collect();
+        Ok(Self { child, progs })
+    }
+
+    fn stop(mut self) -> Result<()> {
+        sh(&format!("kill -INT {}", self.child.id()))?;
+        let _ = self.child.wait();
+        Ok(())
+    }
+}
+
+impl Drop for Bpftrace {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// ns per run of each program (run_time_ns / run_cnt).
+#[allow(clippy::cast_precision_loss, reason = "averages")]
+fn per_run(progs: &[(String, u32)]) -> Result<BTreeMap<String, (f64, u64)>> {
+    let all = loaded_progs()?;
+    Ok(progs
+        .iter()
+        .filter_map(|(name, id)| {
+            let (_, t, n) = all.get(id)?;
+            Some((name.clone(), (if *n > 0 { *t as f64 / *n as f64 } else { f64::NAN }, *n)))
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------- phases
+
+fn tmp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("observer-bench-{}-{name}", std::process::id()))
+}
+
+fn hot_path(plan: &Plan, bt_script: &Path) -> Result<Value> {
+    let modes = ["none", "observer", "bpftrace"];
+    let mut rt: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let (mut r_obs, mut r_bt) = (Vec::new(), Vec::new());
+    for round in 0..plan.rounds {
+        let mut this = BTreeMap::new();
+        for k in 0..3 {
+            let mode = modes[(round + k) % 3];
+            let v = match mode {
+                "observer" => {
+                    let o = Observer::start(&[], &tmp("hot"))?;
+                    let v = pingpong(4, plan.duration)?;
+                    o.stop()?;
+                    v
+                }
+                "bpftrace" => {
+                    let b = Bpftrace::start(bt_script)?;
+                    let v = pingpong(4, plan.duration)?;
+                    b.stop()?;
+                    v
+                }
+                _ => pingpong(4, plan.duration)?,
+            };
+            println!("bench: hot path round {round} {mode}: {v:.0} round trips/s");
+            this.insert(mode, v);
+            rt.entry(mode).or_default().push(v);
+        }
+        r_obs.push(this["observer"] / this["none"]);
+        r_bt.push(this["bpftrace"] / this["none"]);
+    }
+    Ok(json!({
+        "connections": 4, "message_bytes": 32, "seconds_per_run": plan.duration.as_secs_f64(),
+        "round_trips_per_second": {"none": stats(&rt["none"]), "observer": stats(&rt["observer"]), "bpftrace": stats(&rt["bpftrace"])},
+        "ratio_observer_to_none": stats(&r_obs),
+        "ratio_bpftrace_to_none": stats(&r_bt),
+    }))
+}
+
+fn kernel_cost(plan: &Plan, bt_script: &Path) -> Result<Value> {
+    sh("sysctl -qw kernel.bpf_stats_enabled=1")?;
+    let result = (|| -> Result<Value> {
+        let o = Observer::start(&["--bench-empty-probes"], &tmp("cost"))?;
+        pingpong(4, plan.duration)?;
+        let ours = per_run(&o.progs)?;
+        o.stop()?;
+        let b = Bpftrace::start(bt_script)?;
+        pingpong(4, plan.duration)?;
+        let theirs = per_run(&b.progs)?;
+        b.stop()?;
+        let get = |m: &BTreeMap<String, (f64, u64)>, k: &str| m.get(k).map_or(f64::NAN, |v| v.0);
+        let send = get(&ours, "tcp_sendmsg_locked");
+        let recv = get(&ours, "sock_recv_length");
+        let e_send = get(&ours, "bench_empty_send");
+        let e_recv = get(&ours, "bench_empty_recv");
+        Ok(json!({
+            "observer_ns_per_run": ours.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
+            "bpftrace_ns_per_run": theirs.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
+            "send_net_ns": send - e_send,
+            "recv_net_ns": recv - e_recv,
+        }))
+    })();
+    sh("sysctl -qw kernel.bpf_stats_enabled=0")?;
+    result
+}
+
+fn churn_phase(plan: &Plan) -> Result<Value> {
+    let (mut none, mut obs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..plan.rounds {
+        let mut pair = [0.0; 2];
+        for k in 0..2 {
+            let with = (round + k) % 2 == 1;
+            let v = if with {
+                let o = Observer::start(&[], &tmp("churn"))?;
+                let v = churn(2, plan.duration)?;
+                o.stop()?;
+                v
+            } else {
+                churn(2, plan.duration)?
+            };
+            println!("bench: churn round {round} {}: {v:.0} connections/s", if with { "observer" } else { "none" });
+            pair[usize::from(with)] = v;
+        }
+        none.push(pair[0]);
+        obs.push(pair[1]);
+        ratio.push(pair[1] / pair[0]);
+    }
+    Ok(
+        json!({"client_threads": 2, "connections_per_second": {"none": stats(&none), "observer": stats(&obs)}, "ratio_observer_to_none": stats(&ratio)}),
+    )
+}
+
+fn pipeline_phase(plan: &Plan) -> Result<Value> {
+    let mut rates = Vec::new();
+    for _ in 0..plan.rounds.max(3) {
+        let out = Command::new(observer_bin())
+            .args(["debug", "bench-pipeline", "--events", &plan.pipeline_events.to_string()])
+            .output()?;
+        ensure!(out.status.success(), "bench-pipeline: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        rates.push(v["events_per_second"].as_f64().unwrap_or(f64::NAN));
+    }
+    println!("bench: pipeline {:.0} events/s (median)", med(&stats(&rates)));
+    Ok(
+        json!({"events_per_run": plan.pipeline_events, "destinations": 1000, "events_per_second_one_core": stats(&rates)}),
+    )
+}
+
+#[allow(clippy::cast_precision_loss, reason = "rates")]
+fn ringbuf_phase(plan: &Plan) -> Result<Value> {
+    let mut levels = Vec::new();
+    // Offered events/s; None = as fast as 4 connections go.
+    let offered: &[Option<f64>] = if plan.smoke {
+        &[Some(50_000.0)]
+    } else {
+        &[Some(25_000.0), Some(50_000.0), Some(100_000.0), Some(200_000.0), None]
+    };
+    for &target in offered {
+        // min-idle 0: every request is a reuse, so each round trip is two
+        // events (the client's and the server's reuse).
+        let o = Observer::start(&["--min-idle", "0s"], &tmp("ring"))?;
+        let before = o.metrics()?;
+        let start = Instant::now();
+        let c = 4;
+        paced_pingpong(c, plan.duration, target.map(|t| t / 2.0 / c as f64))?;
+        thread::sleep(Duration::from_millis(1500));
+        let after = o.metrics()?;
+        let secs = start.elapsed().as_secs_f64() - 1.5;
+        let ev = metric_sum(&after, "observer_events_total", "") - metric_sum(&before, "observer_events_total", "");
+        let lost = metric_sum(&after, "observer_events_lost_total", "ring_buffer_full")
+            - metric_sum(&before, "observer_events_lost_total", "ring_buffer_full");
+        let backlog = metric_sum(&after, "observer_events_lost_total", "store_backlog")
+            - metric_sum(&before, "observer_events_lost_total", "store_backlog");
+        o.stop()?;
+        println!(
+            "bench: ring buffer offered {target:?}/s: {:.0} events/s delivered, {lost} lost, {backlog} not stored",
+            ev / secs
+        );
+        levels.push(json!({"offered_events_per_second": target, "events_per_second": ev / secs, "ring_buffer_lost": lost, "store_backlog_dropped": backlog}));
+    }
+    let best = levels
+        .iter()
+        .filter(|l| l["ring_buffer_lost"].as_f64() == Some(0.0))
+        .filter_map(|l| l["events_per_second"].as_f64())
+        .fold(0.0, f64::max);
+    Ok(json!({"ring_buffer_bytes": 1_048_576, "levels": levels, "max_zero_loss_events_per_second": best}))
+}
+
+/// Child process: connect `per_port` times to each port in `ports`, close one
+/// connection per port (a local idle close: evidence for the destination),
+/// print `ready`, then hold the rest until killed.
+pub fn hold(runs: &[(u16, u16)], per_port: usize) -> Result<()> {
+    let mut held = Vec::new();
+    for p in runs.iter().flat_map(|&(first, n)| first..first + n) {
+        for k in 0..per_port {
+            let s = TcpStream::connect(("127.0.0.1", p)).with_context(|| format!("connecting to port {p}"))?;
+            if k == 0 {
+                drop(s);
+            } else {
+                held.push(s);
+            }
+        }
+    }
+    println!("ready {}", held.len());
+    std::io::stdout().flush()?;
+    loop {
+        thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+#[allow(clippy::cast_precision_loss, reason = "sizes")]
+fn memory_phase(plan: &Plan) -> Result<Value> {
+    let ports = plan.memory_ports;
+    let per_port = plan.memory_per_port + 1;
+    // Listeners that never accept: the handshake completes in the kernel, so
+    // both ends are established (and tracked) without a server fd each.
+    let listeners: Vec<TcpListener> =
+        (0..ports).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    let mut port_list: Vec<u16> =
+        listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?;
+    port_list.sort_unstable();
+    let o = Observer::start(&["--max-sockets", "262144", "--min-idle", "0s"], &tmp("mem"))?;
+    let rss_idle = rss_kib(o.pid())?;
+    // Each helper holds at most ~16,000 sockets (the fd limit here is 20,000).
+    let ports_per_helper = (16_000 / per_port).max(1);
+    let mut helpers = Vec::new();
+    for chunk in port_list.chunks(ports_per_helper) {
+        // Ports from bind(0) are not contiguous: one helper per port run.
+        let mut runs: Vec<(u16, u16)> = Vec::new();
+        for &p in chunk {
+            match runs.last_mut() {
+                Some((start, n)) if *start + *n == p => *n += 1,
+                _ => runs.push((p, 1)),
+            }
+        }
+        let spec = runs.iter().map(|(s, n)| format!("{s}:{n}")).collect::<Vec<_>>().join(",");
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["bench-hold", "--runs", &spec, "--per-port", &per_port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        ensure!(line.starts_with("ready"), "helper failed: {line}");
+        helpers.push(child);
+    }
+    thread::sleep(Duration::from_secs(5));
+    let metrics = o.metrics()?;
+    let tracked = metric_sum(&metrics, "observer_tracked_sockets", "");
+    let rows: Value = serde_json::from_str(&http_get(&o.http, "/api/v1/destinations")?)?;
+    let destinations = rows.as_array().map_or(0, Vec::len);
+    let rss = rss_kib(o.pid())?;
+    let mut map_bytes = 0u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for (_, id) in &o.progs {
+        let p: Value = serde_json::from_str(&sh(&format!("bpftool -j prog show id {id}"))?)?;
+        for m in p["map_ids"].as_array().into_iter().flatten().filter_map(Value::as_u64) {
+            if seen.insert(m) {
+                let mv: Value = serde_json::from_str(&sh(&format!("bpftool -j map show id {m}"))?)?;
+                map_bytes += mv["bytes_memlock"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    for mut h in helpers {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    drop(listeners);
+    o.stop()?;
+    println!(
+        "bench: memory: {tracked} tracked sockets, {destinations} destinations, RSS {} KiB, maps {map_bytes} bytes",
+        rss
+    );
+    Ok(json!({
+        "connections": ports * plan.memory_per_port, "tracked_sockets": tracked, "destinations": destinations,
+        "rss_bytes_idle": rss_idle * 1024, "rss_bytes": rss * 1024, "rss_mib": (rss as f64) / 1024.0,
+        "kernel_map_bytes": map_bytes, "kernel_map_mib": map_bytes as f64 / 1_048_576.0,
+    }))
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .context("VmRSS missing")
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    json!({
+        "cores": thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "cpu": cpu,
+        "kernel": sh("uname -r").unwrap_or_default().trim(),
+        "date_utc": sh("date -u +%Y-%m-%dT%H:%M:%SZ").unwrap_or_default().trim(),
+    })
+}
+
+/// Run everything; with `smoke`, a few seconds of each and no report.
+pub fn run(smoke: bool) -> Result<()> {
+    let plan = if smoke {
+        Plan {
+            smoke,
+            rounds: 1,
+            duration: Duration::from_millis(700),
+            pipeline_events: 100_000,
+            memory_ports: 10,
+            memory_per_port: 20,
+        }
+    } else {
+        Plan {
+            smoke,
+            rounds: 5,
+            duration: Duration::from_secs(3),
+            pipeline_events: 2_000_000,
+            memory_ports: 1000,
+            memory_per_port: 50,
+        }
+    };
+    let root = crate::workspace_root();
+    let bt = root.join("bench/idle-bookkeeping.bt");
+    if !Path::new(TRACEFS_EVENTS).exists() {
+        sh("mount -t tracefs tracefs /sys/kernel/tracing")?;
+    }
+    let started = Instant::now();
+    let results = json!({
+        "smoke": smoke,
+        "machine": machine(),
+        "hot_path": hot_path(&plan, &bt)?,
+        "kernel_cost": kernel_cost(&plan, &bt)?,
+        "churn": churn_phase(&plan)?,
+        "pipeline": pipeline_phase(&plan)?,
+        "ring_buffer": ringbuf_phase(&plan)?,
+        "memory": memory_phase(&plan)?,
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let name = if smoke { "smoke.json" } else { "results.json" };
+    std::fs::write(dir.join(name), serde_json::to_string_pretty(&results)?)?;
+    println!("bench: wrote target/bench/{name} in {:.0}s", started.elapsed().as_secs_f64());
+    if !smoke {
+        std::fs::write(root.join("BENCHMARKS.md"), markdown(&results))?;
+        println!("bench: wrote BENCHMARKS.md");
+    }
+    Ok(())
+}
+
+const TRACEFS_EVENTS: &str = "/sys/kernel/tracing/events";
+
+fn mmm(v: &Value, scale: f64, unit: &str) -> String {
+    format!(
+        "{:.0} / **{:.0}** / {:.0} {unit}",
+        v["min"].as_f64().unwrap_or(f64::NAN) * scale,
+        v["median"].as_f64().unwrap_or(f64::NAN) * scale,
+        v["max"].as_f64().unwrap_or(f64::NAN) * scale
+    )
+}
+
+fn ratio(v: &Value) -> String {
+    format!(
+        "{:.3} / **{:.3}** / {:.3}",
+        v["min"].as_f64().unwrap_or(f64::NAN),
+        v["median"].as_f64().unwrap_or(f64::NAN),
+        v["max"].as_f64().unwrap_or(f64::NAN)
+    )
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "**missed**"
+    }
+}
+
+#[allow(clippy::too_many_lines, reason = "the report, section by section")]
+fn markdown(r: &Value) -> String {
+    let m = &r["machine"];
+    let hp = &r["hot_path"];
+    let kc = &r["kernel_cost"];
+    let ch = &r["churn"];
+    let pl = &r["pipeline"];
+    let rb = &r["ring_buffer"];
+    let me = &r["memory"];
+    let hot_cost = 1.0 - med(&hp["ratio_observer_to_none"]);
+    let bt_cost = 1.0 - med(&hp["ratio_bpftrace_to_none"]);
+    let send_net = kc["send_net_ns"].as_f64().unwrap_or(f64::NAN);
+    let recv_net = kc["recv_net_ns"].as_f64().unwrap_or(f64::NAN);
+    let churn_cost = 1.0 - med(&ch["ratio_observer_to_none"]);
+    let pipe = med(&pl["events_per_second_one_core"]);
+    let zero_loss = rb["max_zero_loss_events_per_second"].as_f64().unwrap_or(0.0);
+    let rss_mib = me["rss_mib"].as_f64().unwrap_or(f64::NAN);
+    let mut s = String::new();
+    let _ = writeln!(s, "# Benchmarks\n");
+    let _ = writeln!(
+        s,
+        "Measured {} on {} cores ({}), Linux {}, by `cargo xtask bench` (root). Raw figures: `target/bench/results.json`.\n",
+        m["date_utc"].as_str().unwrap_or(""),
+        m["cores"],
+        m["cpu"].as_str().unwrap_or(""),
+        m["kernel"].as_str().unwrap_or("")
+    );
+    let _ =
+        writeln!(s, "## Headline against the targets\n\n| what | target | measured (median) | |\n|---|---|---|---|");
+    let _ = writeln!(
+        s,
+        "| hot path: round trips/s lost to observer | <= 3%, and less than bpftrace | {:.1}% (bpftrace: {:.1}%) | {} |",
+        hot_cost * 100.0,
+        bt_cost * 100.0,
+        verdict(hot_cost <= 0.03 && hot_cost < bt_cost)
+    );
+    let _ = writeln!(s, "| kernel cost per send / receive probe, net of an empty program | <= 100 ns | {send_net:.0} ns / {recv_net:.0} ns | {} |", verdict(send_net <= 100.0 && recv_net <= 100.0));
+    let _ = writeln!(
+        s,
+        "| connection churn: connections/s lost | <= 5% | {:.1}% | {} |",
+        churn_cost * 100.0,
+        verdict(churn_cost <= 0.05)
+    );
+    let _ = writeln!(
+        s,
+        "| userspace pipeline, one core | >= 500,000 events/s | {pipe:.0} events/s | {} |",
+        verdict(pipe >= 500_000.0)
+    );
+    let _ = writeln!(s, "| ring buffer: highest rate with zero loss | >= 50,000 events/s | {zero_loss:.0} events/s (highest offered) | {} |", verdict(zero_loss >= 50_000.0));
+    let _ = writeln!(
+        s,
+        "| daemon RSS with {} tracked sockets, {} destinations | <= 64 MiB | {rss_mib:.1} MiB | {} |",
+        me["tracked_sockets"],
+        me["destinations"],
+        verdict(rss_mib <= 64.0)
+    );
+    let _ = writeln!(s, "\nA negative loss means the run with observer was faster than the run without: the difference is inside the noise.\n");
+    let _ = writeln!(s, "## Method\n\nEvery comparison runs in one invocation, interleaved (the order rotates each round), and is reported as a ratio to the run without probes; absolute numbers on these machines are noisy and are given only beside the ratios, as min / **median** / max over the rounds.\n");
+    let _ = writeln!(s, "1. **Hot path**: {} loopback connections, 32-byte messages, ping-pong for {} s per run, {} rounds of (no probes, `observer run`, `bpftrace bench/idle-bookkeeping.bt`). The bpftrace script does the same per-socket bookkeeping on `sock:sock_send_length`/`sock:sock_recv_length` (last send and receive time per socket in maps, a line only on a reuse after 1 s idle).", hp["connections"], hp["seconds_per_run"], plan_rounds(hp));
+    let _ = writeln!(s, "2. **Kernel cost per event**: `kernel.bpf_stats_enabled=1`, run_time_ns / run_cnt of each program over a ping-pong run; observer's run also attaches empty programs on the same two hooks (`--bench-empty-probes`), whose figure (the fixed cost of a program plus the stats accounting) is subtracted to give the net cost.");
+    let _ = writeln!(s, "3. **Churn**: 2 client threads doing connect, 32-byte request, response, close, {} s per run, with and without observer.", hp["seconds_per_run"]);
+    let _ = writeln!(s, "4. **Pipeline**: `observer debug bench-pipeline`: {} synthetic kernel records over 1000 destinations (60% reuses, peer and local closes, connection events) decoded, aggregated and counted in the metrics on one core.", pl["events_per_run"]);
+    let _ = writeln!(s, "5. **Ring buffer**: `observer run --min-idle 0s` so every request is a reuse (two events per round trip), 4 connections paced to offer 25k, 50k, 100k, 200k events/s, then unpaced; events delivered per second and `observer_events_lost_total` from `/metrics`.");
+    let _ = writeln!(s, "6. **Memory**: {} connections to {} listening ports on loopback (both ends tracked), one connection per port closed to give each destination evidence; daemon VmRSS and the `bytes_memlock` of its maps (bpftool) after the socket table refresh.\n", me["connections"], me["destinations"]);
+    let _ = writeln!(s, "## Figures\n\n### 1. Hot path (round trips per second)\n\n| mode | round trips/s (min / median / max) |\n|---|---|");
+    for mode in ["none", "observer", "bpftrace"] {
+        let _ = writeln!(s, "| {mode} | {} |", mmm(&hp["round_trips_per_second"][mode], 1.0, ""));
+    }
+    let _ = writeln!(
+        s,
+        "\n| ratio | min / median / max |\n|---|---|\n| observer / none | {} |\n| bpftrace / none | {} |\n",
+        ratio(&hp["ratio_observer_to_none"]),
+        ratio(&hp["ratio_bpftrace_to_none"])
+    );
+    let _ =
+        writeln!(s, "### 2. Kernel cost per event (ns per run, gross)\n\n| program | ns/run | runs |\n|---|---|---|");
+    for who in ["observer_ns_per_run", "bpftrace_ns_per_run"] {
+        if let Some(map) = kc[who].as_object() {
+            for (k, v) in map {
+                let _ = writeln!(
+                    s,
+                    "| {} `{k}` | {:.0} | {} |",
+                    if who.starts_with("observer") { "observer" } else { "bpftrace" },
+                    v["ns"].as_f64().unwrap_or(f64::NAN),
+                    v["runs"]
+                );
+            }
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\nNet (minus the empty program on the same hook): send {send_net:.0} ns, receive {recv_net:.0} ns.\n"
+    );
+    let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
+    let _ = writeln!(
+        s,
+        "### 4. Pipeline\n\n{} events/s on one core (min / median / max).\n",
+        mmm(&pl["events_per_second_one_core"], 1.0, "")
+    );
+    let _ = writeln!(s, "### 5. Ring buffer (1 MiB)\n\n| offered events/s | delivered events/s | lost (ring buffer full) | not stored (store backlog) |\n|---|---|---|---|");
+    for l in rb["levels"].as_array().into_iter().flatten() {
+        let offered =
+            l["offered_events_per_second"].as_f64().map_or_else(|| "unpaced".to_owned(), |o| format!("{o:.0}"));
+        let _ = writeln!(
+            s,
+            "| {offered} | {:.0} | {} | {} |",
+            l["events_per_second"].as_f64().unwrap_or(f64::NAN),
+            l["ring_buffer_lost"],
+            l["store_backlog_dropped"]
+        );
+    }
+    let _ = writeln!(s, "\n### 6. Memory\n\n| | |\n|---|---|\n| tracked sockets | {} |\n| destinations | {} |\n| daemon RSS before the load | {:.1} MiB |\n| daemon RSS with the load | {rss_mib:.1} MiB |\n| kernel map memory (bytes_memlock) | {:.1} MiB |\n", me["tracked_sockets"], me["destinations"], me["rss_bytes_idle"].as_f64().unwrap_or(0.0) / 1_048_576.0, me["kernel_map_mib"].as_f64().unwrap_or(f64::NAN));
+    s
+}
+
+fn plan_rounds(hp: &Value) -> u64 {
+    hp["ratio_observer_to_none"]["n"].as_u64().unwrap_or(0)
+}
