@@ -215,6 +215,27 @@ pub struct SockState {
     pub comm: [u8; 16],
 }
 
+impl SockState {
+    /// A socket nothing is known about yet.
+    pub const ZERO: Self = Self {
+        last_send_ns: 0,
+        last_recv_ns: 0,
+        reuse_ns: 0,
+        reuse_idle_ns: 0,
+        peer_fin_ns: 0,
+        saddr: [0; 16],
+        daddr: [0; 16],
+        tgid: 0,
+        retransmits: 0,
+        sport: 0,
+        dport: 0,
+        family: 0,
+        role: 0,
+        flags: 0,
+        comm: [0; 16],
+    };
+}
+
 /// Size of [`SockState`] in the map.
 pub const SOCK_STATE_SIZE: usize = 104;
 const _: () = assert!(core::mem::size_of::<SockState>() == SOCK_STATE_SIZE);

@@ -106,23 +106,7 @@ pub fn read_tuple(ctx: &TracePointContext, off: &TupleOffsets, st: &mut SockStat
     }
 }
 
-pub const EMPTY_STATE: SockState = SockState {
-    last_send_ns: 0,
-    last_recv_ns: 0,
-    reuse_ns: 0,
-    reuse_idle_ns: 0,
-    peer_fin_ns: 0,
-    saddr: [0; 16],
-    daddr: [0; 16],
-    tgid: 0,
-    retransmits: 0,
-    sport: 0,
-    dport: 0,
-    family: 0,
-    role: 0,
-    flags: 0,
-    comm: [0; 16],
-};
+pub const EMPTY_STATE: SockState = SockState::ZERO;
 
 /// Internal `SockState::flags` bits (not on the wire).
 pub const ST_PEER_RST: u8 = 0x40;

@@ -616,25 +616,12 @@ mod tests {
     fn ev(ts_s: f64, kind: EventKind, remote: &str, idle: f64) -> SockEvent {
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test times are small and positive")]
         let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
-        SockEvent {
-            ts_unix_ns: ts,
-            kind,
-            role: Role::Client,
-            pid: 7,
-            comm: "client".into(),
-            local: "10.0.0.1:40000".parse().unwrap(),
-            remote: remote.parse().unwrap(),
-            idle_seconds: idle,
-            outcome: None,
-            elapsed_seconds: None,
-            retransmits: 0,
-            safe_to_retry: false,
-            how: None,
-            request_outstanding: false,
-            peer_closed_first: false,
-            preexisting: false,
-            sock_id: 1,
-        }
+        let mut e =
+            SockEvent::new(ts, kind, Role::Client, "10.0.0.1:40000".parse().unwrap(), remote.parse().unwrap(), idle);
+        e.pid = 7;
+        e.comm = "client".into();
+        e.sock_id = 1;
+        e
     }
 
     fn reuse(ts: f64, remote: &str, idle: f64, outcome: Outcome) -> SockEvent {

@@ -26,7 +26,7 @@ use crate::{
 };
 
 /// How often the at-risk view is refreshed from the kernel's socket table.
-const SOCKET_REFRESH: Duration = Duration::from_secs(2);
+const SOCKET_REFRESH: Duration = Duration::from_secs(5);
 
 /// State the HTTP endpoint reads.
 pub struct Shared {

@@ -333,6 +333,38 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
 }
 
 impl SockEvent {
+    /// An event with the given identity and nothing else set (recordings
+    /// written by other tools, tests, benchmarks).
+    #[must_use]
+    pub fn new(
+        ts_unix_ns: u64,
+        kind: EventKind,
+        role: Role,
+        local: SocketAddr,
+        remote: SocketAddr,
+        idle_seconds: f64,
+    ) -> Self {
+        Self {
+            ts_unix_ns,
+            kind,
+            role,
+            pid: 0,
+            comm: String::new(),
+            local,
+            remote,
+            idle_seconds,
+            outcome: None,
+            elapsed_seconds: None,
+            retransmits: 0,
+            safe_to_retry: false,
+            how: None,
+            request_outstanding: false,
+            peer_closed_first: false,
+            preexisting: false,
+            sock_id: 0,
+        }
+    }
+
     /// Wall-clock time of the event.
     #[must_use]
     pub fn time(&self) -> SystemTime {

@@ -165,26 +165,19 @@ fn debug_write_evidence(dir: &std::path::Path) -> Result<()> {
         let batch: Vec<Record> = (0..500)
             .map(|i| {
                 k += 1;
-                Record::Event(observer::event::SockEvent {
-                    ts_unix_ns: now + i,
-                    kind: observer::event::EventKind::Reuse,
-                    role: observer::event::Role::Client,
-                    pid: 1,
-                    comm: "writer".into(),
-                    local: "10.0.0.1:40000".parse().expect("literal"),
-                    remote: "10.0.0.2:443".parse().expect("literal"),
+                let mut e = observer::event::SockEvent::new(
+                    now + i,
+                    observer::event::EventKind::Reuse,
+                    observer::event::Role::Client,
+                    "10.0.0.1:40000".parse().expect("literal"),
+                    "10.0.0.2:443".parse().expect("literal"),
                     #[allow(clippy::cast_precision_loss, reason = "synthetic idle ages")]
-                    idle_seconds: (k % 120) as f64,
-                    outcome: Some(observer::event::Outcome::Ok),
-                    elapsed_seconds: Some(0.001),
-                    retransmits: 0,
-                    safe_to_retry: false,
-                    how: None,
-                    request_outstanding: false,
-                    peer_closed_first: false,
-                    preexisting: false,
-                    sock_id: k,
-                })
+                    ((k % 120) as f64),
+                );
+                e.comm = "writer".into();
+                e.outcome = Some(observer::event::Outcome::Ok);
+                e.sock_id = k;
+                Record::Event(e)
             })
             .collect();
         store.insert(&batch)?;

@@ -283,25 +283,19 @@ mod tests {
     };
 
     fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> SockEvent {
-        SockEvent {
-            ts_unix_ns: 1_700_000_000_000_000_000,
+        let mut e = SockEvent::new(
+            1_700_000_000_000_000_000,
             kind,
-            role: Role::Client,
-            pid: 1,
-            comm: "curl".into(),
-            local: "10.0.0.1:40000".parse().unwrap(),
-            remote: remote.parse().unwrap(),
-            idle_seconds: idle,
-            outcome,
-            elapsed_seconds: outcome.map(|_| 0.001),
-            retransmits: 0,
-            safe_to_retry: false,
-            how: (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin),
-            request_outstanding: false,
-            peer_closed_first: false,
-            preexisting: false,
-            sock_id: 1,
-        }
+            Role::Client,
+            "10.0.0.1:40000".parse().unwrap(),
+            remote.parse().unwrap(),
+            idle,
+        );
+        e.comm = "curl".into();
+        e.outcome = outcome;
+        e.elapsed_seconds = outcome.map(|_| 0.001);
+        e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+        e
     }
 
     fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {

@@ -13,7 +13,8 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use common::{
-    client_records, script, sh, start_server, ClientReuse, Daemon, Netns, Topology, ECHO_CLIENT, ECHO_SERVER,
+    client_records, script, sh, start_server, ClientReuse, Daemon, Netns, Topology, ECHO_SERVER, HTTP_RECONNECTING,
+    RECONNECTING_CLIENT,
 };
 use observer::event::{EventKind, How, Outcome, Role, SockEvent};
 
@@ -33,41 +34,6 @@ fn matching(events: &[SockEvent], rec: &ClientReuse) -> Result<(SockEvent, f64)>
         .with_context(|| format!("no reuse event for {rec:?}; events: {events:#?}"))?;
     Ok((best.clone(), (best.idle_seconds - rec.idle).abs()))
 }
-
-const HTTP_CLIENT: &str = r#"
-import http.client, json, sys, time
-host, port = sys.argv[1], int(sys.argv[2])
-gaps = [float(g) for g in sys.argv[3].split(",")]
-def connect():
-    c = http.client.HTTPConnection(host, port, timeout=5)
-    c.connect()
-    return c
-def get(c):
-    c.request("GET", "/")
-    r = c.getresponse()
-    r.read()
-    return r.status
-c = connect()
-get(c)
-last = time.monotonic()
-for g in gaps:
-    time.sleep(max(0.0, last + g - time.monotonic()))
-    t = time.monotonic()
-    rec = {"gap": g, "idle": t - last, "local": c.sock.getsockname()[:2]}
-    try:
-        get(c)
-        rec["result"] = "ok"
-    except http.client.RemoteDisconnected:
-        rec["result"] = "eof"
-    except (ConnectionResetError, BrokenPipeError):
-        rec["result"] = "reset"
-    print(json.dumps(rec), flush=True)
-    if rec["result"] != "ok":
-        c.close()
-        c = connect()
-        get(c)
-    last = time.monotonic()
-"#;
 
 #[test]
 #[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
@@ -100,7 +66,7 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let daemon = Daemon::start(&["--min-idle", "400ms"])?;
-    let client = script(HTTP_CLIENT)?;
+    let client = script(HTTP_RECONNECTING)?;
     let out = topo
         .ns
         .exec(topo.client, &format!("python3 {} {} 8080 0.5,1,1.5,2.5,3.5", client.display(), topo.server_v4))?;
@@ -157,8 +123,8 @@ fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
     let _srv =
         start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
     let daemon = Daemon::start(&[])?;
-    let client = script(ECHO_CLIENT)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 2,4 5", client.display(), topo.server_v4))?;
+    let client = script(RECONNECTING_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 2,4 5 stop", client.display(), topo.server_v4))?;
     let recs = client_records(&out)?;
     ensure!(recs.len() == 2, "client printed {recs:?}");
     assert_eq!(recs[0].result, "ok");
@@ -194,8 +160,8 @@ fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     let _srv =
         start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v6))?;
     let daemon = Daemon::start(&[])?;
-    let client = script(ECHO_CLIENT)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 4 2", client.display(), topo.server_v6))?;
+    let client = script(RECONNECTING_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 4 2 stop", client.display(), topo.server_v6))?;
     let recs = client_records(&out)?;
     ensure!(recs.len() == 1, "client printed {recs:?}");
     assert_eq!(recs[0].result, "timeout", "the client's read timed out");

@@ -99,9 +99,8 @@ fn paced_pingpong(conns: usize, dur: Duration, rate: Option<f64>) -> Result<f64>
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(r) = rate {
                         let due = Duration::from_secs_f64(n as f64 / r);
-                        let now = t0.elapsed();
-                        if due > now {
-                            thread::sleep(due - now);
+                        if let Some(wait) = due.checked_sub(t0.elapsed()) {
+                            thread::sleep(wait);
                         }
                     }
                     s.write_all(&buf)?;
@@ -221,7 +220,7 @@ impl Observer {
         });
         let mut progs = Vec::new();
         let mut http = String::new();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_mins(1);
         loop {
             let line = rx
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
@@ -233,7 +232,7 @@ impl Observer {
                 }
             }
             if let Some(rest) = line.split("serving http://").nth(1) {
-                http = rest.split('/').next().unwrap_or_default().to_owned();
+                rest.split('/').next().unwrap_or_default().clone_into(&mut http);
             }
             if line.contains("observer running") {
                 break;
@@ -324,7 +323,7 @@ impl Bpftrace {
                 let _ = tx.send(line);
             }
         });
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_mins(1);
         loop {
             let line = rx
                 .recv_timeout(deadline.saturating_duration_since(Instant::now()))
@@ -356,7 +355,7 @@ impl Drop for Bpftrace {
     }
 }
 
-/// ns per run of each program (run_time_ns / run_cnt).
+/// ns per run of each program (`run_time_ns / run_cnt`).
 #[allow(clippy::cast_precision_loss, reason = "averages")]
 fn per_run(progs: &[(String, u32)]) -> Result<BTreeMap<String, (f64, u64)>> {
     let all = loaded_progs()?;
@@ -540,7 +539,7 @@ pub fn hold(runs: &[(u16, u16)], per_port: usize) -> Result<()> {
     println!("ready {}", held.len());
     std::io::stdout().flush()?;
     loop {
-        thread::sleep(Duration::from_secs(3600));
+        thread::sleep(Duration::from_hours(1));
     }
 }
 
@@ -579,7 +578,8 @@ fn memory_phase(plan: &Plan) -> Result<Value> {
         ensure!(line.starts_with("ready"), "helper failed: {line}");
         helpers.push(child);
     }
-    thread::sleep(Duration::from_secs(5));
+    // One socket-table refresh (every 5 s) must have run.
+    thread::sleep(Duration::from_secs(6));
     let metrics = o.metrics()?;
     let tracked = metric_sum(&metrics, "observer_tracked_sockets", "");
     let rows: Value = serde_json::from_str(&http_get(&o.http, "/api/v1/destinations")?)?;
@@ -603,8 +603,7 @@ fn memory_phase(plan: &Plan) -> Result<Value> {
     drop(listeners);
     o.stop()?;
     println!(
-        "bench: memory: {tracked} tracked sockets, {destinations} destinations, RSS {} KiB, maps {map_bytes} bytes",
-        rss
+        "bench: memory: {tracked} tracked sockets, {destinations} destinations, RSS {rss} KiB, maps {map_bytes} bytes",
     );
     Ok(json!({
         "connections": ports * plan.memory_per_port, "tracked_sockets": tracked, "destinations": destinations,
@@ -634,6 +633,17 @@ fn machine() -> Value {
         "kernel": sh("uname -r").unwrap_or_default().trim(),
         "date_utc": sh("date -u +%Y-%m-%dT%H:%M:%SZ").unwrap_or_default().trim(),
     })
+}
+
+/// Rewrite `BENCHMARKS.md` from the last `target/bench/results.json`.
+pub fn report_only() -> Result<()> {
+    let root = crate::workspace_root();
+    let results: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("target/bench/results.json"))
+            .context("no target/bench/results.json: run `cargo xtask bench` first")?,
+    )?;
+    std::fs::write(root.join("BENCHMARKS.md"), markdown(&results))?;
+    Ok(())
 }
 
 /// Run everything; with `smoke`, a few seconds of each and no report.
@@ -731,6 +741,7 @@ fn markdown(r: &Value) -> String {
     let pipe = med(&pl["events_per_second_one_core"]);
     let zero_loss = rb["max_zero_loss_events_per_second"].as_f64().unwrap_or(0.0);
     let rss_mib = me["rss_mib"].as_f64().unwrap_or(f64::NAN);
+    let int = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.0}"));
     let mut s = String::new();
     let _ = writeln!(s, "# Benchmarks\n");
     let _ = writeln!(
@@ -765,12 +776,26 @@ fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "| ring buffer: highest rate with zero loss | >= 50,000 events/s | {zero_loss:.0} events/s (highest offered) | {} |", verdict(zero_loss >= 50_000.0));
     let _ = writeln!(
         s,
-        "| daemon RSS with {} tracked sockets, {} destinations | <= 64 MiB | {rss_mib:.1} MiB | {} |",
-        me["tracked_sockets"],
+        "| daemon RSS with {} tracked sockets, {} destination rows | <= 64 MiB | {rss_mib:.1} MiB | {} |",
+        int(&me["tracked_sockets"]),
         me["destinations"],
         verdict(rss_mib <= 64.0)
     );
-    let _ = writeln!(s, "\nA negative loss means the run with observer was faster than the run without: the difference is inside the noise.\n");
+    // Why the hot path costs what it costs: the probes' own run time per
+    // round trip against the CPU time a round trip takes.
+    let g = |k: &str| kc["observer_ns_per_run"][k]["ns"].as_f64().unwrap_or(f64::NAN);
+    let per_rt = 2.0 * g("tcp_sendmsg_locked") + 2.0 * g("sock_recv_length");
+    let rt_none = med(&hp["round_trips_per_second"]["none"]);
+    let cores = m["cores"].as_f64().unwrap_or(1.0);
+    let cpu_per_rt_ns = cores / rt_none * 1e9;
+    let _ = writeln!(
+        s,
+        "\n**What remains of the hot-path target, and why.** Each round trip runs the send probe twice and the receive probe twice: {per_rt:.0} ns of probe time (gross, measured above). With both cores saturated at {rt_none:.0} round trips/s, a round trip costs {cpu_per_rt_ns:.0} ns of CPU, so the probes alone account for {:.1}% of it; that is the floor of this benchmark, which is the worst case (32-byte messages, no work per request, every core busy with nothing but TCP). The net cost per probe ({:.0} ns send, {:.0} ns receive in this run) is a hash-map lookup keyed by the socket plus a timestamp. What was done: raw tracepoints instead of classic ones on the two hot hooks (the bpftrace equivalent on classic tracepoints costs about twice as much per event), no ring-buffer write unless a reuse resolves, no helper calls but the clock on the common path. What is left: socket-local storage (`bpf_sk_storage_get` from `tp_btf`) instead of the hash map would save a further part of each lookup, but it needs BTF maps from aya-ebpf and a different way to list sockets for the at-risk view; that is the next step if the hot path must get under 3% on saturated hosts. With real request sizes and work per request the fixed per-call cost is a smaller share.\n",
+        per_rt / cpu_per_rt_ns * 100.0,
+        send_net,
+        recv_net
+    );
+    let _ = writeln!(s, "A negative loss means the run with observer was faster than the run without: the difference is inside the noise.\n");
     let _ = writeln!(s, "## Method\n\nEvery comparison runs in one invocation, interleaved (the order rotates each round), and is reported as a ratio to the run without probes; absolute numbers on these machines are noisy and are given only beside the ratios, as min / **median** / max over the rounds.\n");
     let _ = writeln!(s, "1. **Hot path**: {} loopback connections, 32-byte messages, ping-pong for {} s per run, {} rounds of (no probes, `observer run`, `bpftrace bench/idle-bookkeeping.bt`). The bpftrace script does the same per-socket bookkeeping on `sock:sock_send_length`/`sock:sock_recv_length` (last send and receive time per socket in maps, a line only on a reuse after 1 s idle).", hp["connections"], hp["seconds_per_run"], plan_rounds(hp));
     let _ = writeln!(s, "2. **Kernel cost per event**: `kernel.bpf_stats_enabled=1`, run_time_ns / run_cnt of each program over a ping-pong run; observer's run also attaches empty programs on the same two hooks (`--bench-empty-probes`), whose figure (the fixed cost of a program plus the stats accounting) is subtracted to give the net cost.");
@@ -795,9 +820,9 @@ fn markdown(r: &Value) -> String {
             for (k, v) in map {
                 let _ = writeln!(
                     s,
-                    "| {} `{k}` | {:.0} | {} |",
+                    "| {} `{k}` | {} | {} |",
                     if who.starts_with("observer") { "observer" } else { "bpftrace" },
-                    v["ns"].as_f64().unwrap_or(f64::NAN),
+                    int(&v["ns"]),
                     v["runs"]
                 );
             }
@@ -819,13 +844,13 @@ fn markdown(r: &Value) -> String {
             l["offered_events_per_second"].as_f64().map_or_else(|| "unpaced".to_owned(), |o| format!("{o:.0}"));
         let _ = writeln!(
             s,
-            "| {offered} | {:.0} | {} | {} |",
-            l["events_per_second"].as_f64().unwrap_or(f64::NAN),
-            l["ring_buffer_lost"],
-            l["store_backlog_dropped"]
+            "| {offered} | {} | {} | {} |",
+            int(&l["events_per_second"]),
+            int(&l["ring_buffer_lost"]),
+            int(&l["store_backlog_dropped"])
         );
     }
-    let _ = writeln!(s, "\n### 6. Memory\n\n| | |\n|---|---|\n| tracked sockets | {} |\n| destinations | {} |\n| daemon RSS before the load | {:.1} MiB |\n| daemon RSS with the load | {rss_mib:.1} MiB |\n| kernel map memory (bytes_memlock) | {:.1} MiB |\n", me["tracked_sockets"], me["destinations"], me["rss_bytes_idle"].as_f64().unwrap_or(0.0) / 1_048_576.0, me["kernel_map_mib"].as_f64().unwrap_or(f64::NAN));
+    let _ = writeln!(s, "\n### 6. Memory\n\n| | |\n|---|---|\n| tracked sockets | {} |\n| destination rows (1000 with their own label, plus `other` per role) | {} |\n| daemon RSS before the load | {:.1} MiB |\n| daemon RSS with the load | {rss_mib:.1} MiB |\n| kernel map memory (bytes_memlock) | {:.1} MiB |\n", int(&me["tracked_sockets"]), me["destinations"], me["rss_bytes_idle"].as_f64().unwrap_or(0.0) / 1_048_576.0, me["kernel_map_mib"].as_f64().unwrap_or(f64::NAN));
     s
 }
 

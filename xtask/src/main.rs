@@ -45,6 +45,9 @@ enum Task {
         /// A few seconds of each measurement, no report (CI).
         #[arg(long)]
         smoke: bool,
+        /// Only rewrite BENCHMARKS.md from target/bench/results.json.
+        #[arg(long)]
+        report_only: bool,
     },
     /// (internal) hold loopback connections for the memory benchmark.
     #[command(hide = true)]
@@ -85,7 +88,8 @@ fn main() -> ExitCode {
         Task::Run { args } => run(&args),
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
-        Task::Bench { smoke } => bench_task(smoke),
+        Task::Bench { report_only: true, .. } => bench::report_only(),
+        Task::Bench { smoke, .. } => bench_task(smoke),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
     };
     match result {
@@ -271,6 +275,10 @@ fn test(args: &[String]) -> Result<()> {
             .args(args)
             .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
     )?;
+    // A few seconds of every benchmark, so it cannot rot (no targets asserted).
+    apt_install(BENCH_PACKAGES)?;
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    bench::run(true).context("benchmark smoke run")?;
     println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -78,25 +78,15 @@ fn node_headers_and_health_check_rules() {
 fn row(dest: &str, lower: f64, upper: Option<f64>, point: Option<f64>) -> DestinationRow {
     let mut agg = crate::aggregate::Aggregator::new(crate::aggregate::Config::default());
     // Build a row through the aggregator, then set the bounds under test.
-    let ev = crate::event::SockEvent {
-        ts_unix_ns: 1,
-        kind: crate::event::EventKind::Reuse,
-        role: crate::event::Role::Client,
-        pid: 1,
-        comm: "c".into(),
-        local: "10.0.0.1:40000".parse().unwrap(),
-        remote: dest.parse().unwrap(),
-        idle_seconds: 1.0,
-        outcome: Some(crate::event::Outcome::Ok),
-        elapsed_seconds: Some(0.0),
-        retransmits: 0,
-        safe_to_retry: false,
-        how: None,
-        request_outstanding: false,
-        peer_closed_first: false,
-        preexisting: false,
-        sock_id: 1,
-    };
+    let mut ev = crate::event::SockEvent::new(
+        1,
+        crate::event::EventKind::Reuse,
+        crate::event::Role::Client,
+        "10.0.0.1:40000".parse().unwrap(),
+        dest.parse().unwrap(),
+        1.0,
+    );
+    ev.outcome = Some(crate::event::Outcome::Ok);
     agg.ingest(&ev);
     let mut r = agg.rows(1).remove(0);
     r.path_idle_timeout_lower_seconds = lower;

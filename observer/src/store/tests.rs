@@ -9,25 +9,20 @@ const S: u64 = 1_000_000_000;
 const T0: u64 = 1_700_000_000 * S;
 
 fn ev(ts: u64, kind: EventKind, idle: f64, outcome: Option<Outcome>) -> SockEvent {
-    SockEvent {
-        ts_unix_ns: ts,
+    let mut e = SockEvent::new(
+        ts,
         kind,
-        role: Role::Client,
-        pid: 9,
-        comm: "java".into(),
-        local: "10.0.0.1:40000".parse().unwrap(),
-        remote: "10.0.0.2:443".parse().unwrap(),
-        idle_seconds: idle,
-        outcome,
-        elapsed_seconds: outcome.map(|_| 0.002),
-        retransmits: 0,
-        safe_to_retry: outcome == Some(Outcome::Eof),
-        how: (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin),
-        request_outstanding: false,
-        peer_closed_first: false,
-        preexisting: false,
-        sock_id: 7,
-    }
+        Role::Client,
+        "10.0.0.1:40000".parse().unwrap(),
+        "10.0.0.2:443".parse().unwrap(),
+        idle,
+    );
+    e.comm = "java".into();
+    e.outcome = outcome;
+    e.elapsed_seconds = outcome.map(|_| 0.002);
+    e.safe_to_retry = outcome == Some(Outcome::Eof);
+    e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+    e
 }
 
 fn scenario() -> Vec<Record> {

@@ -348,39 +348,6 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 "#;
 
-/// An echo client that reuses one connection after each gap:
-/// `python3 ECHO_CLIENT HOST PORT GAPS READ_TIMEOUT`. Prints one JSON line
-/// per reuse with its own idle measurement and the result; after a failure
-/// it stops.
-pub const ECHO_CLIENT: &str = r#"
-import json, socket, sys, time
-host, port = sys.argv[1], int(sys.argv[2])
-gaps = [float(g) for g in sys.argv[3].split(",")]
-timeout = float(sys.argv[4])
-s = socket.create_connection((host, port), timeout=10)
-s.settimeout(timeout)
-s.sendall(b"hello")
-s.recv(100)
-last = time.monotonic()
-for g in gaps:
-    time.sleep(max(0.0, last + g - time.monotonic()))
-    t = time.monotonic()
-    rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2], "remote": s.getpeername()[:2]}
-    try:
-        s.sendall(b"ping")
-        d = s.recv(100)
-        rec["result"] = "ok" if d else "eof"
-    except socket.timeout:
-        rec["result"] = "timeout"
-    except ConnectionResetError:
-        rec["result"] = "reset"
-    last = time.monotonic()
-    print(json.dumps(rec), flush=True)
-    if rec["result"] != "ok":
-        s.close()
-        break
-"#;
-
 /// Start a process in a namespace and wait for it to print `ready` or a
 /// listening socket to appear.
 pub fn start_server(ns: &Netns, i: usize, cmd: &str) -> Result<Killed> {
@@ -427,9 +394,11 @@ pub fn client_records(stdout: &str) -> Result<Vec<ClientReuse>> {
         .collect()
 }
 
-/// An echo client that reuses its connection after each gap and, after a
-/// failure, reconnects (one fresh exchange) and goes on:
-/// `python3 RECONNECTING_CLIENT HOST PORT GAPS READ_TIMEOUT`.
+/// An echo client that reuses its connection after each gap, printing one
+/// JSON line per reuse with its own idle measurement and the result. After a
+/// failure it reconnects (one fresh exchange) and goes on, or stops with a
+/// fifth argument `stop`:
+/// `python3 RECONNECTING_CLIENT HOST PORT GAPS READ_TIMEOUT [stop]`.
 pub const RECONNECTING_CLIENT: &str = r#"
 import json, socket, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
@@ -446,7 +415,7 @@ last = time.monotonic()
 for g in gaps:
     time.sleep(max(0.0, last + g - time.monotonic()))
     t = time.monotonic()
-    rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2]}
+    rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2], "remote": s.getpeername()[:2]}
     try:
         s.sendall(b"ping")
         d = s.recv(100)
@@ -458,6 +427,8 @@ for g in gaps:
     print(json.dumps(rec), flush=True)
     if rec["result"] != "ok":
         s.close()
+        if len(sys.argv) > 5 and sys.argv[5] == "stop":
+            break
         s = connect()
     last = time.monotonic()
 s.close()
@@ -467,7 +438,7 @@ s.close()
 /// retries on a fresh connection after a failure:
 /// `python3 HTTP_RECONNECTING HOST PORT GAPS`.
 pub const HTTP_RECONNECTING: &str = r#"
-import http.client, sys, time
+import http.client, json, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
 gaps = [float(g) for g in sys.argv[3].split(",")]
 def connect():
@@ -483,9 +454,17 @@ get(c)
 last = time.monotonic()
 for g in gaps:
     time.sleep(max(0.0, last + g - time.monotonic()))
+    t = time.monotonic()
+    rec = {"gap": g, "idle": t - last, "local": c.sock.getsockname()[:2]}
     try:
         get(c)
-    except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+        rec["result"] = "ok"
+    except http.client.RemoteDisconnected:
+        rec["result"] = "eof"
+    except (ConnectionResetError, BrokenPipeError):
+        rec["result"] = "reset"
+    print(json.dumps(rec), flush=True)
+    if rec["result"] != "ok":
         c.close()
         c = connect()
         get(c)
