@@ -21,6 +21,10 @@ pub struct PipelineResult {
     pub seconds: f64,
     pub events_per_second: f64,
     pub rows: usize,
+    /// Size of one `/metrics` scrape after the run.
+    pub scrape_bytes: usize,
+    /// Series in that scrape.
+    pub scrape_series: usize,
 }
 
 /// A mix like a busy host's: mostly successful reuses, some failures and
@@ -83,6 +87,16 @@ pub fn pipeline(n: usize, destinations: u32) -> PipelineResult {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
-    let rows = agg.rows(agg.latest_ns()).len();
-    PipelineResult { events: decoded, destinations, seconds, events_per_second: decoded as f64 / seconds, rows }
+    let table = agg.rows(agg.latest_ns());
+    metrics.set_estimates(&table);
+    let scrape = metrics.encode();
+    PipelineResult {
+        events: decoded,
+        destinations,
+        seconds,
+        events_per_second: decoded as f64 / seconds,
+        rows: table.len(),
+        scrape_bytes: scrape.len(),
+        scrape_series: scrape.lines().filter(|l| !l.starts_with('#') && !l.is_empty()).count(),
+    }
 }

@@ -467,6 +467,7 @@ fn churn_phase(plan: &Plan) -> Result<Value> {
 
 fn pipeline_phase(plan: &Plan) -> Result<Value> {
     let mut rates = Vec::new();
+    let mut scrape = Value::Null;
     for _ in 0..plan.rounds.max(3) {
         let out = Command::new(observer_bin())
             .args(["debug", "bench-pipeline", "--events", &plan.pipeline_events.to_string()])
@@ -474,6 +475,7 @@ fn pipeline_phase(plan: &Plan) -> Result<Value> {
         ensure!(out.status.success(), "bench-pipeline: {}", String::from_utf8_lossy(&out.stderr));
         let v: Value = serde_json::from_slice(&out.stdout)?;
         rates.push(v["events_per_second"].as_f64().unwrap_or(f64::NAN));
+        scrape = json!({"bytes": v["scrape_bytes"], "series": v["scrape_series"], "destinations": v["destinations"]});
     }
     println!("bench: pipeline {:.0} events/s (median)", med(&stats(&rates)));
     Ok(
@@ -835,8 +837,11 @@ fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
     let _ = writeln!(
         s,
-        "### 4. Pipeline\n\n{} events/s on one core (min / median / max).\n",
-        mmm(&pl["events_per_second_one_core"], 1.0, "")
+        "### 4. Pipeline\n\n{} events/s on one core (min / median / max).\n\nThe `/metrics` scrape after a run over {} destinations (every destination with ok and failed reuses, peer and local closes): {} series, {} bytes.\n",
+        mmm(&pl["events_per_second_one_core"], 1.0, ""),
+        pl["scrape_after_run"]["destinations"],
+        pl["scrape_after_run"]["series"],
+        pl["scrape_after_run"]["bytes"]
     );
     let _ = writeln!(s, "### 5. Ring buffer (1 MiB)\n\n| offered events/s | delivered events/s | lost (ring buffer full) | not stored (store backlog) |\n|---|---|---|---|");
     for l in rb["levels"].as_array().into_iter().flatten() {
