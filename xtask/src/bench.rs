@@ -479,7 +479,7 @@ fn pipeline_phase(plan: &Plan) -> Result<Value> {
     }
     println!("bench: pipeline {:.0} events/s (median)", med(&stats(&rates)));
     Ok(
-        json!({"events_per_run": plan.pipeline_events, "destinations": 1000, "events_per_second_one_core": stats(&rates)}),
+        json!({"events_per_run": plan.pipeline_events, "destinations": 1000, "events_per_second_one_core": stats(&rates), "scrape_after_run": scrape}),
     )
 }
 
