@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use common::{
-    gaps, script, start_nginx, start_server, Daemon, Topology, ECHO_SERVER, HTTP_RECONNECTING, OBSERVER,
+    gaps, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING, OBSERVER,
     RECONNECTING_CLIENT,
 };
 use observer::{
@@ -161,6 +161,15 @@ fn check_path_observed(daemon: &Daemon, server: &str) -> Result<()> {
     Ok(())
 }
 
+/// Connect, exchange once, then sit idle (a pooled connection nobody uses).
+const IDLE_HOLDER: &str = r#"
+import socket, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+s.sendall(b"hello")
+s.recv(100)
+time.sleep(120)
+"#;
+
 fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode) -> Result<()> {
     let topo = Topology::routed(tag, 3, verdict)?;
     let host = if v6 { topo.server_v6.clone() } else { topo.server_v4.clone() };
@@ -179,6 +188,10 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
         data.to_str().context("path")?,
     ])?;
     let client = script(RECONNECTING_CLIENT)?;
+    // A pooled connection left idle through the whole scenario: it sits idle
+    // past the path timeout, so the live table must count it as at risk.
+    let idle = script(IDLE_HOLDER)?;
+    let _holder = Killed(topo.ns.spawn(topo.client, &format!("python3 {} {host} 9000", idle.display()))?);
     let mut children = Vec::new();
     for g in gaps(t, 4) {
         children.push(topo.ns.spawn(topo.client, &format!("python3 {} {host} 9000 {g} 2", client.display()))?);
@@ -189,6 +202,7 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
     let r = row(&rows, &dest)?;
     summary(tag, t, r);
     check_mismatch(r, t, mode);
+    assert!(r.at_risk_idle_sockets >= 1, "the idle pooled connection is at risk: {r:#?}");
     let other = row(&rows, &dest2)?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
     check_analyze_matches(daemon, &rows, &recording)?;
