@@ -26,6 +26,11 @@ pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::C
 #[map]
 pub static LAST_ERROR: PerCpuArray<LastError> = PerCpuArray::with_max_entries(1, 0);
 
+/// The socket (and when) whose unexplained `CLOSE` awaits an error report on
+/// this CPU: `[sock, ts_ns]`.
+#[map]
+pub static PENDING_CLOSE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+
 /// Minimum idle time before a write counts as a reuse. Set at load time.
 #[no_mangle]
 static MIN_IDLE_NS: u64 = 1_000_000_000;
@@ -110,6 +115,9 @@ pub const EMPTY_STATE: SockState = SockState::ZERO;
 
 /// Internal `SockState::flags` bits (not on the wire).
 pub const ST_PEER_RST: u8 = 0x40;
+/// Reached CLOSE with a reuse pending and no reason yet: the error report
+/// that follows (kernel 6.10+ reports after `tcp_done`) or the destroy decides.
+pub const ST_CLOSE_PENDING: u8 = 0x20;
 pub const ST_LOCAL_CLOSED: u8 = 0x80;
 
 /// State for a socket first seen after it was established: read its

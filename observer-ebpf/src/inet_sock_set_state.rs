@@ -7,15 +7,12 @@ use observer_common::{flags, how, kind, outcome, role, tcp_state as S, IPPROTO_T
 
 use crate::common::{
     adopt, emit, last_activity, min_idle_ns, now, read_tuple, resolve_on_end, resolve_reuse, TupleOffsets, EMPTY_STATE,
-    LAST_ERROR, SOCKS, ST_LOCAL_CLOSED, ST_PEER_RST,
+    LAST_ERROR, PENDING_CLOSE, SOCKS, ST_CLOSE_PENDING, ST_LOCAL_CLOSED, ST_PEER_RST,
 };
 use observer_common::counter;
 
 const OFF: TupleOffsets =
     TupleOffsets { sport: 24, dport: 26, family: 28, saddr: 32, daddr: 36, saddr_v6: 40, daddr_v6: 56 };
-
-/// `ETIMEDOUT`.
-const ETIMEDOUT: i32 = 110;
 
 #[tracepoint(category = "sock", name = "inet_sock_set_state")]
 pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
@@ -134,23 +131,33 @@ fn closed(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
         }
         &mut fallback
     };
+    let mut keep = false;
     if (old == S::ESTABLISHED || old == S::CLOSE_WAIT) && st.flags & (ST_PEER_RST | ST_LOCAL_CLOSED) == 0 {
         // Not a reset and not a FIN-first close: either the kernel gave up
-        // (ETIMEDOUT reported just before on this CPU) or a local abort.
+        // (its error report came just before on this CPU on kernels before
+        // 6.10, or comes right after from 6.10 on) or a local abort.
         let timed_out = LAST_ERROR.get(0).is_some_and(|le| {
-            le.error == ETIMEDOUT
-                && le.sport == st.sport
-                && le.dport == st.dport
-                && now.saturating_sub(le.ts_ns) < 1_000_000
+            le.error != 0 && le.sport == st.sport && le.dport == st.dport && now.saturating_sub(le.ts_ns) < 1_000_000
         });
         if timed_out {
             st.flags |= ST_LOCAL_CLOSED;
             resolve_on_end(sk, st, now, how::TIMEOUT);
+        } else if st.reuse_ns != 0 {
+            // Let the error report (or the destroy) tell how this ended;
+            // the entry stays until the socket is destroyed.
+            st.flags |= ST_CLOSE_PENDING;
+            if let Some(slot) = PENDING_CLOSE.get_ptr_mut(0) {
+                // SAFETY: per-CPU slot.
+                unsafe { *slot = [sk, now] };
+            }
+            keep = true;
         } else {
             local_close(ctx, sk, now, how::LOCAL_CLOSE);
         }
     }
     let role = st.role;
     emit(sk, st, kind::CLOSED, now, |e| e.role = role);
-    let _ = SOCKS.remove(sk);
+    if !keep {
+        let _ = SOCKS.remove(sk);
+    }
 }

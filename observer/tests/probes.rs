@@ -343,3 +343,38 @@ for _ in range(300):
     eprintln!("MEASURED overload: {lost_line}");
     Ok(())
 }
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result<()> {
+    let topo = Topology::routed("etime", 3, "drop")?;
+    // The client's kernel gives up after 3 retransmits (about 1.5-3 s)
+    // instead of ~15 minutes: ETIMEDOUT ends the stall before the client's
+    // own 20 s read timeout would.
+    topo.ns.exec(topo.client, "sysctl -qw net.ipv4.tcp_retries2=3")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(RECONNECTING_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 4 20 stop", client.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 1, "client printed {recs:?}");
+    assert_ne!(recs[0].result, "ok", "the kernel gave up on the connection");
+    let local = recs[0].local_addr();
+    let events = daemon.wait_for("the stall", Duration::from_secs(5), |evs| !reuses_from(evs, local).is_empty())?;
+    let (stall, err) = matching(&events, &recs[0])?;
+    assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
+    assert_eq!(stall.how, Some(How::Timeout), "ended by ETIMEDOUT: {stall:?}");
+    assert!(stall.retransmits >= 3, "{stall:?}");
+    assert!(err < 0.020, "idle-age error {err}");
+    eprintln!(
+        "MEASURED etimedout: stall idle {:.3} s, {} retransmits, ended by {:?} after {:.3} s; client saw {}",
+        stall.idle_seconds,
+        stall.retransmits,
+        stall.how,
+        stall.elapsed_seconds.unwrap_or_default(),
+        recs[0].result
+    );
+    Ok(())
+}
