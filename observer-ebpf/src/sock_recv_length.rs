@@ -11,14 +11,16 @@ use crate::common::{now, resolve_reuse, stall_after_ns, SOCKS};
 
 #[raw_tracepoint(tracepoint = "sock_recv_length")]
 pub fn sock_recv_length(ctx: RawTracePointContext) -> i32 {
-    let sk: u64 = ctx.arg(0);
-    let Some(p) = SOCKS.get_ptr_mut(sk) else { return 0 };
     // `ret` is an int; the raw argument carries it in the low 32 bits.
+    // Errors (EAGAIN from non-blocking reads above all) leave before the
+    // map lookup.
     let raw: u64 = ctx.arg(1);
     let ret = (raw as u32).cast_signed();
     if ret < 0 {
         return 0;
     }
+    let sk: u64 = ctx.arg(0);
+    let Some(p) = SOCKS.get_ptr_mut(sk) else { return 0 };
     let now = now();
     // SAFETY: pointer from a successful map lookup.
     let st = unsafe { &mut *p };
