@@ -2,9 +2,9 @@
 //! pending reuse that never saw an outcome and frees the socket's map entry.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use observer_common::how;
+use observer_common::{flags, how, kind};
 
-use crate::common::{now, resolve_on_end, SOCKS, ST_CLOSE_PENDING};
+use crate::common::{emit, now, resolve_on_end, SOCKS, ST_CLOSE_PENDING};
 
 #[tracepoint(category = "tcp", name = "tcp_destroy_sock")]
 pub fn tcp_destroy_sock(ctx: TracePointContext) -> u32 {
@@ -13,9 +13,15 @@ pub fn tcp_destroy_sock(ctx: TracePointContext) -> u32 {
     if let Some(p) = SOCKS.get_ptr_mut(sk) {
         // SAFETY: pointer from a successful map lookup.
         let st = unsafe { &mut *p };
-        // A CLOSE nobody explained (no error report followed) was a local abort.
-        let ended = if st.flags & ST_CLOSE_PENDING != 0 { how::LOCAL_CLOSE } else { how::DESTROYED };
-        resolve_on_end(sk, st, now(), ended);
+        let now = now();
+        if st.flags & ST_CLOSE_PENDING != 0 {
+            // A CLOSE nobody explained (no error report followed) was a
+            // local abort (SO_LINGER 0, or close with unread data).
+            resolve_on_end(sk, st, now, how::LOCAL_CLOSE);
+            emit(sk, st, kind::LOCAL_CLOSE, now, |e| e.flags |= flags::REQUEST_OUTSTANDING);
+        } else {
+            resolve_on_end(sk, st, now, how::DESTROYED);
+        }
         let _ = SOCKS.remove(sk);
     }
     0

@@ -378,3 +378,52 @@ fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result
     );
     Ok(())
 }
+
+const ABORTING_CLIENT: &str = r#"
+import json, select, socket, struct, sys, time
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+for _ in range(20):
+    s.sendall(b"hello")
+    s.recv(100)
+last = time.monotonic()
+time.sleep(4)
+t = time.monotonic()
+s.sendall(b"ping")
+ready, _, _ = select.select([s], [], [], 1.5)
+rec = {"gap": 4, "idle": t - last, "local": s.getsockname()[:2], "result": "ok" if ready else "timeout"}
+# Give up the hard way: SO_LINGER 0 turns close() into an abort (RST).
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+s.close()
+print(json.dumps(rec), flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+fn stall_ended_by_a_local_abort() -> Result<()> {
+    let topo = Topology::routed("abort", 3, "drop")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ABORTING_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 1 && recs[0].result == "timeout", "client printed {recs:?}");
+    let local = recs[0].local_addr();
+    let events = daemon.wait_for("the stall and the abort", Duration::from_secs(5), |evs| {
+        !reuses_from(evs, local).is_empty() && evs.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local)
+    })?;
+    let (stall, err) = matching(&events, &recs[0])?;
+    assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
+    assert_eq!(stall.how, Some(How::LocalClose), "{stall:?}");
+    assert!(stall.retransmits >= 1 && err < 0.020, "{stall:?}");
+    let close = events.iter().find(|e| e.kind == EventKind::LocalClose && e.local == local).context("local close")?;
+    assert!(close.request_outstanding, "{close:?}");
+    eprintln!(
+        "MEASURED abort: stall {} retransmits, ended by {:?} after {:.3} s",
+        stall.retransmits,
+        stall.how,
+        stall.elapsed_seconds.unwrap_or_default()
+    );
+    Ok(())
+}
