@@ -744,6 +744,16 @@ fn markdown(r: &Value) -> String {
     let zero_loss = rb["max_zero_loss_events_per_second"].as_f64().unwrap_or(0.0);
     let rss_mib = me["rss_mib"].as_f64().unwrap_or(f64::NAN);
     let int = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.0}"));
+    // Why the hot path costs what it costs: the probes' own run time per
+    // round trip against the CPU time a round trip takes.
+    let g = |k: &str| kc["observer_ns_per_run"][k]["ns"].as_f64().unwrap_or(f64::NAN);
+    let per_rt = 2.0 * g("tcp_sendmsg_locked") + 2.0 * g("sock_recv_length");
+    let rt_none = med(&hp["round_trips_per_second"]["none"]);
+    let cores = m["cores"].as_f64().unwrap_or(1.0);
+    let cpu_per_rt_ns = cores / rt_none * 1e9;
+    // The measured loss is noisy; the probes' share of a saturated round
+    // trip is the conservative reading, and the headline uses the larger.
+    let hot_floor = per_rt / cpu_per_rt_ns;
     let mut s = String::new();
     let _ = writeln!(s, "# Benchmarks\n");
     let _ = writeln!(
@@ -758,10 +768,11 @@ fn markdown(r: &Value) -> String {
         writeln!(s, "## Headline against the targets\n\n| what | target | measured (median) | |\n|---|---|---|---|");
     let _ = writeln!(
         s,
-        "| hot path: round trips/s lost to observer | <= 3%, and less than bpftrace | {:.1}% (bpftrace: {:.1}%) | {} |",
+        "| hot path: round trips/s lost to observer | <= 3%, and less than bpftrace | {:.1}% measured (bpftrace: {:.1}%); probe time {:.1}% of a saturated round trip | {} |",
         hot_cost * 100.0,
         bt_cost * 100.0,
-        verdict(hot_cost <= 0.03 && hot_cost < bt_cost)
+        hot_floor * 100.0,
+        verdict(hot_cost.max(hot_floor) <= 0.03 && hot_cost < bt_cost)
     );
     let _ = writeln!(s, "| kernel cost per send / receive probe, net of an empty program | <= 100 ns | {send_net:.0} ns / {recv_net:.0} ns | {} |", verdict(send_net <= 100.0 && recv_net <= 100.0));
     let _ = writeln!(
@@ -783,19 +794,12 @@ fn markdown(r: &Value) -> String {
         me["destinations"],
         verdict(rss_mib <= 64.0)
     );
-    // Why the hot path costs what it costs: the probes' own run time per
-    // round trip against the CPU time a round trip takes.
-    let g = |k: &str| kc["observer_ns_per_run"][k]["ns"].as_f64().unwrap_or(f64::NAN);
-    let per_rt = 2.0 * g("tcp_sendmsg_locked") + 2.0 * g("sock_recv_length");
-    let rt_none = med(&hp["round_trips_per_second"]["none"]);
-    let cores = m["cores"].as_f64().unwrap_or(1.0);
-    let cpu_per_rt_ns = cores / rt_none * 1e9;
     let _ = writeln!(
         s,
-        "\n**How close the hot path is to its target, and why.** The ratio is noisy on these machines (this run: {:.3} to {:.3} over the rounds), so read the median beside the probes' own cost. Each round trip runs the send probe twice and the receive probe twice: {per_rt:.0} ns of probe time (gross, measured above). If both cores were saturated at {rt_none:.0} round trips/s, a round trip would cost {cpu_per_rt_ns:.0} ns of CPU and the probes {:.1}% of it; the measured loss is lower when the load leaves CPU idle between round trips, and higher when it does not. This is the worst case (32-byte messages, no work per request, every core busy with nothing but TCP). The net cost per probe ({:.0} ns send, {:.0} ns receive in this run) is a hash-map lookup keyed by the socket plus a timestamp. What was done: raw tracepoints instead of classic ones on the two hot hooks (the bpftrace equivalent on classic tracepoints costs about twice as much per event), no ring-buffer write unless a reuse resolves, no helper calls but the clock on the common path. What is left: socket-local storage (`bpf_sk_storage_get` from `tp_btf`) instead of the hash map would save a further part of each lookup, but it needs BTF maps from aya-ebpf and a different way to list sockets for the at-risk view; that is the next step if the hot path must stay under 3% on saturated hosts. With real request sizes and work per request the fixed per-call cost is a smaller share.\n",
+        "\n**How close the hot path is to its target, and why.** The ratio is noisy on these machines (this run: {:.3} to {:.3} over the rounds), so the headline judges the larger of the measured loss and the probes' own share of a saturated round trip. Each round trip runs the send probe twice and the receive probe twice: {per_rt:.0} ns of probe time (gross, measured above). If both cores were saturated at {rt_none:.0} round trips/s, a round trip would cost {cpu_per_rt_ns:.0} ns of CPU and the probes {:.1}% of it (the figure the headline uses when it is the larger); the measured loss is lower when the load leaves CPU idle between round trips, and higher when it does not. This is the worst case (32-byte messages, no work per request, every core busy with nothing but TCP). The net cost per probe ({:.0} ns send, {:.0} ns receive in this run) is a hash-map lookup keyed by the socket plus a timestamp. What was done: raw tracepoints instead of classic ones on the two hot hooks (the bpftrace equivalent on classic tracepoints costs about twice as much per event), no ring-buffer write unless a reuse resolves, no helper calls but the clock on the common path. What is left: socket-local storage (`bpf_sk_storage_get` from `tp_btf`) instead of the hash map would save a further part of each lookup, but it needs BTF maps from aya-ebpf and a different way to list sockets for the at-risk view; that is the next step if the hot path must stay under 3% on saturated hosts. With real request sizes and work per request the fixed per-call cost is a smaller share.\n",
         hp["ratio_observer_to_none"]["min"].as_f64().unwrap_or(f64::NAN),
         hp["ratio_observer_to_none"]["max"].as_f64().unwrap_or(f64::NAN),
-        per_rt / cpu_per_rt_ns * 100.0,
+        hot_floor * 100.0,
         send_net,
         recv_net
     );
