@@ -104,7 +104,7 @@ pub mod counter {
     /// A reuse was superseded by a later one before any outcome was seen.
     pub const REUSE_UNRESOLVED: u32 = 2;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 3;
 }
 
 /// Names of the load-time globals in the eBPF object.
@@ -120,7 +120,6 @@ pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const SOCKS: &str = "SOCKS";
     pub const COUNTERS: &str = "COUNTERS";
-    pub const LAST_ERROR: &str = "LAST_ERROR";
 }
 
 /// One event sent from the kernel to userspace through the ring buffer.

@@ -111,8 +111,6 @@ pub fn read_tuple(ctx: &TracePointContext, off: &TupleOffsets, st: &mut SockStat
     }
 }
 
-pub const EMPTY_STATE: SockState = SockState::ZERO;
-
 /// Internal `SockState::flags` bits (not on the wire).
 pub const ST_PEER_RST: u8 = 0x40;
 /// Reached CLOSE with a reuse pending and no reason yet: the error report
@@ -120,14 +118,29 @@ pub const ST_PEER_RST: u8 = 0x40;
 pub const ST_CLOSE_PENDING: u8 = 0x20;
 pub const ST_LOCAL_CLOSED: u8 = 0x80;
 
-/// State for a socket first seen after it was established: read its
-/// addresses from `struct sock_common` (only on first sight, not per send).
+/// Start tracking a socket first seen after it was established. A racing
+/// insert is fine (its entry is used); a full table is counted, once per
+/// refused insert.
 #[inline(always)]
-pub fn adopt(sk: u64, family: u16, now: u64) -> Option<*mut SockState> {
+pub fn track(sk: u64, st: &SockState) -> Option<*mut SockState> {
+    if SOCKS.insert(sk, st, 1 /* BPF_NOEXIST */).is_err() {
+        if let Some(p) = SOCKS.get_ptr_mut(sk) {
+            return Some(p);
+        }
+        count(counter::MAP_FULL);
+        return None;
+    }
+    SOCKS.get_ptr_mut(sk)
+}
+
+/// Track a socket first seen on a hook without addresses: read them from
+/// `struct sock_common` (only on first sight, not per send).
+#[inline(always)]
+pub fn adopt(sk: u64, family: u16) -> Option<*mut SockState> {
     if family != AF_INET && family != AF_INET6 {
         return None;
     }
-    let mut st = EMPTY_STATE;
+    let mut st = SockState::ZERO;
     st.family = family;
     st.flags = flags::PREEXISTING;
     let base = sk as *const u8;
@@ -150,16 +163,7 @@ pub fn adopt(sk: u64, family: u16, now: u64) -> Option<*mut SockState> {
         st.dport = u16::from_be_bytes([ports[0], ports[1]]);
         st.sport = u16::from_ne_bytes([ports[2], ports[3]]);
     }
-    let _ = now;
-    if SOCKS.insert(sk, st, 1 /* BPF_NOEXIST */).is_err() {
-        // Either a racing insert (fine, use it) or a full map (counted).
-        if let Some(p) = SOCKS.get_ptr_mut(sk) {
-            return Some(p);
-        }
-        count(counter::MAP_FULL);
-        return None;
-    }
-    SOCKS.get_ptr_mut(sk)
+    track(sk, &st)
 }
 
 /// `skc_family` of a socket (offset 16 in `struct sock_common`, stable).

@@ -3,13 +3,12 @@
 //! `CLOSE`. The record carries the 4-tuple, so no struct reads are needed.
 
 use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use observer_common::{flags, how, kind, outcome, role, tcp_state as S, IPPROTO_TCP};
+use observer_common::{counter, flags, how, kind, outcome, role, tcp_state as S, SockState, IPPROTO_TCP};
 
 use crate::common::{
-    adopt, emit, last_activity, min_idle_ns, now, read_tuple, resolve_on_end, resolve_reuse, TupleOffsets, EMPTY_STATE,
-    LAST_ERROR, PENDING_CLOSE, SOCKS, ST_CLOSE_PENDING, ST_LOCAL_CLOSED, ST_PEER_RST,
+    emit, last_activity, min_idle_ns, now, read_tuple, resolve_on_end, resolve_reuse, track, TupleOffsets, LAST_ERROR,
+    PENDING_CLOSE, SOCKS, ST_CLOSE_PENDING, ST_LOCAL_CLOSED, ST_PEER_RST,
 };
-use observer_common::counter;
 
 const OFF: TupleOffsets =
     TupleOffsets { sport: 24, dport: 26, family: 28, saddr: 32, daddr: 36, saddr_v6: 40, daddr_v6: 56 };
@@ -42,7 +41,7 @@ pub fn inet_sock_set_state(ctx: TracePointContext) -> u32 {
 }
 
 fn established(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
-    let mut st = EMPTY_STATE;
+    let mut st = SockState::ZERO;
     if !read_tuple(ctx, &OFF, &mut st) {
         return;
     }
@@ -56,26 +55,21 @@ fn established(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
     emit(sk, &st, kind::ESTABLISHED, now, |e| e.idle_ns = 0);
 }
 
-fn state_for(ctx: &TracePointContext, sk: u64, now: u64) -> Option<*mut observer_common::SockState> {
+fn state_for(ctx: &TracePointContext, sk: u64) -> Option<*mut SockState> {
     if let Some(p) = SOCKS.get_ptr_mut(sk) {
         return Some(p);
     }
-    let mut t = EMPTY_STATE;
-    if !read_tuple(ctx, &OFF, &mut t) {
+    // The record carries the addresses: no struct reads needed.
+    let mut st = SockState::ZERO;
+    if !read_tuple(ctx, &OFF, &mut st) {
         return None;
     }
-    let p = adopt(sk, t.family, now)?;
-    // SAFETY: pointer from a successful map lookup.
-    let st = unsafe { &mut *p };
-    st.saddr = t.saddr;
-    st.daddr = t.daddr;
-    st.sport = t.sport;
-    st.dport = t.dport;
-    Some(p)
+    st.flags = flags::PREEXISTING;
+    track(sk, &st)
 }
 
 fn peer_fin(ctx: &TracePointContext, sk: u64, now: u64) {
-    let Some(p) = state_for(ctx, sk, now) else {
+    let Some(p) = state_for(ctx, sk) else {
         return;
     };
     // SAFETY: pointer from a successful map lookup.
@@ -92,7 +86,7 @@ fn peer_fin(ctx: &TracePointContext, sk: u64, now: u64) {
 }
 
 fn local_close(ctx: &TracePointContext, sk: u64, now: u64, ended: u8) {
-    let Some(p) = state_for(ctx, sk, now) else {
+    let Some(p) = state_for(ctx, sk) else {
         return;
     };
     // SAFETY: pointer from a successful map lookup.
@@ -121,8 +115,8 @@ fn closed(ctx: &TracePointContext, sk: u64, old: i32, now: u64) {
     if old == S::LISTEN || old == S::SYN_SENT || old == S::SYN_RECV {
         return;
     }
-    let mut fallback = EMPTY_STATE;
-    let st: &mut observer_common::SockState = if let Some(p) = SOCKS.get_ptr_mut(sk) {
+    let mut fallback = SockState::ZERO;
+    let st: &mut SockState = if let Some(p) = SOCKS.get_ptr_mut(sk) {
         // SAFETY: pointer from a successful map lookup.
         unsafe { &mut *p }
     } else {

@@ -23,7 +23,7 @@ pub fn tcp_sendmsg_locked(ctx: RawTracePointContext) -> i32 {
         p
     } else {
         // A socket established before the probes attached.
-        match adopt(sk, sk_family(sk), now) {
+        match adopt(sk, sk_family(sk)) {
             Some(p) => p,
             None => return 0,
         }

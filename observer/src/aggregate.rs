@@ -179,7 +179,6 @@ struct DestState {
     changes: VecDeque<Change>,
     first_failure_ns: Option<u64>,
     last_failure_ns: Option<u64>,
-    dropped: u64,
     at_risk: u64,
     /// The interval of the current epoch as of `since_cache` observations ago.
     cached: Option<Interval>,
@@ -387,9 +386,7 @@ impl Aggregator {
                 reuse: false,
                 peer_close: true,
             },
-            // Only a close of an idle socket by our side, on its own
-            // initiative, shows the pool's idle timeout.
-            EventKind::LocalClose if !ev.request_outstanding && !ev.peer_closed_first => Obs {
+            EventKind::LocalClose if ev.is_pool_idle_close() => Obs {
                 ts_ns: ev.ts_unix_ns,
                 idle: ev.idle_seconds,
                 kind: Kind::LocalClose,
@@ -418,7 +415,6 @@ impl Aggregator {
         st.since_cache += 1;
         while st.obs.len() > MAX_EVIDENCE_PER_DESTINATION {
             st.obs.pop_front();
-            st.dropped += 1;
         }
         while st.obs.front().is_some_and(|o| o.ts_ns + window < now) {
             st.obs.pop_front();

@@ -165,18 +165,7 @@ fn parse_size64(s: &str) -> Result<u64, String> {
 }
 
 fn parse_size(s: &str) -> Result<u32, String> {
-    let (num, mult) = match s.strip_suffix("KiB").or_else(|| s.strip_suffix('K')) {
-        Some(n) => (n, 1024),
-        None => match s.strip_suffix("MiB").or_else(|| s.strip_suffix('M')) {
-            Some(n) => (n, 1024 * 1024),
-            None => (s, 1),
-        },
-    };
-    num.trim()
-        .parse::<u32>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("`{s}` is not a size; write it like 4096, 256KiB or 1MiB"))
+    parse_size64(s).and_then(|n| u32::try_from(n).map_err(|_| format!("`{s}` is too large; at most 4GiB")))
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -285,6 +285,7 @@ fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metri
         Ok(now) => {
             metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
             metrics.lost(metrics::reason::SOCKET_TABLE_FULL, now.map_full.saturating_sub(reported.map_full));
+            metrics.reuses_unresolved(now.reuse_unresolved.saturating_sub(reported.reuse_unresolved));
             if now.ringbuf_full > reported.ringbuf_full {
                 warn!(
                     "lost {} events because the ring buffer was full ({} in total); raise --ring-buffer",
@@ -294,7 +295,7 @@ fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metri
             }
             if now.map_full > reported.map_full {
                 warn!(
-                    "{} sockets went untracked because the socket table was full ({} in total); raise --max-sockets",
+                    "{} times a socket could not be tracked because the socket table was full ({} in total); raise --max-sockets",
                     now.map_full - reported.map_full,
                     now.map_full
                 );

@@ -365,6 +365,14 @@ impl SockEvent {
         }
     }
 
+    /// A local close that shows the pool's own idle timeout: our side closed
+    /// an idle socket on its own initiative (nothing outstanding, the peer
+    /// had not closed first).
+    #[must_use]
+    pub const fn is_pool_idle_close(&self) -> bool {
+        matches!(self.kind, EventKind::LocalClose) && !self.request_outstanding && !self.peer_closed_first
+    }
+
     /// Wall-clock time of the event.
     #[must_use]
     pub fn time(&self) -> SystemTime {

@@ -96,6 +96,7 @@ pub struct Metrics {
     at_risk: Family<DestLabels, Gauge>,
     events: Family<KindLabels, Counter>,
     lost: Family<ReasonLabels, Counter>,
+    unresolved: Counter,
     tracked: Gauge,
 }
 
@@ -120,6 +121,7 @@ impl Metrics {
             at_risk: Family::default(),
             events: Family::default(),
             lost: Family::default(),
+            unresolved: Counter::default(),
             tracked: Gauge::default(),
             registry: Registry::default(),
         };
@@ -171,6 +173,11 @@ impl Metrics {
         );
         registry.register("observer_events", "Events received from the kernel, by kind", m.events.clone());
         registry.register("observer_events_lost", "Events or sockets lost, by reason", m.lost.clone());
+        registry.register(
+            "observer_reuses_unresolved",
+            "Reuses that ended without an outcome (a one-way write, or a close before any response or retransmit)",
+            m.unresolved.clone(),
+        );
         registry.register("observer_tracked_sockets", "Sockets in the kernel's socket table", m.tracked.clone());
         for r in reason::ALL {
             let _ = m.lost.get_or_create(&ReasonLabels { reason: (*r).to_owned() });
@@ -198,7 +205,7 @@ impl Metrics {
                 let how = ev.how.map_or("fin", |h| h.as_str()).to_owned();
                 self.peer_idle_close.get_or_create(&PeerLabels { destination, role, how }).observe(ev.idle_seconds);
             }
-            EventKind::LocalClose if !ev.request_outstanding && !ev.peer_closed_first => {
+            EventKind::LocalClose if ev.is_pool_idle_close() => {
                 self.local_idle_close.get_or_create(&DestLabels { destination, role }).observe(ev.idle_seconds);
             }
             _ => {}
@@ -210,6 +217,11 @@ impl Metrics {
         if n > 0 {
             self.lost.get_or_create(&ReasonLabels { reason: reason.to_owned() }).inc_by(n);
         }
+    }
+
+    /// Add to the unresolved-reuse counter (deltas of the kernel's counter).
+    pub fn reuses_unresolved(&self, n: u64) {
+        self.unresolved.inc_by(n);
     }
 
     pub fn set_tracked_sockets(&self, n: usize) {
@@ -316,6 +328,7 @@ mod tests {
         }
         feed(&m, &mut agg, &ev(EventKind::Established, 0.0, None, d));
         m.lost(reason::RING_BUFFER_FULL, 3);
+        m.reuses_unresolved(2);
         m.set_tracked_sockets(42);
         m.set_estimates(&agg.rows(agg.latest_ns()));
         let text = m.encode();
@@ -340,6 +353,7 @@ mod tests {
             r#"observer_events_lost_total{reason="ring_buffer_full"} 3"#,
             r#"observer_events_lost_total{reason="socket_table_full"} 0"#,
             "observer_tracked_sockets 42",
+            "observer_reuses_unresolved_total 2",
         ] {
             assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
         }

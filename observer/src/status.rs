@@ -60,6 +60,30 @@ fn path_cell(r: &DestinationRow) -> String {
     }
 }
 
+/// Left-aligned columns, two spaces apart, header first.
+pub(crate) fn columns<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |items: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (item, w) in items.zip(&widths) {
+            let _ = write!(l, "{item:<w$}  ");
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
 /// The human table.
 #[must_use]
 pub fn render_table(rows: &[DestinationRow]) -> String {
@@ -92,25 +116,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
             ]
         })
         .collect();
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in &cells {
-        for (w, c) in widths.iter_mut().zip(row) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = String::new();
-    let line = |out: &mut String, items: &mut dyn Iterator<Item = &str>| {
-        let mut l = String::new();
-        for (item, w) in items.zip(&widths) {
-            let _ = write!(l, "{item:<w$}  ");
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    };
-    line(&mut out, &mut header.iter().copied());
-    for row in &cells {
-        line(&mut out, &mut row.iter().map(String::as_str));
-    }
+    let mut out = columns(&header, &cells);
     if rows.is_empty() {
         out.push_str("(no destinations with evidence yet)\n");
     }

@@ -18,8 +18,6 @@ use common::{
 };
 use observer::event::{EventKind, How, Outcome, Role, SockEvent};
 
-const ROOT: &str = "needs root and a 6.3+ kernel: run `cargo xtask test`";
-
 fn reuses_from(events: &[SockEvent], local: SocketAddr) -> Vec<SockEvent> {
     events.iter().filter(|e| e.kind == EventKind::Reuse && e.local == local).cloned().collect()
 }
@@ -38,7 +36,6 @@ fn matching(events: &[SockEvent], rec: &ClientReuse) -> Result<(SockEvent, f64)>
 #[test]
 #[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
 fn fin_nginx_keepalive_timeout() -> Result<()> {
-    let _ = ROOT;
     let topo = Topology::pair("fin")?;
     let dir = tempfile::tempdir()?;
     let conf = dir.path().join("nginx.conf");

@@ -432,21 +432,7 @@ pub fn render(report: &Report) -> String {
         })
         .collect();
     let header = ["HOP (client first)", "KIND", "IDLE TIMEOUT (must rise)", "DEADLINE (must fall)"];
-    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for r in &rows {
-        for (w, c) in w.iter_mut().zip(r) {
-            *w = (*w).max(c.len());
-        }
-    }
-    let mut out = String::new();
-    for r in std::iter::once(header.map(str::to_owned)).chain(rows) {
-        let mut l = String::new();
-        for (c, w) in r.iter().zip(&w) {
-            let _ = write!(l, "{c:<w$}  ");
-        }
-        out.push_str(l.trim_end());
-        out.push('\n');
-    }
+    let mut out = crate::status::columns(&header, &rows);
     out.push('\n');
     if report.violations.is_empty() {
         out.push_str("both staircases hold: no violations\n");
