@@ -34,12 +34,20 @@ pub mod kind {
     pub const ESTABLISHED: u8 = 1;
     /// A TCP connection reached CLOSE.
     pub const CLOSED: u8 = 2;
-    /// The outcome of a reuse (first write after idle) is known.
+    /// The outcome of a reuse (first request after idle) is known.
     pub const REUSE: u8 = 3;
     /// The peer sent FIN or RST while the socket was idle with nothing outstanding.
     pub const PEER_CLOSE: u8 = 4;
     /// The local process closed a socket that had been idle.
     pub const LOCAL_CLOSE: u8 = 5;
+    /// The peer closed or reset after it had received (acknowledged) a
+    /// request and before any response byte: the peer's request deadline.
+    pub const REQUEST_ABORTED: u8 = 6;
+    /// We closed with a request outstanding: our own request deadline.
+    pub const REQUEST_TIMEOUT: u8 = 7;
+    /// Server side: a client wrote on a connection we had already closed
+    /// idle, and the kernel answered with an RST.
+    pub const LATE_REUSE: u8 = 8;
 }
 
 /// Role of a socket. Values are part of the wire format.
@@ -55,24 +63,26 @@ pub mod role {
 /// Outcome of a reuse. Values are part of the wire format.
 pub mod outcome {
     pub const NONE: u8 = 0;
-    /// Response payload arrived after the write.
+    /// A response byte arrived after the reuse write.
     pub const OK: u8 = 1;
-    /// The peer's FIN arrived and no response payload came.
+    /// The peer's FIN arrived before any response byte.
     pub const EOF: u8 = 2;
-    /// An RST arrived after the write, before any response payload.
+    /// An RST arrived before any response byte.
     pub const RESET: u8 = 3;
-    /// The write was retransmitted with no response within `stall_after`.
+    /// The reuse's bytes were retransmitted and still unacknowledged
+    /// after `stall_after` when the socket ended.
     pub const STALL: u8 = 4;
 }
 
-/// How a stall ended, or how a peer closed. Values are part of the wire format.
+/// How a stall ended, how a peer closed, or how an `ok` reuse ended.
+/// Values are part of the wire format.
 pub mod how {
     pub const NONE: u8 = 0;
     /// Peer close by FIN.
     pub const FIN: u8 = 1;
     /// Peer close by RST.
     pub const RST: u8 = 2;
-    /// Stall ended by a response after all.
+    /// (Kept for old recordings: a stall ended by a late response.)
     pub const RESPONSE: u8 = 3;
     /// Stall ended by the local process closing the socket.
     pub const LOCAL_CLOSE: u8 = 4;
@@ -80,6 +90,8 @@ pub mod how {
     pub const TIMEOUT: u8 = 5;
     /// Stall ended because the socket was destroyed some other way.
     pub const DESTROYED: u8 = 6;
+    /// `ok`: the response arrived and the peer's FIN or RST followed it.
+    pub const CLOSED_AFTER_RESPONSE: u8 = 7;
 }
 
 /// Bits of [`Event::flags`].
@@ -93,34 +105,92 @@ pub mod flags {
     pub const PEER_CLOSED_FIRST: u8 = 4;
     /// The socket's state was first seen after it was established.
     pub const PREEXISTING: u8 = 8;
+    /// The socket has TCP keep-alive enabled (`SO_KEEPALIVE`).
+    pub const KEEPALIVE: u8 = 16;
+    /// A small control write (TLS `close_notify`, GOAWAY) came just before
+    /// this close and was taken as part of it, not as a request.
+    pub const CONTROL_WRITE: u8 = 32;
+    /// The request this event is about was a reuse (first after idle).
+    pub const REUSE: u8 = 64;
 }
 
 /// Indices into the `COUNTERS` per-CPU array.
 pub mod counter {
     /// `bpf_ringbuf_reserve` failed: the event was lost.
     pub const RINGBUF_FULL: u32 = 0;
-    /// The per-socket map was full: a socket went untracked.
+    /// Socket-local storage could not be created (kernel memory).
     pub const MAP_FULL: u32 = 1;
-    /// A reuse was superseded by a later one before any outcome was seen.
+    /// A reuse ended with no outcome: unanswered within the bound, a
+    /// one-way writer, or the socket ended without a verdict.
     pub const REUSE_UNRESOLVED: u32 = 2;
     /// Number of counters.
     pub const COUNT: u32 = 3;
 }
 
-/// Names of the load-time globals in the eBPF object.
+/// Names of the load-time globals in the eBPF object. Every `OFF_*` is a
+/// byte offset (or bit number) resolved from the running kernel's BTF.
 pub mod globals {
     /// `u64`: minimum idle time before a write counts as a reuse.
     pub const MIN_IDLE_NS: &str = "MIN_IDLE_NS";
-    /// `u64`: how long a retransmitted reuse goes unanswered before it is a stall.
+    /// `u64`: how long a retransmitted reuse goes unacknowledged before it is a stall.
     pub const STALL_AFTER_NS: &str = "STALL_AFTER_NS";
+    /// `u64`: a request unanswered this long is dropped as unresolved.
+    pub const ANSWER_WITHIN_NS: &str = "ANSWER_WITHIN_NS";
+    /// The kernel struct fields the programs read, in the order of
+    /// [`crate::Offsets`]; one `u64` global each.
+    pub const OFFSETS: &str = "OFFSETS";
 }
 
 /// Names of maps in the eBPF object.
 pub mod maps {
     pub const EVENTS: &str = "EVENTS";
-    pub const SOCKS: &str = "SOCKS";
     pub const COUNTERS: &str = "COUNTERS";
 }
+
+/// Byte offsets of the kernel fields the probes read, resolved at load time
+/// from `/sys/kernel/btf/vmlinux` (never compiled in).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Offsets {
+    /// `sock_common.skc_daddr` (IPv4 remote address).
+    pub skc_daddr: u64,
+    /// `sock_common.skc_rcv_saddr` (IPv4 local address).
+    pub skc_rcv_saddr: u64,
+    /// `sock_common.skc_dport` (network order).
+    pub skc_dport: u64,
+    /// `sock_common.skc_num` (local port, host order).
+    pub skc_num: u64,
+    /// `sock_common.skc_family`.
+    pub skc_family: u64,
+    /// `sock_common.skc_v6_daddr`.
+    pub skc_v6_daddr: u64,
+    /// `sock_common.skc_v6_rcv_saddr`.
+    pub skc_v6_rcv_saddr: u64,
+    /// `sock_common.skc_flags` (`sock_flag()` bits).
+    pub skc_flags: u64,
+    /// Bit number of `SOCK_KEEPOPEN` in `skc_flags` (from `enum sock_flags`).
+    pub sock_keepopen_bit: u64,
+    /// `sock.sk_err`.
+    pub sk_err: u64,
+    /// `sock.sk_protocol` (a `u16` since 5.6).
+    pub sk_protocol: u64,
+    /// Byte holding `sock.sk_shutdown` (a bitfield on some kernels).
+    pub sk_shutdown: u64,
+    /// Bit shift of `sk_shutdown` within that byte.
+    pub sk_shutdown_shift: u64,
+    /// `tcp_sock.write_seq`: next byte the application writes.
+    pub write_seq: u64,
+    /// `tcp_sock.snd_una`: first byte not yet acknowledged by the peer.
+    pub snd_una: u64,
+    /// `tcp_sock.rcv_nxt`: next byte expected from the peer (FIN counts one).
+    pub rcv_nxt: u64,
+    /// `tcp_sock.keepalive_time` (jiffies; 0 = the sysctl default).
+    pub keepalive_time: u64,
+}
+
+/// Number of `u64` fields in [`Offsets`].
+pub const OFFSETS_COUNT: usize = 17;
+const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.
 ///
@@ -129,20 +199,26 @@ pub mod maps {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event {
-    /// `bpf_ktime_get_ns()` when the event was emitted (`CLOCK_MONOTONIC`).
+    /// `bpf_ktime_get_boot_ns()` when the event was emitted (`CLOCK_BOOTTIME`).
     pub ts_ns: u64,
-    /// Kernel address of the socket, an opaque identity while it lives.
+    /// Per-boot socket number (never a kernel address).
     pub sock_id: u64,
-    /// Idle age: time since the last payload in either direction.
+    /// Idle age: time since the last data byte in either direction.
     pub idle_ns: u64,
-    /// For reuses: time from the reuse write to the outcome.
+    /// Reuses, aborted and timed-out requests: time since the request
+    /// write; late reuses: time since our close.
     pub elapsed_ns: u64,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
     /// Process (thread group) that did the reuse write, or that was current.
     pub tgid: u32,
-    /// Retransmits of the reuse write before the outcome.
+    /// Retransmits of the request before the outcome.
     pub retransmits: u32,
+    /// `tcp_sock.keepalive_time` in jiffies when keep-alive is on (0 = the
+    /// sysctl default).
+    pub keepalive_jiffies: u32,
+    /// Request bytes written (requests), or 0.
+    pub bytes: u32,
     pub sport: u16,
     pub dport: u16,
     pub family: u16,
@@ -158,7 +234,7 @@ pub struct Event {
 }
 
 /// Size of [`Event`] on the wire.
-pub const EVENT_SIZE: usize = 104;
+pub const EVENT_SIZE: usize = 112;
 const _: () = assert!(core::mem::size_of::<Event>() == EVENT_SIZE);
 const _: () = assert!(core::mem::align_of::<Event>() == 8);
 
@@ -173,6 +249,8 @@ impl Event {
         daddr: [0; 16],
         tgid: 0,
         retransmits: 0,
+        keepalive_jiffies: 0,
+        bytes: 0,
         sport: 0,
         dport: 0,
         family: 0,
@@ -186,30 +264,53 @@ impl Event {
     };
 }
 
-/// Per-socket state the probes keep in the `SOCKS` hash map, keyed by the
-/// socket's kernel address. Userspace reads it to see current idle ages.
+/// Per-socket state the probes keep in socket-local storage
+/// (`BPF_MAP_TYPE_SK_STORAGE`): it lives and dies with the socket, so a
+/// reallocated socket never inherits it. Sequence numbers are the kernel's
+/// (`tcp_sock`), so "answered" and "acknowledged" follow the wire.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SockState {
-    /// Last payload written by the application (ns, monotonic); 0 = never.
+    /// Per-boot socket number; 0 = not yet initialised.
+    pub id: u64,
+    /// Last application write (ns, boot clock); 0 = never.
     pub last_send_ns: u64,
-    /// Last payload received by the application (ns, monotonic); 0 = never.
+    /// Last application read of data, or establishment; 0 = never.
     pub last_recv_ns: u64,
-    /// When the pending reuse was written; 0 = no reuse pending.
-    pub reuse_ns: u64,
-    /// Idle age at the pending reuse.
-    pub reuse_idle_ns: u64,
+    /// When the outstanding request was first written; 0 = none.
+    pub req_ns: u64,
+    /// Idle age when the outstanding request was written.
+    pub req_idle_ns: u64,
     /// When the peer's FIN arrived; 0 = not yet.
     pub peer_fin_ns: u64,
+    /// First read after a quiet spell with nothing outstanding (an
+    /// unsolicited message: `close_notify`, GOAWAY, a goodbye line).
+    pub burst_ns: u64,
+    /// Last activity before that read (the idle clock it would have reset).
+    pub burst_anchor_ns: u64,
+    /// First write after a quiet spell (a request, or a control write such
+    /// as TLS `close_notify` if our close follows at once).
+    pub wburst_ns: u64,
+    /// Last activity before that write.
+    pub wburst_anchor_ns: u64,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
+    /// `write_seq` when the outstanding request was first written.
+    pub req_snd_seq: u32,
+    /// `rcv_nxt` when the outstanding request was first written.
+    pub req_rcv_seq: u32,
     pub tgid: u32,
+    /// Retransmits since the outstanding request was written.
     pub retransmits: u32,
+    /// `write_seq` at `wburst_ns`.
+    pub wburst_seq: u32,
+    /// `write_seq` at `burst_ns` (what we wrote after the peer's goodbye).
+    pub burst_wseq: u32,
     pub sport: u16,
     pub dport: u16,
     pub family: u16,
     pub role: u8,
-    /// `flags::*` bits that apply to the socket.
+    /// `flags::PREEXISTING` and the probes' own `st::*` bits.
     pub flags: u8,
     pub comm: [u8; 16],
 }
@@ -217,15 +318,24 @@ pub struct SockState {
 impl SockState {
     /// A socket nothing is known about yet.
     pub const ZERO: Self = Self {
+        id: 0,
         last_send_ns: 0,
         last_recv_ns: 0,
-        reuse_ns: 0,
-        reuse_idle_ns: 0,
+        req_ns: 0,
+        req_idle_ns: 0,
         peer_fin_ns: 0,
+        burst_ns: 0,
+        burst_anchor_ns: 0,
+        wburst_ns: 0,
+        wburst_anchor_ns: 0,
         saddr: [0; 16],
         daddr: [0; 16],
+        req_snd_seq: 0,
+        req_rcv_seq: 0,
         tgid: 0,
         retransmits: 0,
+        wburst_seq: 0,
+        burst_wseq: 0,
         sport: 0,
         dport: 0,
         family: 0,
@@ -235,30 +345,65 @@ impl SockState {
     };
 }
 
-/// Size of [`SockState`] in the map.
-pub const SOCK_STATE_SIZE: usize = 104;
+/// Size of [`SockState`] in socket-local storage.
+pub const SOCK_STATE_SIZE: usize = 160;
 const _: () = assert!(core::mem::size_of::<SockState>() == SOCK_STATE_SIZE);
 
-/// Scratch written by `inet_sk_error_report` (which carries no socket
-/// pointer) and read by the `CLOSE` transition that follows on the same CPU.
+/// One socket as the `iter/tcp` program writes it (the at-risk view).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LastError {
-    pub ts_ns: u64,
-    pub error: i32,
+pub struct SockRecord {
+    pub id: u64,
+    /// Last data either way (ns, boot clock).
+    pub last_ns: u64,
+    /// Outstanding request since (ns, boot clock); 0 = none.
+    pub req_ns: u64,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
     pub sport: u16,
     pub dport: u16,
+    pub family: u16,
+    pub role: u8,
+    pub flags: u8,
 }
 
-const _: () = assert!(core::mem::size_of::<LastError>() == 16);
+/// Size of [`SockRecord`].
+pub const SOCK_RECORD_SIZE: usize = 64;
+const _: () = assert!(core::mem::size_of::<SockRecord>() == SOCK_RECORD_SIZE);
+
+/// Key of the table of connections our server side closed idle (for
+/// `late_reuse`): local and remote address and port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TupleKey {
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    pub pad: u16,
+}
+
+const _: () = assert!(core::mem::size_of::<TupleKey>() == 40);
+
+/// What the server side remembers about a connection it closed idle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClosedIdle {
+    /// When we closed (ns, boot clock).
+    pub close_ns: u64,
+    /// Idle age at our close.
+    pub idle_ns: u64,
+}
 
 #[cfg(feature = "user")]
 mod pod {
-    // SAFETY: all three are repr(C), contain only integers and byte arrays,
+    // SAFETY: all of them are repr(C), contain only integers and byte arrays,
     // and have no padding (asserted above), so any byte pattern is valid.
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::SockState {}
-    unsafe impl aya::Pod for super::LastError {}
+    unsafe impl aya::Pod for super::SockRecord {}
+    unsafe impl aya::Pod for super::Offsets {}
 }
 
 #[cfg(test)]
@@ -276,32 +421,35 @@ mod tests {
         assert_eq!(offset_of!(Event, daddr), 48);
         assert_eq!(offset_of!(Event, tgid), 64);
         assert_eq!(offset_of!(Event, retransmits), 68);
-        assert_eq!(offset_of!(Event, sport), 72);
-        assert_eq!(offset_of!(Event, dport), 74);
-        assert_eq!(offset_of!(Event, family), 76);
-        assert_eq!(offset_of!(Event, kind), 78);
-        assert_eq!(offset_of!(Event, flags), 82);
-        assert_eq!(offset_of!(Event, comm), 88);
+        assert_eq!(offset_of!(Event, keepalive_jiffies), 72);
+        assert_eq!(offset_of!(Event, bytes), 76);
+        assert_eq!(offset_of!(Event, sport), 80);
+        assert_eq!(offset_of!(Event, dport), 82);
+        assert_eq!(offset_of!(Event, family), 84);
+        assert_eq!(offset_of!(Event, kind), 86);
+        assert_eq!(offset_of!(Event, flags), 90);
+        assert_eq!(offset_of!(Event, comm), 96);
         assert_eq!(core::mem::size_of::<Event>(), EVENT_SIZE);
     }
 
     #[test]
     fn sock_state_layout_is_stable() {
-        assert_eq!(offset_of!(SockState, saddr), 40);
-        assert_eq!(offset_of!(SockState, daddr), 56);
-        assert_eq!(offset_of!(SockState, tgid), 72);
-        assert_eq!(offset_of!(SockState, sport), 80);
-        assert_eq!(offset_of!(SockState, family), 84);
-        assert_eq!(offset_of!(SockState, role), 86);
-        assert_eq!(offset_of!(SockState, flags), 87);
-        assert_eq!(offset_of!(SockState, comm), 88);
+        assert_eq!(offset_of!(SockState, saddr), 80);
+        assert_eq!(offset_of!(SockState, daddr), 96);
+        assert_eq!(offset_of!(SockState, req_snd_seq), 112);
+        assert_eq!(offset_of!(SockState, wburst_seq), 128);
+        assert_eq!(offset_of!(SockState, sport), 136);
+        assert_eq!(offset_of!(SockState, role), 142);
+        assert_eq!(offset_of!(SockState, flags), 143);
+        assert_eq!(offset_of!(SockState, comm), 144);
         assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
     }
 
     #[test]
-    fn last_error_layout_is_stable() {
-        assert_eq!(offset_of!(LastError, error), 8);
-        assert_eq!(offset_of!(LastError, sport), 12);
-        assert_eq!(offset_of!(LastError, dport), 14);
+    fn records_and_keys_have_no_padding() {
+        assert_eq!(offset_of!(SockRecord, saddr), 24);
+        assert_eq!(offset_of!(SockRecord, flags), 63);
+        assert_eq!(offset_of!(TupleKey, pad), 38);
+        assert_eq!(core::mem::size_of::<ClosedIdle>(), 16);
     }
 }

@@ -1,68 +1,149 @@
-//! Maps, load-time settings and helpers shared by every hook.
+//! Maps, load-time settings and the per-socket state machine shared by
+//! every hook.
+//!
+//! State lives in socket-local storage (`BPF_MAP_TYPE_SK_STORAGE`, 5.2+;
+//! usable from BTF tracing programs since 5.11): it is created with the
+//! socket's first event and freed by the kernel with the socket, so a
+//! reallocated socket never inherits another's state. Every hook that
+//! changes it runs under the socket's lock (process context holds
+//! `lock_sock`, softirq holds the spinlock and defers to the owner), so a
+//! request is resolved exactly once.
+//!
+//! Definitions follow TCP sequence state, not syscall returns:
+//! - a **request** is outstanding from our first write after the last
+//!   byte we received (`req_snd_seq` = `write_seq`, `req_rcv_seq` =
+//!   `rcv_nxt` at that write) until any byte arrives beyond `req_rcv_seq`;
+//! - a **reuse** is a request written after at least `MIN_IDLE_NS` with no
+//!   data either way;
+//! - a byte that arrived before the request write (a server's goodbye
+//!   line read only now) is not a response.
+
+use core::ffi::c_void;
 
 use aya_ebpf::{
-    helpers::{bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_ktime_get_ns, bpf_probe_read_kernel},
-    macros::map,
-    maps::{HashMap, PerCpuArray, RingBuf},
-    programs::TracePointContext,
+    bindings::BPF_SK_STORAGE_GET_F_CREATE,
+    btf_maps::SkStorage,
+    helpers::{
+        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
+        bpf_probe_read_kernel, generated::bpf_sk_storage_get,
+    },
+    macros::{btf_map, map},
+    maps::{LruHashMap, PerCpuArray, RingBuf},
 };
-use observer_common::{counter, flags, outcome, Event, LastError, SockState, AF_INET, AF_INET6};
+use observer_common::{
+    counter, flags, how, kind, outcome, role, ClosedIdle, Event, Offsets, SockState, TupleKey, AF_INET, AF_INET6,
+};
 
 /// Events to userspace. Userspace resizes it at load time.
 #[map]
 pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
 
-/// Per-socket state keyed by the socket's kernel address. Userspace sizes it
-/// at load time; entries are removed when the socket closes or is destroyed.
-#[map]
-pub static SOCKS: HashMap<u64, SockState> = HashMap::with_max_entries(65_536, 0);
+/// Per-socket state, owned by the socket.
+#[btf_map]
+pub static SOCKETS: SkStorage<SockState> = SkStorage::new();
 
 /// Loss and bookkeeping counters, indexed by `observer_common::counter`.
 #[map]
 pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
 
-/// Last `inet_sk_error_report` on this CPU (that tracepoint has no socket
-/// pointer, so the `CLOSE` transition that follows matches it by ports).
+/// Per-CPU sequence for socket ids (`cpu << 48 | n`): unique per boot,
+/// never a kernel address.
 #[map]
-pub static LAST_ERROR: PerCpuArray<LastError> = PerCpuArray::with_max_entries(1, 0);
+pub static ID_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 
-/// The socket (and when) whose unexplained `CLOSE` awaits an error report on
-/// this CPU: `[sock, ts_ns]`.
+/// Connections our server side closed idle, by 4-tuple, for `late_reuse`
+/// (their full socket is gone by the time the client writes).
 #[map]
-pub static PENDING_CLOSE: PerCpuArray<[u64; 2]> = PerCpuArray::with_max_entries(1, 0);
+pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_entries(16_384, 0);
 
 /// Minimum idle time before a write counts as a reuse. Set at load time.
 #[no_mangle]
 static MIN_IDLE_NS: u64 = 1_000_000_000;
 
-/// How long a retransmitted reuse may go unanswered before it is a stall.
+/// How long a retransmitted reuse may stay unacknowledged before it is a stall.
 #[no_mangle]
 static STALL_AFTER_NS: u64 = 1_000_000_000;
 
-/// Offsets into `struct sock_common`, used only to learn the addresses of
-/// sockets that were open before the probes attached. The defaults are
-/// those of `x86_64` kernels 5.x-6.x; userspace may override them from BTF.
+/// A request unanswered for this long is dropped (counted unresolved) and
+/// never attributed to a later close.
 #[no_mangle]
-static SKC_V6_DADDR_OFF: u64 = 56;
+static ANSWER_WITHIN_NS: u64 = 300_000_000_000;
+
+/// Kernel struct offsets, resolved by userspace from BTF. All zero means
+/// "not set": userspace refuses to load without them.
 #[no_mangle]
-static SKC_V6_RCV_SADDR_OFF: u64 = 72;
+static OFFSETS: Offsets = Offsets {
+    skc_daddr: 0,
+    skc_rcv_saddr: 0,
+    skc_dport: 0,
+    skc_num: 0,
+    skc_family: 0,
+    skc_v6_daddr: 0,
+    skc_v6_rcv_saddr: 0,
+    skc_flags: 0,
+    sock_keepopen_bit: 0,
+    sk_err: 0,
+    sk_protocol: 0,
+    sk_shutdown: 0,
+    sk_shutdown_shift: 0,
+    write_seq: 0,
+    snd_una: 0,
+    rcv_nxt: 0,
+    keepalive_time: 0,
+};
+
+/// A write of at most this many bytes immediately followed by our close
+/// (TLS `close_notify`, an HTTP/2 GOAWAY) is part of the close.
+pub const CONTROL_BYTES: u32 = 512;
+/// "Immediately": a control write and the close, or an unsolicited read
+/// and the peer's FIN, within this time.
+pub const CONTROL_NS: u64 = 100_000_000;
+/// A peer FIN/RST this soon after a reuse write crossed it in flight (the
+/// peer closed before it saw the request), even if the request was acked.
+pub const RACE_NS: u64 = 100_000_000;
+
+/// Probes' own `SockState::flags` bits (never on the wire).
+pub mod st {
+    /// The outstanding request is a reuse.
+    pub const REUSE: u8 = 0x02;
+    /// Our close was seen (local close logic ran).
+    pub const LOCAL_CLOSED: u8 = 0x04;
+    /// An RST arrived.
+    pub const PEER_RST: u8 = 0x10;
+    /// A request went unanswered until the next write: a one-way writer.
+    /// No requests are tracked until data arrives again.
+    pub const ONE_WAY: u8 = 0x20;
+    /// The peer's FIN had arrived when the outstanding request was written.
+    pub const FIN_BEFORE_REQ: u8 = 0x40;
+    /// The peer's FIN acknowledged a small write made just before (our
+    /// `close_notify`?): decided at our close, which follows at once if so.
+    pub const FIN_DEFERRED: u8 = 0x80;
+}
+
+/// `sk_shutdown` bit for "no more receives" (a full close, not `SHUT_WR`).
+const RCV_SHUTDOWN: u8 = 1;
+
+#[inline(always)]
+fn global(p: *const u64) -> u64 {
+    // SAFETY: a plain read of a rodata global the loader may have rewritten.
+    unsafe { core::ptr::read_volatile(p) }
+}
 
 #[inline(always)]
 pub fn min_idle_ns() -> u64 {
-    // SAFETY: a plain read of a rodata global the loader may have rewritten.
-    unsafe { core::ptr::read_volatile(&raw const MIN_IDLE_NS) }
+    global(&raw const MIN_IDLE_NS)
 }
 
 #[inline(always)]
 pub fn stall_after_ns() -> u64 {
-    // SAFETY: as above.
-    unsafe { core::ptr::read_volatile(&raw const STALL_AFTER_NS) }
+    global(&raw const STALL_AFTER_NS)
 }
 
 #[inline(always)]
 pub fn now() -> u64 {
-    // SAFETY: helper without preconditions.
-    unsafe { bpf_ktime_get_ns() }
+    // SAFETY: helper without preconditions (5.8+). The boot clock counts
+    // suspend, so idle ages across a suspend are not understated.
+    unsafe { bpf_ktime_get_boot_ns() }
 }
 
 #[inline(always)]
@@ -73,105 +154,143 @@ pub fn count(index: u32) {
     }
 }
 
-/// Offsets of the address fields in a tracepoint record.
-pub struct TupleOffsets {
-    pub sport: usize,
-    pub dport: usize,
-    pub family: usize,
-    pub saddr: usize,
-    pub daddr: usize,
-    pub saddr_v6: usize,
-    pub daddr_v6: usize,
+/// `a` is after `b` in sequence space.
+#[inline(always)]
+pub fn after(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a)).cast_signed() < 0
 }
 
-/// Fill the 4-tuple of `st` from a tracepoint record. Returns false for
-/// families other than IPv4/IPv6.
+/// Read a kernel field at `sk + off`.
 #[inline(always)]
-pub fn read_tuple(ctx: &TracePointContext, off: &TupleOffsets, st: &mut SockState) -> bool {
-    // SAFETY: offsets come from the tracepoint's format file; read_at is a
-    // bounds-checked bpf_probe_read of the record.
-    unsafe {
-        let family: u16 = ctx.read_at(off.family).unwrap_or(0);
-        st.family = family;
-        st.sport = ctx.read_at(off.sport).unwrap_or(0);
-        st.dport = ctx.read_at(off.dport).unwrap_or(0);
-        if family == AF_INET {
-            let s: [u8; 4] = ctx.read_at(off.saddr).unwrap_or([0; 4]);
-            let d: [u8; 4] = ctx.read_at(off.daddr).unwrap_or([0; 4]);
-            st.saddr[..4].copy_from_slice(&s);
-            st.daddr[..4].copy_from_slice(&d);
-            true
-        } else if family == AF_INET6 {
-            st.saddr = ctx.read_at(off.saddr_v6).unwrap_or([0; 16]);
-            st.daddr = ctx.read_at(off.daddr_v6).unwrap_or([0; 16]);
-            true
-        } else {
-            false
-        }
-    }
+fn field<T: Copy + Default>(sk: *const c_void, off: *const u64) -> T {
+    let off = global(off) as usize;
+    // SAFETY: a probe read; a failure reads as the default.
+    unsafe { bpf_probe_read_kernel(sk.cast::<u8>().add(off).cast::<T>()) }.unwrap_or_default()
 }
 
-/// Internal `SockState::flags` bits (not on the wire).
-pub const ST_PEER_RST: u8 = 0x40;
-/// Reached CLOSE with a reuse pending and no reason yet: the error report
-/// that follows (kernel 6.10+ reports after `tcp_done`) or the destroy decides.
-pub const ST_CLOSE_PENDING: u8 = 0x20;
-pub const ST_LOCAL_CLOSED: u8 = 0x80;
-
-/// Start tracking a socket first seen after it was established. A racing
-/// insert is fine (its entry is used); a full table is counted, once per
-/// refused insert.
 #[inline(always)]
-pub fn track(sk: u64, st: &SockState) -> Option<*mut SockState> {
-    if SOCKS.insert(sk, st, 1 /* BPF_NOEXIST */).is_err() {
-        if let Some(p) = SOCKS.get_ptr_mut(sk) {
-            return Some(p);
-        }
-        count(counter::MAP_FULL);
+pub fn rcv_nxt(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.rcv_nxt)
+}
+
+#[inline(always)]
+pub fn write_seq(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.write_seq)
+}
+
+#[inline(always)]
+pub fn snd_una(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.snd_una)
+}
+
+#[inline(always)]
+pub fn sk_err(sk: *const c_void) -> i32 {
+    field(sk, &raw const OFFSETS.sk_err)
+}
+
+#[inline(always)]
+pub fn sk_protocol(sk: *const c_void) -> u16 {
+    field(sk, &raw const OFFSETS.sk_protocol)
+}
+
+/// `sk_shutdown` has `RCV_SHUTDOWN` (a `close()`, not `shutdown(SHUT_WR)`).
+#[inline(always)]
+pub fn rcv_shutdown(sk: *const c_void) -> bool {
+    let byte: u8 = field(sk, &raw const OFFSETS.sk_shutdown);
+    let shift = global(&raw const OFFSETS.sk_shutdown_shift) as u32 & 7;
+    (byte >> shift) & RCV_SHUTDOWN != 0
+}
+
+/// Keep-alive on, and its idle time in jiffies (0 = the sysctl default).
+#[inline(always)]
+fn keepalive(sk: *const c_void) -> Option<u32> {
+    let sk_flags: u64 = field(sk, &raw const OFFSETS.skc_flags);
+    let bit = global(&raw const OFFSETS.sock_keepopen_bit) & 63;
+    if sk_flags & (1 << bit) == 0 {
         return None;
     }
-    SOCKS.get_ptr_mut(sk)
+    Some(field(sk, &raw const OFFSETS.keepalive_time))
 }
 
-/// Track a socket first seen on a hook without addresses: read them from
-/// `struct sock_common` (only on first sight, not per send).
+/// The socket's state; with `create`, made (and counted when the kernel
+/// refuses) if missing.
 #[inline(always)]
-pub fn adopt(sk: u64, family: u16) -> Option<*mut SockState> {
-    if family != AF_INET && family != AF_INET6 {
+pub fn storage(sk: *mut c_void, create: bool) -> Option<&'static mut SockState> {
+    let flags = if create { u64::from(BPF_SK_STORAGE_GET_F_CREATE) } else { 0 };
+    // SAFETY: `sk` is the hook's BTF `struct sock *`; the helper checks it
+    // is a full socket and returns NULL otherwise.
+    let p = unsafe { bpf_sk_storage_get((&raw const SOCKETS).cast_mut().cast(), sk, core::ptr::null_mut(), flags) }
+        .cast::<SockState>();
+    if p.is_null() {
+        if create {
+            count(counter::MAP_FULL);
+        }
         return None;
     }
-    let mut st = SockState::ZERO;
+    // SAFETY: non-null storage owned by the socket, valid for this program run.
+    Some(unsafe { &mut *p })
+}
+
+fn next_id() -> u64 {
+    // SAFETY: helper without preconditions.
+    let cpu = u64::from(unsafe { bpf_get_smp_processor_id() });
+    let n = match ID_SEQ.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        Some(p) => unsafe {
+            *p += 1;
+            *p
+        },
+        None => 0,
+    };
+    ((cpu + 1) << 48) | (n & 0xffff_ffff_ffff)
+}
+
+/// Give a fresh state its identity and addresses (read from
+/// `struct sock_common` at BTF offsets). False for non-IP families.
+#[inline(always)]
+pub fn init(sk: *const c_void, st: &mut SockState) -> bool {
+    let family: u16 = field(sk, &raw const OFFSETS.skc_family);
+    if family == AF_INET {
+        let d: [u8; 4] = field(sk, &raw const OFFSETS.skc_daddr);
+        let s: [u8; 4] = field(sk, &raw const OFFSETS.skc_rcv_saddr);
+        st.daddr[..4].copy_from_slice(&d);
+        st.saddr[..4].copy_from_slice(&s);
+    } else if family == AF_INET6 {
+        st.daddr = field(sk, &raw const OFFSETS.skc_v6_daddr);
+        st.saddr = field(sk, &raw const OFFSETS.skc_v6_rcv_saddr);
+    } else {
+        return false;
+    }
     st.family = family;
-    st.flags = flags::PREEXISTING;
-    let base = sk as *const u8;
-    // SAFETY: probe reads of kernel memory; failures leave zeros.
-    unsafe {
-        if family == AF_INET {
-            let d: [u8; 4] = bpf_probe_read_kernel(base.cast::<[u8; 4]>()).unwrap_or([0; 4]);
-            let s: [u8; 4] = bpf_probe_read_kernel(base.add(4).cast::<[u8; 4]>()).unwrap_or([0; 4]);
-            st.daddr[..4].copy_from_slice(&d);
-            st.saddr[..4].copy_from_slice(&s);
-        } else {
-            let d_off = core::ptr::read_volatile(&raw const SKC_V6_DADDR_OFF) as usize;
-            let s_off = core::ptr::read_volatile(&raw const SKC_V6_RCV_SADDR_OFF) as usize;
-            st.daddr = bpf_probe_read_kernel(base.add(d_off).cast::<[u8; 16]>()).unwrap_or([0; 16]);
-            st.saddr = bpf_probe_read_kernel(base.add(s_off).cast::<[u8; 16]>()).unwrap_or([0; 16]);
-        }
-        // skc_dport (network order) and skc_num (host order), read as bytes
-        // because the probe read has no alignment requirement.
-        let ports: [u8; 4] = bpf_probe_read_kernel(base.add(12).cast::<[u8; 4]>()).unwrap_or([0; 4]);
-        st.dport = u16::from_be_bytes([ports[0], ports[1]]);
-        st.sport = u16::from_ne_bytes([ports[2], ports[3]]);
-    }
-    track(sk, &st)
+    st.dport = u16::from_be(field(sk, &raw const OFFSETS.skc_dport));
+    st.sport = field(sk, &raw const OFFSETS.skc_num);
+    st.id = next_id();
+    true
 }
 
-/// `skc_family` of a socket (offset 16 in `struct sock_common`, stable).
+/// State of a socket first seen after it was established: its role is
+/// guessed from the ports (the side with the ephemeral port is the client).
 #[inline(always)]
-pub fn sk_family(sk: u64) -> u16 {
-    let base = sk as *const u8;
-    // SAFETY: probe read of kernel memory; failure reads as 0.
-    unsafe { bpf_probe_read_kernel(base.add(16).cast::<[u8; 2]>()) }.map_or(0, u16::from_ne_bytes)
+pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
+    let st = storage(sk, true)?;
+    if st.id == 0 {
+        if !init(sk, st) {
+            return None;
+        }
+        st.flags |= flags::PREEXISTING;
+        st.role = guess_role(st.sport, st.dport);
+    }
+    Some(st)
+}
+
+#[inline(always)]
+fn guess_role(local: u16, remote: u16) -> u8 {
+    const EPHEMERAL: u16 = 32_768;
+    if (local >= EPHEMERAL && remote < EPHEMERAL) || (local >= EPHEMERAL) == (remote >= EPHEMERAL) && local > remote {
+        role::CLIENT
+    } else {
+        role::SERVER
+    }
 }
 
 /// Later of the last send and receive; 0 when nothing was seen.
@@ -184,23 +303,36 @@ pub fn last_activity(st: &SockState) -> u64 {
     }
 }
 
-/// Record the writing process on the socket (first write, or a reuse).
+/// Requests are what a client writes; a server's writes are responses.
+#[inline(always)]
+pub fn tracks_requests(st: &SockState) -> bool {
+    st.role != role::SERVER
+}
+
+/// Record the writing process on the socket.
 #[inline(always)]
 pub fn set_process(st: &mut SockState) {
     st.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     st.comm = bpf_get_current_comm().unwrap_or([0; 16]);
 }
 
-/// Emit one event built from the socket's state.
+/// Emit one event built from the socket's state. The record is written in
+/// place in the ring buffer (no copy on the 512-byte BPF stack).
 #[inline(always)]
-pub fn emit(sk: u64, st: &SockState, kind: u8, now: u64, fill: impl FnOnce(&mut Event)) {
+pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl FnOnce(&mut Event)) {
     let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
         count(counter::RINGBUF_FULL);
         return;
     };
-    let mut e = Event::ZERO;
+    // SAFETY: the reserved slot is valid for writes of one Event; every
+    // byte is written (zeroed) before any field is read.
+    let e = unsafe {
+        let p = entry.as_mut_ptr();
+        core::ptr::write_bytes(p, 0, 1);
+        &mut *p
+    };
     e.ts_ns = now;
-    e.sock_id = sk;
+    e.sock_id = st.id;
     e.kind = kind;
     e.saddr = st.saddr;
     e.daddr = st.daddr;
@@ -210,26 +342,40 @@ pub fn emit(sk: u64, st: &SockState, kind: u8, now: u64, fill: impl FnOnce(&mut 
     e.role = st.role;
     e.tgid = st.tgid;
     e.comm = st.comm;
-    e.flags = st.flags & (flags::PREEXISTING);
+    e.flags = st.flags & flags::PREEXISTING;
+    if !sk.is_null() {
+        if let Some(ka) = keepalive(sk) {
+            e.flags |= flags::KEEPALIVE;
+            e.keepalive_jiffies = ka;
+        }
+    }
     let last = last_activity(st);
     if last != 0 && now > last {
         e.idle_ns = now - last;
     }
-    fill(&mut e);
-    entry.write(e);
+    fill(e);
     entry.submit(0);
 }
 
-/// Emit the outcome of the pending reuse and clear it.
+/// Forget the outstanding request.
 #[inline(always)]
-pub fn resolve_reuse(sk: u64, st: &mut SockState, now: u64, result: u8, how: u8) {
-    let fin_before = st.peer_fin_ns != 0 && st.peer_fin_ns <= st.reuse_ns;
-    let reuse_ns = st.reuse_ns;
-    let idle = st.reuse_idle_ns;
-    let retrans = st.retransmits;
-    emit(sk, st, observer_common::kind::REUSE, now, |e| {
+fn clear_request(st: &mut SockState) {
+    st.req_ns = 0;
+    st.retransmits = 0;
+    st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED);
+}
+
+/// Emit the outcome of the outstanding request if it was a reuse.
+#[inline(always)]
+fn reuse_outcome(sk: *const c_void, st: &SockState, now: u64, result: u8, how: u8) {
+    if st.flags & st::REUSE == 0 {
+        return;
+    }
+    let (req_ns, idle, retrans) = (st.req_ns, st.req_idle_ns, st.retransmits);
+    let fin_before = st.flags & st::FIN_BEFORE_REQ != 0;
+    emit(sk, st, kind::REUSE, now, |e| {
         e.idle_ns = idle;
-        e.elapsed_ns = now.saturating_sub(reuse_ns);
+        e.elapsed_ns = now.saturating_sub(req_ns);
         e.outcome = result;
         e.how = how;
         e.retransmits = retrans;
@@ -237,24 +383,441 @@ pub fn resolve_reuse(sk: u64, st: &mut SockState, now: u64, result: u8, how: u8)
             e.flags |= flags::FIN_BEFORE_WRITE;
         }
     });
-    st.reuse_ns = 0;
-    st.retransmits = 0;
 }
 
-/// The outcome of a pending reuse when the socket ends without a response:
-/// a stall if it was retransmitted past `stall_after`, an EOF if the peer's
-/// FIN came first, otherwise unresolved (counted).
+/// Emit a request event (`request_aborted`/`request_timeout`).
 #[inline(always)]
-pub fn resolve_on_end(sk: u64, st: &mut SockState, now: u64, how: u8) {
-    if st.reuse_ns == 0 {
+fn request_event(sk: *const c_void, st: &SockState, now: u64, kind: u8, how: u8, bytes: u32) {
+    let (req_ns, idle, retrans) = (st.req_ns, st.req_idle_ns, st.retransmits);
+    let reuse = st.flags & st::REUSE != 0;
+    emit(sk, st, kind, now, |e| {
+        e.idle_ns = idle;
+        e.elapsed_ns = now.saturating_sub(req_ns);
+        e.how = how;
+        e.retransmits = retrans;
+        e.bytes = bytes;
+        e.flags |= flags::REQUEST_OUTSTANDING;
+        if reuse {
+            e.flags |= flags::REUSE;
+        }
+    });
+}
+
+/// Drop a request unanswered for longer than the bound. True if one was dropped.
+#[inline(always)]
+pub fn expire_request(st: &mut SockState, now: u64) -> bool {
+    if st.req_ns != 0 && now.saturating_sub(st.req_ns) > global(&raw const ANSWER_WITHIN_NS) {
+        if st.flags & st::REUSE != 0 {
+            count(counter::REUSE_UNRESOLVED);
+        }
+        clear_request(st);
+        return true;
+    }
+    false
+}
+
+/// Data arrived beyond what had arrived at the request write (`fin`: the
+/// peer's FIN is already counted in `rcv_nxt`).
+#[inline(always)]
+fn answered(sk: *const c_void, st: &SockState, fin: bool) -> bool {
+    let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin));
+    rcv != st.req_rcv_seq && after(rcv, st.req_rcv_seq)
+}
+
+/// The outstanding request was answered: `ok` for a reuse; the idle clock
+/// restarts at the answer.
+#[inline(always)]
+pub fn resolve_answered(sk: *const c_void, st: &mut SockState, now: u64, how: u8) {
+    reuse_outcome(sk, st, now, outcome::OK, how);
+    clear_request(st);
+    st.last_recv_ns = now;
+}
+
+/// A write by the application (send hook).
+#[inline(always)]
+pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
+    let last = last_activity(st);
+    let idle = if last != 0 { now.saturating_sub(last) } else { 0 };
+    let mut wseq = None;
+    if last == 0 || idle >= CONTROL_NS {
+        // First write after a quiet spell: remembered in case our close
+        // follows at once (then it was a close_notify, not a request).
+        let w = write_seq(sk);
+        wseq = Some(w);
+        st.wburst_ns = now;
+        st.wburst_anchor_ns = last;
+        st.wburst_seq = w;
+    }
+    if tracks_requests(st) {
+        expire_request(st, now);
+        if st.req_ns != 0 && idle >= min_idle_ns() {
+            // A write after a quiet spell while a request is outstanding:
+            // either the answer is queued unread, or nothing answers this
+            // peer (a one-way writer: a log shipper, a metrics push).
+            if answered(sk, st, false) {
+                resolve_answered(sk, st, now, how::NONE);
+            } else {
+                if st.flags & st::REUSE != 0 {
+                    count(counter::REUSE_UNRESOLVED);
+                }
+                clear_request(st);
+                st.flags |= st::ONE_WAY;
+            }
+        }
+        if st.req_ns == 0 && st.flags & st::ONE_WAY == 0 && last != 0 {
+            st.req_ns = now;
+            st.req_idle_ns = idle;
+            st.req_snd_seq = match wseq {
+                Some(w) => w,
+                None => write_seq(sk),
+            };
+            st.req_rcv_seq = rcv_nxt(sk);
+            st.retransmits = 0;
+            if st.peer_fin_ns != 0 {
+                st.flags |= st::FIN_BEFORE_REQ;
+            }
+            if idle >= min_idle_ns() {
+                st.flags |= st::REUSE;
+                set_process(st);
+            }
+        }
+    }
+    if st.tgid == 0 {
+        set_process(st);
+    }
+    st.last_send_ns = now;
+}
+
+/// The application read data (receive hook).
+#[inline(always)]
+pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
+    if st.req_ns == 0 && now.saturating_sub(last_activity(st)) >= CONTROL_NS {
+        // Unsolicited data after a quiet spell: if the peer's FIN follows
+        // at once, it was part of the peer's close.
+        st.burst_ns = now;
+        st.burst_anchor_ns = last_activity(st);
+        st.burst_wseq = write_seq(sk);
+    }
+    st.flags &= !st::ONE_WAY;
+    if st.flags & st::FIN_DEFERRED != 0 {
         return;
     }
-    if st.retransmits > 0 && now.saturating_sub(st.reuse_ns) >= stall_after_ns() {
-        resolve_reuse(sk, st, now, outcome::STALL, how);
-    } else if st.peer_fin_ns != 0 {
-        resolve_reuse(sk, st, now, outcome::EOF, observer_common::how::NONE);
+    if st.req_ns != 0 {
+        if answered(sk, st, false) {
+            resolve_answered(sk, st, now, how::NONE);
+        }
     } else {
-        count(counter::REUSE_UNRESOLVED);
-        st.reuse_ns = 0;
+        st.last_recv_ns = now;
     }
+}
+
+/// The peer's FIN arrived (`ESTABLISHED -> CLOSE_WAIT`).
+#[inline(always)]
+pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
+    st.peer_fin_ns = now;
+    expire_request(st, now);
+    if st.req_ns != 0 {
+        if answered(sk, st, true) {
+            resolve_answered(sk, st, now, how::CLOSED_AFTER_RESPONSE);
+        } else if is_small_fresh_request(sk, st, now) && after(snd_una(sk), st.req_snd_seq) {
+            // The peer received a small write of ours and closed at once:
+            // the answer to our close_notify, or a real failure. Our close
+            // tells which.
+            st.flags |= st::FIN_DEFERRED;
+        } else {
+            peer_ended_request(sk, st, now, outcome::EOF, how::FIN);
+        }
+        return;
+    }
+    let mut anchor = goodbye_anchor(sk, st, now);
+    if anchor == 0 {
+        anchor = last_activity(st);
+    }
+    if anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns() {
+        emit(sk, st, kind::PEER_CLOSE, now, |e| {
+            e.idle_ns = now - anchor;
+            e.how = how::FIN;
+        });
+    }
+}
+
+/// An RST arrived.
+#[inline(always)]
+pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
+    let first = st.flags & (st::PEER_RST | st::LOCAL_CLOSED) == 0;
+    st.flags |= st::PEER_RST;
+    if !first {
+        return;
+    }
+    expire_request(st, now);
+    if st.req_ns != 0 {
+        // A FIN after the request was resolved by the FIN itself, so any
+        // advance of rcv_nxt here is data.
+        let fin_counted = st.flags & st::FIN_BEFORE_REQ == 0 && st.peer_fin_ns != 0;
+        if answered(sk, st, fin_counted) {
+            resolve_answered(sk, st, now, how::CLOSED_AFTER_RESPONSE);
+        } else {
+            peer_ended_request(sk, st, now, outcome::RESET, how::RST);
+        }
+        return;
+    }
+    let last = last_activity(st);
+    if st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns() {
+        emit(sk, st, kind::PEER_CLOSE, now, |e| e.how = how::RST);
+    }
+}
+
+/// The peer's FIN or RST came before any response byte. A reuse the peer
+/// never acknowledged, or that the close crossed in flight, failed
+/// (`eof`/`reset`); otherwise the peer received the request and gave up
+/// on it (`request_aborted`).
+#[inline(always)]
+fn peer_ended_request(sk: *const c_void, st: &mut SockState, now: u64, result: u8, how: u8) {
+    if st.flags & (st::FIN_BEFORE_REQ | st::REUSE) == st::FIN_BEFORE_REQ {
+        // Written after the peer had closed (a goodbye of our own, say):
+        // no deadline of the peer's.
+        clear_request(st);
+        return;
+    }
+    let acked = after(snd_una(sk), st.req_snd_seq);
+    let raced = now.saturating_sub(st.req_ns) < RACE_NS;
+    if st.flags & st::REUSE != 0 && (st.flags & st::FIN_BEFORE_REQ != 0 || !acked || raced) {
+        reuse_outcome(sk, st, now, result, how);
+    } else {
+        if st.flags & st::REUSE != 0 {
+            count(counter::REUSE_UNRESOLVED);
+        }
+        request_event(sk, st, now, kind::REQUEST_ABORTED, how, write_seq(sk).wrapping_sub(st.req_snd_seq));
+    }
+    clear_request(st);
+}
+
+/// Our side closed (`close()`: `ESTABLISHED -> FIN_WAIT1`, `CLOSE_WAIT ->
+/// LAST_ACK`, or an abort straight to `CLOSE`). `stall_how` says how a
+/// stalled reuse ended.
+#[inline(always)]
+pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how: u8) {
+    if st.flags & st::LOCAL_CLOSED != 0 {
+        return;
+    }
+    st.flags |= st::LOCAL_CLOSED;
+    expire_request(st, now);
+    // Our own close_notify/GOAWAY and then the close: part of the close.
+    let control = is_control_write(sk, st, now);
+    let deferred = st.flags & st::FIN_DEFERRED != 0;
+    // The peer's FIN answered our close_notify: we closed first.
+    let we_first = deferred && control;
+    if deferred && !control && st.req_ns != 0 {
+        // A FIN right after a small request, and no close of ours at once:
+        // decide it as of the FIN.
+        let at = st.peer_fin_ns;
+        st.flags &= !st::FIN_DEFERRED;
+        if answered(sk, st, true) {
+            resolve_answered(sk, st, at, how::CLOSED_AFTER_RESPONSE);
+        } else {
+            peer_ended_request(sk, st, at, outcome::EOF, how::FIN);
+        }
+    }
+    // The peer's goodbye (close_notify, GOAWAY) read just now and our close
+    // in answer to it (nothing written since but our own goodbye): the
+    // peer closed, at the idle age before its goodbye.
+    let goodbye_at =
+        if we_first || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0 { 0 } else { goodbye_anchor(sk, st, now) };
+    let goodbye = goodbye_at != 0;
+    if goodbye {
+        let anchor = goodbye_at;
+        clear_request(st);
+        if now.saturating_sub(anchor) >= min_idle_ns() {
+            emit(sk, st, kind::PEER_CLOSE, now, |e| {
+                e.idle_ns = now - anchor;
+                e.how = how::FIN;
+            });
+        }
+    }
+    let peer_first = !we_first && (goodbye || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0);
+    if control {
+        clear_request(st);
+    }
+    if st.req_ns != 0 {
+        let fin_counted = st.flags & st::FIN_BEFORE_REQ == 0 && st.peer_fin_ns != 0;
+        if answered(sk, st, fin_counted) {
+            resolve_answered(sk, st, now, how::NONE);
+        } else {
+            let bytes = write_seq(sk).wrapping_sub(st.req_snd_seq);
+            local_ended_request(sk, st, now, stall_how, peer_first, bytes);
+            return;
+        }
+    }
+    let anchor = if control { st.wburst_anchor_ns } else { last_activity(st) };
+    let idle = now.saturating_sub(anchor);
+    if anchor == 0 || idle < min_idle_ns() {
+        return;
+    }
+    if st.role == role::SERVER && !peer_first {
+        remember_idle_close(st, now, idle);
+    }
+    emit(sk, st, kind::LOCAL_CLOSE, now, |e| {
+        e.idle_ns = idle;
+        if peer_first {
+            e.flags |= flags::PEER_CLOSED_FIRST;
+        }
+        if control {
+            e.flags |= flags::CONTROL_WRITE;
+        }
+    });
+}
+
+/// The outstanding request is small and was written less than
+/// `CONTROL_NS` ago (it may yet turn out to be a `close_notify`).
+#[inline(always)]
+fn is_small_fresh_request(sk: *const c_void, st: &SockState, now: u64) -> bool {
+    now.saturating_sub(st.req_ns) < CONTROL_NS && write_seq(sk).wrapping_sub(st.req_snd_seq) <= CONTROL_BYTES
+}
+
+/// The activity before an unsolicited read that came just now (a peer's
+/// goodbye: `close_notify`, GOAWAY), if we wrote at most a goodbye of our
+/// own since; else 0.
+#[inline(always)]
+fn goodbye_anchor(sk: *const c_void, st: &SockState, now: u64) -> u64 {
+    if st.burst_ns == 0 || now.saturating_sub(st.burst_ns) >= CONTROL_NS {
+        return 0;
+    }
+    if st.last_send_ns > st.burst_ns && write_seq(sk).wrapping_sub(st.burst_wseq) > CONTROL_BYTES {
+        return 0;
+    }
+    st.burst_anchor_ns
+}
+
+/// A small write after a quiet spell, with nothing received since, just
+/// before our close.
+#[inline(always)]
+fn is_control_write(sk: *const c_void, st: &SockState, now: u64) -> bool {
+    st.wburst_ns != 0
+        && st.wburst_anchor_ns != 0
+        && st.last_send_ns >= st.wburst_ns
+        && st.last_recv_ns <= st.wburst_ns
+        && now.saturating_sub(st.wburst_ns) < CONTROL_NS
+        && write_seq(sk).wrapping_sub(st.wburst_seq) <= CONTROL_BYTES
+}
+
+/// We closed with a request outstanding and unanswered.
+#[inline(always)]
+fn local_ended_request(sk: *const c_void, st: &mut SockState, now: u64, stall_how: u8, peer_first: bool, bytes: u32) {
+    let reuse = st.flags & st::REUSE != 0;
+    let acked = after(snd_una(sk), st.req_snd_seq);
+    let elapsed = now.saturating_sub(st.req_ns);
+    if reuse && st.flags & st::FIN_BEFORE_REQ != 0 {
+        // The peer had closed before we wrote: no byte reached a live peer.
+        reuse_outcome(sk, st, now, outcome::EOF, how::FIN);
+    } else if reuse && !acked && st.retransmits > 0 && elapsed >= stall_after_ns() {
+        reuse_outcome(sk, st, now, outcome::STALL, stall_how);
+    } else if reuse {
+        count(counter::REUSE_UNRESOLVED);
+    }
+    if !peer_first && stall_how == how::LOCAL_CLOSE {
+        request_event(sk, st, now, kind::REQUEST_TIMEOUT, how::NONE, bytes);
+    }
+    clear_request(st);
+}
+
+/// The socket reached `CLOSE` from `old` (`tcp_done`, an abort, or the end
+/// of an orderly close).
+#[inline(always)]
+pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
+    use observer_common::tcp_state as S;
+    if (old == S::ESTABLISHED || old == S::CLOSE_WAIT) && st.flags & (st::PEER_RST | st::LOCAL_CLOSED) == 0 {
+        // Neither a reset nor an orderly close: the kernel gave up (it
+        // sets sk_err before tcp_done on every kernel) or we aborted
+        // (SO_LINGER 0, close with unread data: sk_err still 0).
+        if sk_err(sk) != 0 {
+            st.flags |= st::LOCAL_CLOSED;
+            if st.req_ns != 0 && !expire_request(st, now) {
+                let bytes = write_seq(sk).wrapping_sub(st.req_snd_seq);
+                local_ended_request(sk, st, now, how::TIMEOUT, true, bytes);
+            }
+        } else {
+            on_local_close(sk, st, now, how::LOCAL_CLOSE);
+        }
+    } else if st.req_ns != 0 && st.flags & st::REUSE != 0 {
+        count(counter::REUSE_UNRESOLVED);
+    }
+    clear_request(st);
+    let role = st.role;
+    emit(sk, st, kind::CLOSED, now, |e| e.role = role);
+}
+
+/// `close()` with `RCV_SHUTDOWN`: a real close. `shutdown(SHUT_WR)` only
+/// half-closes and the request stays outstanding.
+#[inline(always)]
+pub fn is_full_close(sk: *const c_void) -> bool {
+    rcv_shutdown(sk)
+}
+
+fn tuple_key(st: &SockState) -> TupleKey {
+    TupleKey { saddr: st.saddr, daddr: st.daddr, sport: st.sport, dport: st.dport, family: st.family, pad: 0 }
+}
+
+/// Server side: remember an idle close, so a client that writes on it
+/// later is seen (`late_reuse`).
+#[inline(always)]
+fn remember_idle_close(st: &SockState, now: u64, idle: u64) {
+    let _ = CLOSED_IDLE.insert(&tuple_key(st), &ClosedIdle { close_ns: now, idle_ns: idle }, 0);
+}
+
+/// A new connection reuses a 4-tuple: forget an old idle close on it.
+#[inline(always)]
+pub fn forget_idle_close(st: &SockState) {
+    let _ = CLOSED_IDLE.remove(&tuple_key(st));
+}
+
+/// The kernel sent an RST from socket `sk` (full or time-wait): if it is
+/// a connection our server side closed idle, the client wrote on it late.
+#[inline(always)]
+pub fn on_send_reset(sk: *const c_void, now: u64) {
+    let mut probe = SockState::ZERO;
+    if !init(sk, &mut probe) {
+        return;
+    }
+    let key = tuple_key(&probe);
+    // SAFETY: the value is copied out before the entry is removed.
+    let Some(closed) = (unsafe { CLOSED_IDLE.get(&key) }).copied() else { return };
+    let _ = CLOSED_IDLE.remove(&key);
+    probe.role = role::SERVER;
+    probe.id = 0;
+    emit(core::ptr::null(), &probe, kind::LATE_REUSE, now, |e| {
+        e.idle_ns = closed.idle_ns;
+        e.elapsed_ns = now.saturating_sub(closed.close_ns);
+    });
+}
+
+/// A retransmission of this socket's data.
+#[inline(always)]
+pub fn on_retransmit(st: &mut SockState) {
+    if st.req_ns != 0 {
+        st.retransmits += 1;
+    }
+}
+
+/// A fresh connection reached `ESTABLISHED`.
+#[inline(always)]
+pub fn on_established(sk: *mut c_void, client: bool, now: u64) {
+    let Some(st) = storage(sk, true) else { return };
+    if st.id == 0 && !init(sk, st) {
+        return;
+    }
+    st.role = if client { role::CLIENT } else { role::SERVER };
+    // Establishment counts as activity: a connection opened and then left
+    // idle in a pool ages from here.
+    st.last_recv_ns = now;
+    if !client {
+        forget_idle_close(st);
+    }
+    emit(sk, st, kind::ESTABLISHED, now, |e| e.idle_ns = 0);
+}
+
+/// The socket-local storage map, for helpers called with a socket other
+/// programs type differently (`iter/tcp`).
+#[inline(always)]
+pub fn storage_map() -> *mut c_void {
+    (&raw const SOCKETS).cast_mut().cast()
 }

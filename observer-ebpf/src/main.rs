@@ -2,11 +2,13 @@
 //! socket, and the events that attribute resets, EOFs and stalls on a reused
 //! socket to its idle age.
 //!
-//! Hooks, one file each: raw tracepoints `tcp_sendmsg_locked` (6.5+) and
-//! `sock_recv_length` (6.3+) on the hot path; classic tracepoints
-//! `sock:inet_sock_set_state`, `tcp:tcp_receive_reset`,
-//! `tcp:tcp_retransmit_skb`, `tcp:tcp_destroy_sock` (4.16+) and
-//! `sock:inet_sk_error_report` (5.14+) for state changes.
+//! Hooks, one file each, all BTF tracing programs sharing socket-local
+//! storage: send (`tp_btf/tcp_sendmsg_locked`, or `fentry` on the same
+//! function where the tracepoint is missing) and receive
+//! (`tp_btf/tcp_rcv_space_adjust`) on the hot path; `inet_sock_set_state`,
+//! `tcp_receive_reset`, `tcp_retransmit_skb` and `tcp_send_reset` for state
+//! changes; `iter/tcp` for the socket table. Kernel struct offsets come
+//! from userspace at load time (resolved from the running kernel's BTF).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code, unused_imports))]
@@ -19,17 +21,17 @@ mod bench_empty;
 #[cfg(target_arch = "bpf")]
 mod common;
 #[cfg(target_arch = "bpf")]
-mod inet_sk_error_report;
-#[cfg(target_arch = "bpf")]
 mod inet_sock_set_state;
 #[cfg(target_arch = "bpf")]
-mod sock_recv_length;
+mod iter_tcp;
 #[cfg(target_arch = "bpf")]
-mod tcp_destroy_sock;
+mod tcp_rcv_space_adjust;
 #[cfg(target_arch = "bpf")]
 mod tcp_receive_reset;
 #[cfg(target_arch = "bpf")]
 mod tcp_retransmit_skb;
+#[cfg(target_arch = "bpf")]
+mod tcp_send_reset;
 #[cfg(target_arch = "bpf")]
 mod tcp_sendmsg_locked;
 

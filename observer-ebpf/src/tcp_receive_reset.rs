@@ -1,29 +1,17 @@
-//! `tcp:tcp_receive_reset` (kernel 4.16+): an RST arrived. Resolves a pending
-//! reuse as `reset`, or reports a peer reset on an idle socket.
+//! `tp_btf/tcp_receive_reset` (4.16+; arg `sk`): an RST arrived. Decides a
+//! pending request by sequence state: data beyond the request first = `ok`
+//! (closed after the response), otherwise a failed reuse or an aborted
+//! request; on an idle socket, a peer reset.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
-use observer_common::{how, kind, outcome};
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
-use crate::common::{emit, last_activity, min_idle_ns, now, resolve_reuse, SOCKS, ST_PEER_RST};
+use crate::common::{now, on_peer_rst, storage};
 
-#[tracepoint(category = "tcp", name = "tcp_receive_reset")]
-pub fn tcp_receive_reset(ctx: TracePointContext) -> u32 {
-    // SAFETY: offset from /sys/kernel/tracing/events/tcp/tcp_receive_reset/format.
-    let sk = unsafe { ctx.read_at::<u64>(8).unwrap_or(0) };
-    let Some(p) = SOCKS.get_ptr_mut(sk) else {
-        return 0;
-    };
-    // SAFETY: pointer from a successful map lookup.
-    let st = unsafe { &mut *p };
-    let now = now();
-    st.flags |= ST_PEER_RST;
-    if st.reuse_ns != 0 {
-        resolve_reuse(sk, st, now, outcome::RESET, how::RST);
-        return 0;
-    }
-    let last = last_activity(st);
-    if st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns() {
-        emit(sk, st, kind::PEER_CLOSE, now, |e| e.how = how::RST);
+#[btf_tracepoint(function = "tcp_receive_reset")]
+pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> i32 {
+    let sk = ctx.arg(0);
+    if let Some(st) = storage(sk, false) {
+        on_peer_rst(sk, st, now());
     }
     0
 }

@@ -1,20 +1,15 @@
-//! `tcp:tcp_retransmit_skb` (kernel 4.16+): counts retransmits of a pending
-//! reuse write; the count decides whether an unanswered reuse is a stall.
+//! `tp_btf/tcp_retransmit_skb` (4.16+; args `sk`, `skb`): counts
+//! retransmits of an outstanding request; a reuse is a `stall` only if its
+//! bytes were retransmitted and are still unacknowledged at the end.
 
-use aya_ebpf::{macros::tracepoint, programs::TracePointContext};
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
-use crate::common::SOCKS;
+use crate::common::{on_retransmit, storage};
 
-#[tracepoint(category = "tcp", name = "tcp_retransmit_skb")]
-pub fn tcp_retransmit_skb(ctx: TracePointContext) -> u32 {
-    // SAFETY: offset from /sys/kernel/tracing/events/tcp/tcp_retransmit_skb/format.
-    let sk = unsafe { ctx.read_at::<u64>(16).unwrap_or(0) };
-    if let Some(p) = SOCKS.get_ptr_mut(sk) {
-        // SAFETY: pointer from a successful map lookup.
-        let st = unsafe { &mut *p };
-        if st.reuse_ns != 0 {
-            st.retransmits += 1;
-        }
+#[btf_tracepoint(function = "tcp_retransmit_skb")]
+pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
+    if let Some(st) = storage(ctx.arg(0), false) {
+        on_retransmit(st);
     }
     0
 }

@@ -1,18 +1,27 @@
-//! The only module that touches aya: loads the embedded eBPF object, chooses
-//! and attaches the probe set for this kernel, and hands out typed events,
-//! loss counters and the per-socket table. Dropping [`Probes`] detaches and
-//! unloads everything (nothing is pinned).
+//! The only module that touches aya: loads the embedded eBPF object with
+//! kernel struct offsets resolved from the running kernel's BTF, chooses and
+//! attaches the probe set for this kernel, and hands out typed events, loss
+//! counters and the socket table. Dropping [`Probes`] detaches and unloads
+//! everything (nothing is pinned).
 
-use std::{io, os::fd::AsFd, path::Path};
+use std::{
+    io,
+    os::fd::AsFd,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use aya::{
-    maps::{HashMap as BpfHashMap, MapData, PerCpuArray, RingBuf},
-    programs::{RawTracePoint, TracePoint},
-    Ebpf, EbpfLoader,
+    maps::{MapData, PerCpuArray, RingBuf},
+    programs::{BtfTracePoint, FEntry, Iter},
+    Btf as AyaBtf, Ebpf, EbpfLoader,
 };
-use observer_common::{counter, globals, maps, SockState};
+use observer_common::{counter, globals, maps, Offsets, SockRecord, SOCK_RECORD_SIZE};
 
-use crate::event::{decode_bytes, Clock, DecodeError, SockEvent};
+use crate::{
+    btf::{Btf, BtfError},
+    event::{decode_bytes, Clock, DecodeError, SockEvent},
+};
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -22,10 +31,12 @@ static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/ob
 pub enum BpfError {
     #[error("this observer binary was built with AYA_BUILD_SKIP=1 and carries no eBPF object; build it with `cargo xtask run` (or `cargo build` after `cargo xtask setup`)")]
     NoObject,
-    #[error("observer needs root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN); run it with sudo or as root")]
-    NotRoot,
-    #[error("the kernel lacks the tracepoint {0}; observer needs Linux 6.5 or newer")]
-    MissingTracepoint(String),
+    #[error("observer lacks {0}; run it as root, or grant CAP_BPF and CAP_PERFMON (e.g. systemd `AmbientCapabilities=CAP_BPF CAP_PERFMON CAP_NET_ADMIN`, or `setcap cap_bpf,cap_perfmon,cap_net_admin+ep` on the binary)")]
+    MissingCapability(&'static str),
+    #[error("the kernel lacks {0}, which observer needs (Linux 5.15 or newer with BTF)")]
+    MissingHook(String),
+    #[error("kernel BTF: {0}")]
+    Btf(#[from] BtfError),
     #[error("mounting {what} at {path}: {source}; mount it by hand (`mount -t {what} {what} {path}`)")]
     Mount { what: &'static str, path: &'static str, source: io::Error },
     #[error("loading the eBPF object: {0}")]
@@ -36,6 +47,8 @@ pub enum BpfError {
     MissingMap(&'static str),
     #[error("map {name}: {source}")]
     Map { name: &'static str, source: aya::maps::MapError },
+    #[error("reading the socket table: {0}")]
+    Iter(io::Error),
     #[error("invalid setting: {0}")]
     Setting(String),
 }
@@ -45,10 +58,10 @@ pub enum BpfError {
 pub struct ProbeConfig {
     /// Minimum idle time before a write counts as a reuse.
     pub min_idle_ns: u64,
-    /// How long a retransmitted reuse may go unanswered before it is a stall.
+    /// How long a retransmitted reuse may stay unacknowledged before it is a stall.
     pub stall_after_ns: u64,
-    /// Capacity of the per-socket table.
-    pub max_sockets: u32,
+    /// A request unanswered this long is dropped as unresolved.
+    pub answer_within_ns: u64,
     /// Ring buffer size in bytes (a power of two, multiple of the page size).
     pub ring_buffer_bytes: u32,
     /// Also attach empty programs on the hot-path hooks (benchmarks).
@@ -60,7 +73,7 @@ impl Default for ProbeConfig {
         Self {
             min_idle_ns: 1_000_000_000,
             stall_after_ns: 1_000_000_000,
-            max_sockets: 65_536,
+            answer_within_ns: 300_000_000_000,
             ring_buffer_bytes: 1 << 20,
             bench_empty: false,
         }
@@ -70,80 +83,96 @@ impl Default for ProbeConfig {
 /// How a program attaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HookKind {
-    /// Classic tracepoint (`category:name`), arguments from the trace record.
-    TracePoint,
-    /// Raw tracepoint (`name`), arguments are the `TP_PROTO` values; cheaper.
-    RawTracePoint,
+    /// BTF-typed tracepoint (`tp_btf`, 5.5+).
+    BtfTracePoint,
+    /// `fentry` on a kernel function (5.5+, where the kernel allows it).
+    FEntry,
 }
 
-/// A tracepoint the probe set attaches.
+/// A hook the probe set attaches.
 #[derive(Debug, Clone, Copy)]
 pub struct Hook {
     /// Program name in the object.
     pub program: &'static str,
     pub kind: HookKind,
-    pub category: &'static str,
+    /// Tracepoint or kernel function name.
     pub name: &'static str,
 }
 
 impl Hook {
-    const fn tp(category: &'static str, name: &'static str) -> Self {
-        Self { program: name, kind: HookKind::TracePoint, category, name }
-    }
-
-    const fn raw(category: &'static str, name: &'static str) -> Self {
-        Self { program: name, kind: HookKind::RawTracePoint, category, name }
+    const fn tp(name: &'static str) -> Self {
+        Self { program: name, kind: HookKind::BtfTracePoint, name }
     }
 }
 
-/// Hooks for kernels with the `tcp_sendmsg_locked` and `sock_recv_length`
-/// tracepoints (6.5+). A fallback set for older kernels (kprobes on
-/// `tcp_sendmsg`/`tcp_recvmsg`) would be a second list chosen in
-/// [`ProbeSet::detect`]; nothing downstream depends on which set runs.
-const TRACEPOINTS_6_5: &[Hook] = &[
-    Hook::tp("sock", "inet_sock_set_state"),
-    Hook::raw("tcp", "tcp_sendmsg_locked"),
-    Hook::raw("sock", "sock_recv_length"),
-    Hook::tp("tcp", "tcp_receive_reset"),
-    Hook::tp("tcp", "tcp_retransmit_skb"),
-    Hook::tp("tcp", "tcp_destroy_sock"),
-    Hook::tp("sock", "inet_sk_error_report"),
+/// Hooks every set shares: BTF tracepoints present since 4.16.
+const STATE_HOOKS: &[Hook] = &[
+    Hook::tp("inet_sock_set_state"),
+    Hook::tp("tcp_rcv_space_adjust"),
+    Hook::tp("tcp_receive_reset"),
+    Hook::tp("tcp_retransmit_skb"),
+    Hook::tp("tcp_send_reset"),
 ];
+
+/// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
+const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
+/// Send hook elsewhere: `fentry` on the same function.
+const SEND_FENTRY: Hook =
+    Hook { program: "fentry_tcp_sendmsg_locked", kind: HookKind::FEntry, name: "tcp_sendmsg_locked" };
 
 /// Empty programs for benchmarks (`--bench-empty-probes`).
 const BENCH_EMPTY: &[Hook] = &[
-    Hook { program: "bench_empty_send", kind: HookKind::RawTracePoint, category: "tcp", name: "tcp_sendmsg_locked" },
-    Hook { program: "bench_empty_recv", kind: HookKind::RawTracePoint, category: "sock", name: "sock_recv_length" },
+    Hook { program: "bench_empty_send", kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
+    Hook { program: "bench_empty_recv", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },
 ];
 
 /// The set of hooks chosen for the running kernel.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProbeSet {
-    /// Tracepoints and raw tracepoints only (kernel 6.5+).
-    Tracepoints,
+    /// Every hook a BTF tracepoint (6.16+).
+    TpBtf,
+    /// Send hook by `fentry`, the rest BTF tracepoints (5.15+).
+    FEntrySend,
 }
 
 const TRACEFS: &str = "/sys/kernel/tracing";
 const BPFFS: &str = "/sys/fs/bpf";
 
 impl ProbeSet {
-    /// Choose the probe set from what the kernel offers.
-    pub fn detect() -> Result<Self, BpfError> {
-        for hook in TRACEPOINTS_6_5 {
-            let p = format!("{TRACEFS}/events/{}/{}", hook.category, hook.name);
-            if !Path::new(&p).exists() {
-                return Err(BpfError::MissingTracepoint(format!("{}:{}", hook.category, hook.name)));
+    /// Choose the probe set from what the kernel offers; the reason is for the log.
+    pub fn detect() -> Result<(Self, &'static str), BpfError> {
+        for hook in STATE_HOOKS {
+            if !tracepoint_exists(hook.name) {
+                return Err(BpfError::MissingHook(format!("the tracepoint {}", hook.name)));
             }
         }
-        Ok(Self::Tracepoints)
+        if tracepoint_exists(SEND_TP.name) {
+            Ok((Self::TpBtf, "the tcp_sendmsg_locked tracepoint exists"))
+        } else {
+            Ok((Self::FEntrySend, "no tcp_sendmsg_locked tracepoint (before 6.16): fentry on tcp_sendmsg_locked"))
+        }
     }
 
     #[must_use]
-    pub const fn hooks(self) -> &'static [Hook] {
+    pub fn hooks(self) -> Vec<Hook> {
+        let send = match self {
+            Self::TpBtf => SEND_TP,
+            Self::FEntrySend => SEND_FENTRY,
+        };
+        std::iter::once(send).chain(STATE_HOOKS.iter().copied()).collect()
+    }
+
+    #[must_use]
+    pub const fn name(self) -> &'static str {
         match self {
-            Self::Tracepoints => TRACEPOINTS_6_5,
+            Self::TpBtf => "tp_btf",
+            Self::FEntrySend => "fentry_send",
         }
     }
+}
+
+fn tracepoint_exists(name: &str) -> bool {
+    ["tcp", "sock"].iter().any(|cat| Path::new(&format!("{TRACEFS}/events/{cat}/{name}")).exists())
 }
 
 /// Kernel-side loss and bookkeeping counters (summed over CPUs).
@@ -151,9 +180,10 @@ impl ProbeSet {
 pub struct KernelCounters {
     /// Events lost because the ring buffer was full.
     pub ringbuf_full: u64,
-    /// Sockets not tracked because the socket table was full.
+    /// Sockets not tracked because the kernel refused socket-local storage.
     pub map_full: u64,
-    /// Reuses that ended without any outcome (one-way writes, early close).
+    /// Reuses that ended without an outcome (unanswered within the bound,
+    /// one-way writers, sockets that ended without a verdict).
     pub reuse_unresolved: u64,
 }
 
@@ -165,13 +195,76 @@ pub struct Attached {
     pub prog_id: u32,
 }
 
+/// Resolve every kernel field the programs read from the kernel's BTF.
+pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
+    let skc = |f| btf.offset("sock_common", f);
+    let shutdown = btf.field("sock", "sk_shutdown")?;
+    Ok(Offsets {
+        skc_daddr: skc("skc_daddr")?,
+        skc_rcv_saddr: skc("skc_rcv_saddr")?,
+        skc_dport: skc("skc_dport")?,
+        skc_num: skc("skc_num")?,
+        skc_family: skc("skc_family")?,
+        skc_v6_daddr: skc("skc_v6_daddr")?,
+        skc_v6_rcv_saddr: skc("skc_v6_rcv_saddr")?,
+        skc_flags: skc("skc_flags")?,
+        sock_keepopen_bit: u64::try_from(btf.enum_value("sock_flags", "SOCK_KEEPOPEN")?)
+            .map_err(|_| BtfError::NotFound("a non-negative SOCK_KEEPOPEN".into()))?,
+        sk_err: btf.offset("sock", "sk_err")?,
+        sk_protocol: btf.offset("sock", "sk_protocol")?,
+        sk_shutdown: shutdown.byte(),
+        sk_shutdown_shift: shutdown.shift(),
+        write_seq: btf.offset("tcp_sock", "write_seq")?,
+        snd_una: btf.offset("tcp_sock", "snd_una")?,
+        rcv_nxt: btf.offset("tcp_sock", "rcv_nxt")?,
+        keepalive_time: btf.offset("tcp_sock", "keepalive_time")?,
+    })
+}
+
+/// Effective capabilities of this process (`CapEff` in /proc/self/status).
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
+        })
+        .unwrap_or(0)
+}
+
+/// Check the capabilities loading needs, before anything else is touched.
+pub fn check_capabilities() -> Result<(), BpfError> {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1 << c) != 0;
+    // CAP_SYS_ADMIN implies both on every kernel.
+    if has(CAP_SYS_ADMIN) {
+        return Ok(());
+    }
+    if !has(CAP_BPF) {
+        return Err(BpfError::MissingCapability("CAP_BPF"));
+    }
+    if !has(CAP_PERFMON) {
+        return Err(BpfError::MissingCapability("CAP_PERFMON (needed for tracing programs)"));
+    }
+    Ok(())
+}
+
 /// Loaded and attached probes.
 pub struct Probes {
-    ebpf: Ebpf,
+    /// Link of the `iter/tcp` program; each read creates an iterator from it.
+    iter_link: std::os::fd::OwnedFd,
+    /// Whether reading other network namespaces' sockets was refused (logged once).
+    netns_refused: std::sync::atomic::AtomicBool,
+    /// Owns the programs and their links: dropping it detaches everything.
+    _ebpf: Ebpf,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
     attached: Vec<Attached>,
+    set: ProbeSet,
     clock: Clock,
+    clock_sampled: Instant,
 }
 
 fn is_mounted(path: &str, fstype: &str) -> bool {
@@ -221,25 +314,24 @@ impl Probes {
         if OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err(BpfError::NotRoot);
-        }
+        check_capabilities()?;
         if !config.ring_buffer_bytes.is_power_of_two() || config.ring_buffer_bytes < 4096 {
             return Err(BpfError::Setting(format!(
                 "ring buffer size {} must be a power of two and at least 4096 bytes",
                 config.ring_buffer_bytes
             )));
         }
-        if config.max_sockets == 0 {
-            return Err(BpfError::Setting("max sockets must be at least 1".into()));
-        }
         ensure_filesystems()?;
-        let set = ProbeSet::detect()?;
+        let (set, why) = ProbeSet::detect()?;
+        log::info!("probe set {}: {why}", set.name());
+        let offsets = resolve_offsets(&Btf::from_sys_fs()?)?;
+        let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
         let mut ebpf = EbpfLoader::new()
+            .btf(Some(&kernel_btf))
             .override_global(globals::MIN_IDLE_NS, &config.min_idle_ns, true)
             .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
-            .map_max_entries(maps::SOCKS, config.max_sockets)
+            .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
+            .override_global(globals::OFFSETS, &offsets, true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
         let mut attached = Vec::new();
@@ -248,27 +340,47 @@ impl Probes {
             let err = |source| BpfError::Program { name: hook.program, source };
             let prog = ebpf.program_mut(hook.program).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
             let prog_id = match hook.kind {
-                HookKind::TracePoint => {
-                    let prog: &mut TracePoint = prog.try_into().map_err(err)?;
-                    prog.load().map_err(err)?;
-                    prog.attach(hook.category, hook.name).map_err(err)?;
+                HookKind::BtfTracePoint => {
+                    let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
+                    prog.load(hook.name, &kernel_btf).map_err(err)?;
+                    prog.attach().map_err(err)?;
                     prog.info().map_err(err)?.id()
                 }
-                HookKind::RawTracePoint => {
-                    let prog: &mut RawTracePoint = prog.try_into().map_err(err)?;
-                    prog.load().map_err(err)?;
-                    prog.attach(hook.name).map_err(err)?;
+                HookKind::FEntry => {
+                    let prog: &mut FEntry = prog.try_into().map_err(err)?;
+                    prog.load(hook.name, &kernel_btf).map_err(err)?;
+                    prog.attach().map_err(err)?;
                     prog.info().map_err(err)?.id()
                 }
             };
             attached.push(Attached { hook: *hook, prog_id });
         }
+        let iter_link = {
+            let err = |source| BpfError::Program { name: "iter_tcp", source };
+            let prog: &mut Iter = ebpf
+                .program_mut("iter_tcp")
+                .ok_or(err(aya::programs::ProgramError::NotLoaded))?
+                .try_into()
+                .map_err(err)?;
+            prog.load("tcp", &kernel_btf).map_err(err)?;
+            iter::link_create(prog.fd().map_err(err)?.as_fd()).map_err(BpfError::Iter)?
+        };
         let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
             .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
         let counters =
             PerCpuArray::try_from(ebpf.take_map(maps::COUNTERS).ok_or(BpfError::MissingMap(maps::COUNTERS))?)
                 .map_err(|source| BpfError::Map { name: maps::COUNTERS, source })?;
-        Ok(Self { ebpf, ring, counters, attached, clock: Clock::now() })
+        Ok(Self {
+            iter_link,
+            netns_refused: std::sync::atomic::AtomicBool::new(false),
+            _ebpf: ebpf,
+            ring,
+            counters,
+            attached,
+            set,
+            clock: Clock::now(),
+            clock_sampled: Instant::now(),
+        })
     }
 
     /// The probes attached, in attach order.
@@ -277,13 +389,25 @@ impl Probes {
         &self.attached
     }
 
+    /// The probe set chosen for this kernel.
+    #[must_use]
+    pub const fn probe_set(&self) -> ProbeSet {
+        self.set
+    }
+
     /// A duplicate of the ring buffer's fd, to wait for readiness on.
     pub fn ring_fd(&self) -> io::Result<std::os::fd::OwnedFd> {
         self.ring.as_fd().try_clone_to_owned()
     }
 
-    /// Decode every event waiting in the ring buffer, in order.
+    /// Decode every event waiting in the ring buffer, in order. The wall
+    /// clock offset is resampled every second, so an NTP step moves later
+    /// events with it.
     pub fn drain(&mut self, mut f: impl FnMut(Result<SockEvent, DecodeError>)) -> usize {
+        if self.clock_sampled.elapsed() >= Duration::from_secs(1) {
+            self.clock = Clock::now();
+            self.clock_sampled = Instant::now();
+        }
         let mut n = 0;
         while let Some(item) = self.ring.next() {
             f(decode_bytes(&item, self.clock));
@@ -305,17 +429,124 @@ impl Probes {
         })
     }
 
-    /// Snapshot of the per-socket table: (socket id, state).
-    pub fn sockets(&self) -> Result<Vec<(u64, SockState)>, BpfError> {
-        let map = self.ebpf.map(maps::SOCKS).ok_or(BpfError::MissingMap(maps::SOCKS))?;
-        let table: BpfHashMap<_, u64, SockState> =
-            BpfHashMap::try_from(map).map_err(|source| BpfError::Map { name: maps::SOCKS, source })?;
-        Ok(table.iter().filter_map(Result::ok).collect())
+    /// Every tracked TCP socket now, from the `iter/tcp` program. A TCP
+    /// iterator lists the network namespace it is created in, so one is
+    /// created in each namespace a process uses (entering it takes
+    /// CAP_SYS_ADMIN; without it only the daemon's own namespace is listed,
+    /// and that is logged once).
+    pub fn sockets(&self) -> Result<Vec<SockRecord>, BpfError> {
+        let mut buf = iter::read(&self.iter_link).map_err(BpfError::Iter)?;
+        for ns in iter::other_netns() {
+            match iter::read_in(&ns, &self.iter_link) {
+                Ok(more) => buf.extend_from_slice(&more),
+                Err(e) => {
+                    if !self.netns_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                        log::warn!(
+                            "the at-risk view covers this network namespace only: entering {}: {e}",
+                            ns.display()
+                        );
+                    }
+                    break;
+                }
+            }
+        }
+        Ok(buf
+            .chunks_exact(SOCK_RECORD_SIZE)
+            // SAFETY: exact-size chunk of a POD record without padding.
+            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<SockRecord>()) })
+            .collect())
     }
 
     /// The clock used to convert kernel timestamps.
     #[must_use]
     pub const fn clock(&self) -> Clock {
         self.clock
+    }
+}
+
+/// BPF iterator plumbing aya does not expose: the link's fd, and iterators
+/// created inside other network namespaces.
+mod iter {
+    use std::{
+        collections::HashSet,
+        fs::File,
+        io::{self, Read as _},
+        os::{
+            fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+            unix::fs::MetadataExt as _,
+        },
+        path::{Path, PathBuf},
+    };
+
+    /// `BPF_LINK_CREATE`, `BPF_ITER_CREATE` and `BPF_TRACE_ITER` (uapi, stable).
+    const BPF_LINK_CREATE: libc::c_long = 28;
+    const BPF_ITER_CREATE: libc::c_long = 33;
+    const BPF_TRACE_ITER: u32 = 28;
+
+    fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> io::Result<OwnedFd> {
+        // SAFETY: a bpf(2) call with a zero-padded attribute buffer of the
+        // size passed; the kernel returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), std::mem::size_of_val(attr)) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel handed us this fd.
+        Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
+    }
+
+    /// Attach the iterator program: a link iterators are created from.
+    pub fn link_create(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+        let mut attr = [0u32; 16];
+        attr[0] = u32::try_from(prog.as_raw_fd()).map_err(io::Error::other)?;
+        attr[2] = BPF_TRACE_ITER;
+        bpf(BPF_LINK_CREATE, &mut attr)
+    }
+
+    /// Run the iterator in the calling thread's network namespace.
+    pub fn read(link: &OwnedFd) -> io::Result<Vec<u8>> {
+        let mut attr = [0u32; 16];
+        attr[0] = u32::try_from(link.as_raw_fd()).map_err(io::Error::other)?;
+        let mut file = File::from(bpf(BPF_ITER_CREATE, &mut attr)?);
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+
+    /// Run the iterator inside the network namespace `ns` (a
+    /// `/proc/PID/ns/net` path), from a short-lived thread.
+    pub fn read_in(ns: &Path, link: &OwnedFd) -> io::Result<Vec<u8>> {
+        let file = File::open(ns)?;
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // SAFETY: setns on a namespace fd; it changes only this thread.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                read(link)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("iterator thread panicked")))
+        })
+    }
+
+    /// One `/proc/PID/ns/net` path per network namespace in use, other
+    /// than ours.
+    pub fn other_netns() -> Vec<PathBuf> {
+        let own = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+        let mut seen = HashSet::from([own]);
+        let mut out = Vec::new();
+        let Ok(dir) = std::fs::read_dir("/proc") else { return out };
+        for entry in dir.flatten() {
+            if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+                continue;
+            }
+            let path = entry.path().join("ns/net");
+            if let Ok(m) = std::fs::metadata(&path) {
+                if seen.insert(m.ino()) {
+                    out.push(path);
+                }
+            }
+        }
+        out
     }
 }

@@ -179,12 +179,18 @@ pub struct RunArgs {
     /// A write after at least this much silence is a reuse.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub min_idle: Duration,
-    /// A retransmitted reuse unanswered this long is a stall.
+    /// A reuse whose bytes were retransmitted and stay unacknowledged this
+    /// long, until the socket ends, is a stall.
     #[arg(long, value_parser = parse_duration, default_value = "1s")]
     pub stall_after: Duration,
-    /// Capacity of the kernel's per-socket table.
-    #[arg(long, default_value_t = 65_536)]
-    pub max_sockets: u32,
+    /// A request with no answer within this bound is dropped as unresolved
+    /// (counted) and never attributed to a later close.
+    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    pub answer_within: Duration,
+    /// Ignored since per-socket state moved to socket-local storage (no
+    /// table to size); accepted so existing command lines keep working.
+    #[arg(long, hide = true)]
+    pub max_sockets: Option<u32>,
     /// Size of the kernel-to-userspace ring buffer (power of two, >= 4096).
     #[arg(long, value_parser = parse_size, default_value = "1MiB")]
     pub ring_buffer: u32,

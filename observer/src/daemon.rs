@@ -151,17 +151,20 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
     let config = ProbeConfig {
         min_idle_ns: nanos(args.min_idle),
         stall_after_ns: nanos(args.stall_after),
-        max_sockets: args.max_sockets,
+        answer_within_ns: nanos(args.answer_within),
         ring_buffer_bytes: args.ring_buffer,
         bench_empty: args.bench_empty_probes,
     };
+    if args.max_sockets.is_some() {
+        warn!("--max-sockets is ignored: per-socket state lives in socket-local storage, freed with each socket");
+    }
     let probes = Probes::load(&config).context("bringing up the probes")?;
     for a in probes.attached() {
         let kind = match a.hook.kind {
-            bpf::HookKind::TracePoint => "tracepoint",
-            bpf::HookKind::RawTracePoint => "raw tracepoint",
+            bpf::HookKind::BtfTracePoint => "tp_btf",
+            bpf::HookKind::FEntry => "fentry",
         };
-        info!("attached {kind} {}:{} (program {}, id {})", a.hook.category, a.hook.name, a.hook.program, a.prog_id);
+        info!("attached {kind}/{} (program {}, id {})", a.hook.name, a.hook.program, a.prog_id);
     }
     Ok(probes)
 }
@@ -171,8 +174,8 @@ fn refresh_sockets(probes: &Probes, shared: &Shared) {
     match probes.sockets() {
         Ok(table) => {
             shared.metrics.set_tracked_sockets(table.len());
-            let now = clock_ns(libc::CLOCK_MONOTONIC);
-            let views: Vec<_> = table.iter().filter_map(|(_, st)| crate::event::view_of(st, now)).collect();
+            let now = clock_ns(libc::CLOCK_BOOTTIME);
+            let views: Vec<_> = table.iter().filter_map(|rec| crate::event::view_of(rec, now)).collect();
             shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views);
         }
         Err(e) => warn!("reading the socket table: {e}"),
@@ -211,8 +214,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         store_dropped: 0,
     };
     info!(
-        "observer running: min_idle={:?} stall_after={:?} max_sockets={} ring_buffer={}B",
-        args.min_idle, args.stall_after, args.max_sockets, args.ring_buffer
+        "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
+        probes.probe_set().name(),
+        args.min_idle,
+        args.stall_after,
+        args.answer_within,
+        args.ring_buffer
     );
 
     let ring_fd = probes.ring_fd().context("duplicating the ring buffer fd")?;

@@ -10,7 +10,7 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use observer_common::{flags, how, kind, outcome, role, Event, SockState, AF_INET, AF_INET6, EVENT_SIZE};
+use observer_common::{flags, how, kind, outcome, role, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE};
 use serde::{Deserialize, Serialize};
 
 /// Why a record could not be decoded.
@@ -35,8 +35,18 @@ pub enum EventKind {
     Reuse,
     /// The peer closed (FIN or RST) a socket idle with nothing outstanding.
     PeerCloseWhileIdle,
-    /// The local process closed a socket (idle, or with a request outstanding).
+    /// The local process closed a socket it held idle (a pool idle close),
+    /// or closed after the peer had (`peer_closed_first`).
     LocalClose,
+    /// The peer closed or reset a connection after receiving a request and
+    /// before any response byte: the peer's request deadline, observed.
+    RequestAborted,
+    /// We closed a connection with a request outstanding: our own request
+    /// deadline, observed.
+    RequestTimeout,
+    /// Server side: a client wrote on a connection we had already closed
+    /// idle, and the kernel answered with an RST.
+    LateReuse,
 }
 
 impl EventKind {
@@ -49,6 +59,9 @@ impl EventKind {
             Self::Reuse => "reuse",
             Self::PeerCloseWhileIdle => "peer_close_while_idle",
             Self::LocalClose => "local_close",
+            Self::RequestAborted => "request_aborted",
+            Self::RequestTimeout => "request_timeout",
+            Self::LateReuse => "late_reuse",
         }
     }
 }
@@ -109,6 +122,8 @@ pub enum How {
     LocalClose,
     Timeout,
     Destroyed,
+    /// `ok`: the response arrived, then the peer's FIN or RST.
+    ClosedAfterResponse,
 }
 
 impl How {
@@ -121,6 +136,7 @@ impl How {
             Self::LocalClose => "local_close",
             Self::Timeout => "timeout",
             Self::Destroyed => "destroyed",
+            Self::ClosedAfterResponse => "closed_after_response",
         }
     }
 }
@@ -143,10 +159,11 @@ pub struct SockEvent {
     /// Reuse outcome (reuse events only).
     #[serde(default)]
     pub outcome: Option<Outcome>,
-    /// Time from the reuse write to its outcome, seconds (reuse events only).
+    /// Reuses, `request_aborted`, `request_timeout`: seconds from the
+    /// request write to the event; `late_reuse`: seconds since our close.
     #[serde(default)]
     pub elapsed_seconds: Option<f64>,
-    /// Retransmits of the reuse write before the outcome.
+    /// Retransmits of the request before the outcome.
     #[serde(default)]
     pub retransmits: u32,
     /// The peer's FIN came before the reuse write: no byte reached a live
@@ -165,7 +182,25 @@ pub struct SockEvent {
     /// Socket was open before observer started.
     #[serde(default)]
     pub preexisting: bool,
-    /// Opaque socket identity while the socket lives.
+    /// TCP keep-alive was on (`SO_KEEPALIVE`).
+    #[serde(default)]
+    pub keepalive: bool,
+    /// Keep-alive idle time in seconds, when keep-alive is on and the
+    /// kernel's tick rate is known (absent: the sysctl default applies, or
+    /// it could not be converted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive_idle_seconds: Option<f64>,
+    /// A small control write (TLS `close_notify`, GOAWAY) just before this
+    /// close was taken as part of it.
+    #[serde(default)]
+    pub control_write: bool,
+    /// The request of a `request_aborted`/`request_timeout` was a reuse.
+    #[serde(default)]
+    pub reuse: bool,
+    /// Request bytes written (`request_aborted`/`request_timeout`).
+    #[serde(default)]
+    pub bytes: u32,
+    /// Per-boot socket number (never a kernel address).
     #[serde(default)]
     pub sock_id: u64,
 }
@@ -180,50 +215,71 @@ pub struct SocketView {
     pub idle_seconds: f64,
 }
 
-/// Decode a kernel per-socket record, with its idle age at `now_mono_ns`.
-/// Sockets with no payload seen yet are skipped.
+/// Decode a kernel socket record, with its idle age at `now_ns` (boot
+/// clock). Sockets with no payload seen yet, and sockets with a request
+/// outstanding (not idle), are skipped.
 #[must_use]
-pub fn view_of(st: &SockState, now_mono_ns: u64) -> Option<SocketView> {
-    let last = st.last_send_ns.max(st.last_recv_ns);
-    if last == 0 {
+pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
+    if rec.last_ns == 0 || rec.req_ns != 0 {
         return None;
     }
-    let local = addr(st.family, st.saddr, st.sport).ok()?;
-    let remote = addr(st.family, st.daddr, st.dport).ok()?;
-    let role = match st.role {
+    let local = addr(rec.family, rec.saddr, rec.sport).ok()?;
+    let remote = addr(rec.family, rec.daddr, rec.dport).ok()?;
+    let role = match rec.role {
         role::CLIENT => Role::Client,
         role::SERVER => Role::Server,
-        _ => guess_role(st.sport, st.dport),
+        _ => guess_role(rec.sport, rec.dport),
     };
-    Some(SocketView { local, remote, role, idle_seconds: secs(now_mono_ns.saturating_sub(last)) })
+    Some(SocketView { local, remote, role, idle_seconds: secs(now_ns.saturating_sub(rec.last_ns)) })
 }
 
-/// Converts the kernel's monotonic timestamps into wall-clock time.
+/// Converts the kernel's boot-clock timestamps (`CLOCK_BOOTTIME`, which
+/// counts suspend) into wall-clock time, and jiffies into seconds.
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
-    /// realtime - monotonic, in ns.
+    /// realtime - boottime, in ns.
     offset_ns: i128,
+    /// The kernel's tick rate (`CONFIG_HZ`), when known.
+    hz: Option<u32>,
 }
 
 impl Clock {
     /// Sample both clocks now.
     #[must_use]
     pub fn now() -> Self {
-        let mono = clock_ns(libc::CLOCK_MONOTONIC);
+        let boot = clock_ns(libc::CLOCK_BOOTTIME);
         let real = clock_ns(libc::CLOCK_REALTIME);
-        Self { offset_ns: i128::from(real) - i128::from(mono) }
+        Self { offset_ns: i128::from(real) - i128::from(boot), hz: kernel_hz() }
     }
 
     /// A clock with a fixed offset (recordings, tests).
     #[must_use]
     pub const fn with_offset_ns(offset_ns: i128) -> Self {
-        Self { offset_ns }
+        Self { offset_ns, hz: Some(250) }
     }
 
     #[must_use]
     pub fn to_unix_ns(self, mono_ns: u64) -> u64 {
         u64::try_from((i128::from(mono_ns) + self.offset_ns).max(0)).unwrap_or(u64::MAX)
     }
+}
+
+/// `CONFIG_HZ` of the running kernel, from `/proc/config.gz` or
+/// `/boot/config-<release>`; `None` when neither is readable.
+fn kernel_hz() -> Option<u32> {
+    use std::io::Read as _;
+    static HZ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        let mut text = String::new();
+        if let Ok(f) = std::fs::File::open("/proc/config.gz") {
+            let _ = flate2::read::GzDecoder::new(f).read_to_string(&mut text);
+        }
+        if text.is_empty() {
+            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+            text = std::fs::read_to_string(format!("/boot/config-{}", release.trim())).unwrap_or_default();
+        }
+        text.lines().find_map(|l| l.strip_prefix("CONFIG_HZ=")).and_then(|v| v.trim().parse().ok())
+    })
 }
 
 /// `clock_gettime` in ns.
@@ -285,6 +341,9 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         kind::REUSE => EventKind::Reuse,
         kind::PEER_CLOSE => EventKind::PeerCloseWhileIdle,
         kind::LOCAL_CLOSE => EventKind::LocalClose,
+        kind::REQUEST_ABORTED => EventKind::RequestAborted,
+        kind::REQUEST_TIMEOUT => EventKind::RequestTimeout,
+        kind::LATE_REUSE => EventKind::LateReuse,
         other => return Err(DecodeError::Kind(other)),
     };
     let local = addr(raw.family, raw.saddr, raw.sport)?;
@@ -308,9 +367,17 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         how::LOCAL_CLOSE => Some(How::LocalClose),
         how::TIMEOUT => Some(How::Timeout),
         how::DESTROYED => Some(How::Destroyed),
+        how::CLOSED_AFTER_RESPONSE => Some(How::ClosedAfterResponse),
         _ => None,
     };
     let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());
+    let keepalive = raw.flags & flags::KEEPALIVE != 0;
+    let keepalive_idle_seconds = match (keepalive, raw.keepalive_jiffies, clock.hz) {
+        (true, j, Some(hz)) if j > 0 && hz > 0 => Some(f64::from(j) / f64::from(hz)),
+        _ => None,
+    };
+    let timed =
+        matches!(kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse);
     Ok(SockEvent {
         ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
         kind,
@@ -321,13 +388,18 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         remote,
         idle_seconds: secs(raw.idle_ns),
         outcome: if kind == EventKind::Reuse { outcome } else { None },
-        elapsed_seconds: (kind == EventKind::Reuse).then(|| secs(raw.elapsed_ns)),
+        elapsed_seconds: timed.then(|| secs(raw.elapsed_ns)),
         retransmits: raw.retransmits,
         safe_to_retry: raw.flags & flags::FIN_BEFORE_WRITE != 0,
         how,
         request_outstanding: raw.flags & flags::REQUEST_OUTSTANDING != 0,
         peer_closed_first: raw.flags & flags::PEER_CLOSED_FIRST != 0,
         preexisting: raw.flags & flags::PREEXISTING != 0,
+        keepalive,
+        keepalive_idle_seconds,
+        control_write: raw.flags & flags::CONTROL_WRITE != 0,
+        reuse: raw.flags & flags::REUSE != 0,
+        bytes: raw.bytes,
         sock_id: raw.sock_id,
     })
 }
@@ -361,6 +433,11 @@ impl SockEvent {
             request_outstanding: false,
             peer_closed_first: false,
             preexisting: false,
+            keepalive: false,
+            keepalive_idle_seconds: None,
+            control_write: false,
+            reuse: false,
+            bytes: 0,
             sock_id: 0,
         }
     }
@@ -403,9 +480,11 @@ impl fmt::Display for SockEvent {
         )?;
         if let Some(o) = self.outcome {
             write!(f, " outcome={}", o.as_str())?;
-            if let Some(e) = self.elapsed_seconds {
-                write!(f, " after={e:.3}s")?;
-            }
+        }
+        if let Some(e) = self.elapsed_seconds {
+            write!(f, " after={e:.3}s")?;
+        }
+        if self.outcome.is_some() {
             write!(f, " retransmits={} safe_to_retry={}", self.retransmits, self.safe_to_retry)?;
         }
         if let Some(h) = self.how {
@@ -419,6 +498,15 @@ impl fmt::Display for SockEvent {
         }
         if self.preexisting {
             write!(f, " preexisting")?;
+        }
+        if self.control_write {
+            write!(f, " control_write")?;
+        }
+        if self.keepalive {
+            match self.keepalive_idle_seconds {
+                Some(k) => write!(f, " keepalive={k:.0}s")?,
+                None => write!(f, " keepalive")?,
+            }
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 pub mod aggregate;
 pub mod bench;
 pub mod bpf;
+pub mod btf;
 pub mod cli;
 pub mod daemon;
 pub mod estimate;

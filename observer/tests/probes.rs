@@ -163,8 +163,9 @@ fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     ensure!(recs.len() == 1, "client printed {recs:?}");
     assert_eq!(recs[0].result, "timeout", "the client's read timed out");
     let local = recs[0].local_addr();
-    let events = daemon.wait_for("the stall and the local close", Duration::from_secs(5), |evs| {
-        !reuses_from(evs, local).is_empty() && evs.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local)
+    let events = daemon.wait_for("the stall and the request timeout", Duration::from_secs(5), |evs| {
+        !reuses_from(evs, local).is_empty()
+            && evs.iter().any(|e| e.kind == EventKind::RequestTimeout && e.local == local)
     })?;
     let (stall, err) = matching(&events, &recs[0])?;
     assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
@@ -172,8 +173,15 @@ fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     assert_eq!(stall.how, Some(How::LocalClose), "the stall ended when the client gave up: {stall:?}");
     assert!(stall.local.is_ipv6() && stall.remote.is_ipv6(), "{stall:?}");
     assert!(err < 0.020, "idle-age error {err}");
-    let close = events.iter().find(|e| e.kind == EventKind::LocalClose && e.local == local).context("local close")?;
-    assert!(close.request_outstanding, "{close:?}");
+    // Our read timeout is our own request deadline; it is not a pool idle close.
+    let timeout =
+        events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
+    assert!(timeout.reuse && timeout.request_outstanding, "{timeout:?}");
+    assert!(
+        (timeout.elapsed_seconds.unwrap_or_default() - 2.0).abs() < 0.1,
+        "the client's 2 s read timeout: {timeout:?}"
+    );
+    assert!(!events.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local), "no pool idle close");
     eprintln!(
         "MEASURED drop: {} events; stall idle {:.3} s, {} retransmits, ended by {:?} after {:.3} s; idle-age error {:.1} ms",
         events.len(),
@@ -408,14 +416,16 @@ fn stall_ended_by_a_local_abort() -> Result<()> {
     ensure!(recs.len() == 1 && recs[0].result == "timeout", "client printed {recs:?}");
     let local = recs[0].local_addr();
     let events = daemon.wait_for("the stall and the abort", Duration::from_secs(5), |evs| {
-        !reuses_from(evs, local).is_empty() && evs.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local)
+        !reuses_from(evs, local).is_empty()
+            && evs.iter().any(|e| e.kind == EventKind::RequestTimeout && e.local == local)
     })?;
     let (stall, err) = matching(&events, &recs[0])?;
     assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
     assert_eq!(stall.how, Some(How::LocalClose), "{stall:?}");
     assert!(stall.retransmits >= 1 && err < 0.020, "{stall:?}");
-    let close = events.iter().find(|e| e.kind == EventKind::LocalClose && e.local == local).context("local close")?;
-    assert!(close.request_outstanding, "{close:?}");
+    let timeout =
+        events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
+    assert!(timeout.request_outstanding && timeout.reuse, "{timeout:?}");
     eprintln!(
         "MEASURED abort: stall {} retransmits, ended by {:?} after {:.3} s",
         stall.retransmits,

@@ -425,7 +425,7 @@ fn kernel_cost(plan: &Plan, bt_script: &Path) -> Result<Value> {
         b.stop()?;
         let get = |m: &BTreeMap<String, (f64, u64)>, k: &str| m.get(k).map_or(f64::NAN, |v| v.0);
         let send = get(&ours, "tcp_sendmsg_locked");
-        let recv = get(&ours, "sock_recv_length");
+        let recv = get(&ours, "tcp_rcv_space_adjust");
         let e_send = get(&ours, "bench_empty_send");
         let e_recv = get(&ours, "bench_empty_recv");
         Ok(json!({
@@ -556,7 +556,7 @@ fn memory_phase(plan: &Plan) -> Result<Value> {
     let mut port_list: Vec<u16> =
         listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?;
     port_list.sort_unstable();
-    let o = Observer::start(&["--max-sockets", "262144", "--min-idle", "0s"], &tmp("mem"))?;
+    let o = Observer::start(&["--min-idle", "0s"], &tmp("mem"))?;
     let rss_idle = rss_kib(o.pid())?;
     // Each helper holds at most ~16,000 sockets (the fd limit here is 20,000).
     let ports_per_helper = (16_000 / per_port).max(1);
@@ -747,7 +747,7 @@ fn markdown(r: &Value) -> String {
     // Why the hot path costs what it costs: the probes' own run time per
     // round trip against the CPU time a round trip takes.
     let g = |k: &str| kc["observer_ns_per_run"][k]["ns"].as_f64().unwrap_or(f64::NAN);
-    let per_rt = 2.0 * g("tcp_sendmsg_locked") + 2.0 * g("sock_recv_length");
+    let per_rt = 2.0 * g("tcp_sendmsg_locked") + 2.0 * g("tcp_rcv_space_adjust");
     let rt_none = med(&hp["round_trips_per_second"]["none"]);
     let cores = m["cores"].as_f64().unwrap_or(1.0);
     let cpu_per_rt_ns = cores / rt_none * 1e9;

@@ -240,22 +240,23 @@ fn check_kernel() -> Result<()> {
         status(Command::new("mount").args(["-t", "tracefs", "tracefs", "/sys/kernel/tracing"]))
             .context("mounting tracefs")?;
     }
+    if !Path::new("/sys/kernel/btf/vmlinux").exists() {
+        bail!("the kernel has no BTF (/sys/kernel/btf/vmlinux): observer needs CONFIG_DEBUG_INFO_BTF=y");
+    }
     let mut missing = Vec::new();
     for tp in [
         "sock/inet_sock_set_state",
-        "tcp/tcp_sendmsg_locked",
-        "sock/sock_recv_length",
+        "tcp/tcp_rcv_space_adjust",
         "tcp/tcp_receive_reset",
         "tcp/tcp_retransmit_skb",
-        "tcp/tcp_destroy_sock",
-        "sock/inet_sk_error_report",
+        "tcp/tcp_send_reset",
     ] {
         if !tracefs.join("events").join(tp).exists() {
             missing.push(tp);
         }
     }
     if !missing.is_empty() {
-        bail!("the kernel lacks tracepoints observer needs: {} (Linux 6.3+ required)", missing.join(", "));
+        bail!("the kernel lacks tracepoints observer needs: {} (Linux 5.15+ required)", missing.join(", "));
     }
     Ok(())
 }

@@ -1,0 +1,20 @@
+//! Receive hook, hot path: `tp_btf/tcp_rcv_space_adjust` (4.16+) fires in
+//! `tcp_recvmsg` under the socket lock each time data is copied to the
+//! application; a zero-length read or an end-of-stream read does not fire
+//! it, so neither can pass for a response or an EOF.
+//!
+//! Cost: one socket-local storage lookup (no create) and a timestamp per
+//! read; one field read (`rcv_nxt`) while a request is outstanding.
+
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+
+use crate::common::{now, on_read, storage};
+
+#[btf_tracepoint(function = "tcp_rcv_space_adjust")]
+pub fn tcp_rcv_space_adjust(ctx: BtfTracePointContext) -> i32 {
+    let sk = ctx.arg(0);
+    if let Some(st) = storage(sk, false) {
+        on_read(sk, st, now());
+    }
+    0
+}

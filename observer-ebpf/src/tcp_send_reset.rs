@@ -1,0 +1,20 @@
+//! `tp_btf/tcp_send_reset` (4.16+; args `sk`, `skb`, and a reason from
+//! 6.10): the kernel answers a segment with an RST. When `sk` (a full or
+//! time-wait socket) is a connection our server side closed idle, a client
+//! wrote on it after our close: `late_reuse`, the race seen from the
+//! server. With no socket left at all (`sk` NULL) nothing is reported.
+
+use core::ffi::c_void;
+
+use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
+
+use crate::common::{now, on_send_reset};
+
+#[btf_tracepoint(function = "tcp_send_reset")]
+pub fn tcp_send_reset(ctx: BtfTracePointContext) -> i32 {
+    let sk: *const c_void = ctx.arg(0);
+    if !sk.is_null() {
+        on_send_reset(sk, now());
+    }
+    0
+}

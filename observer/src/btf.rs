@@ -1,0 +1,355 @@
+//! A small reader of the kernel's BTF (`/sys/kernel/btf/vmlinux`): struct
+//! member offsets (through anonymous unions and structs, bitfields
+//! included) and enum values. The probes read `struct sock`/`tcp_sock`
+//! fields at offsets resolved here at load time, so one eBPF object runs
+//! on every kernel layout instead of baking in one kernel's offsets.
+//!
+//! Format: `Documentation/bpf/btf.rst` (header, type section, string
+//! section; type ids start at 1).
+
+use std::{collections::HashMap, path::Path};
+
+/// What can go wrong reading BTF.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BtfError {
+    #[error("reading {path}: {reason}; observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (most distribution kernels from 5.4 on are)")]
+    Missing { path: String, reason: String },
+    #[error("BTF data is malformed: {0}")]
+    Malformed(&'static str),
+    #[error("the kernel's BTF has no {0}")]
+    NotFound(String),
+}
+
+const MAGIC: u16 = 0xeb9f;
+const KIND_INT: u32 = 1;
+const KIND_ARRAY: u32 = 3;
+const KIND_STRUCT: u32 = 4;
+const KIND_UNION: u32 = 5;
+const KIND_ENUM: u32 = 6;
+const KIND_TYPEDEF: u32 = 8;
+const KIND_VOLATILE: u32 = 9;
+const KIND_CONST: u32 = 10;
+const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC_PROTO: u32 = 13;
+const KIND_VAR: u32 = 14;
+const KIND_DATASEC: u32 = 15;
+const KIND_DECL_TAG: u32 = 17;
+const KIND_TYPE_TAG: u32 = 18;
+const KIND_ENUM64: u32 = 19;
+
+#[derive(Debug, Clone)]
+struct Member {
+    name: u32,
+    ty: u32,
+    bit_offset: u32,
+    bitfield_size: u32,
+}
+
+#[derive(Debug, Clone)]
+enum Ty {
+    Composite {
+        members: Vec<Member>,
+    },
+    Enum {
+        values: Vec<(u32, i64)>,
+    },
+    /// Typedef, const, volatile, restrict, type tag: points at another type.
+    Alias(u32),
+    Other,
+}
+
+/// Where a member lives in its struct.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FieldPos {
+    /// Offset in bits from the start of the struct.
+    pub bit_offset: u32,
+    /// Width in bits for a bitfield, 0 otherwise.
+    pub bitfield_size: u32,
+}
+
+impl FieldPos {
+    /// Byte holding the field's first bit.
+    #[must_use]
+    pub const fn byte(self) -> u64 {
+        (self.bit_offset / 8) as u64
+    }
+
+    /// Shift of the field within that byte (0 for byte-aligned fields).
+    #[must_use]
+    pub const fn shift(self) -> u64 {
+        (self.bit_offset % 8) as u64
+    }
+}
+
+/// Parsed BTF: types by id and named structs/enums by name.
+pub struct Btf {
+    strings: Vec<u8>,
+    types: Vec<(u32, Ty)>,
+    by_name: HashMap<String, Vec<u32>>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> Result<u32, BtfError> {
+    b.get(at..at + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes).ok_or(BtfError::Malformed("truncated"))
+}
+
+impl Btf {
+    /// Read the running kernel's BTF.
+    pub fn from_sys_fs() -> Result<Self, BtfError> {
+        Self::from_file(Path::new("/sys/kernel/btf/vmlinux"))
+    }
+
+    pub fn from_file(path: &Path) -> Result<Self, BtfError> {
+        let data = std::fs::read(path)
+            .map_err(|e| BtfError::Missing { path: path.display().to_string(), reason: e.to_string() })?;
+        Self::parse(&data)
+    }
+
+    /// Parse little-endian BTF.
+    pub fn parse(b: &[u8]) -> Result<Self, BtfError> {
+        if b.len() < 24 || u16::from_le_bytes([b[0], b[1]]) != MAGIC {
+            return Err(BtfError::Malformed("bad magic (not little-endian BTF)"));
+        }
+        let hdr_len = u32_at(b, 4)? as usize;
+        let (type_off, type_len) = (u32_at(b, 8)? as usize, u32_at(b, 12)? as usize);
+        let (str_off, str_len) = (u32_at(b, 16)? as usize, u32_at(b, 20)? as usize);
+        let types_b = b
+            .get(hdr_len + type_off..hdr_len + type_off + type_len)
+            .ok_or(BtfError::Malformed("type section out of range"))?;
+        let strings = b
+            .get(hdr_len + str_off..hdr_len + str_off + str_len)
+            .ok_or(BtfError::Malformed("string section out of range"))?
+            .to_vec();
+        let mut types = vec![(0, Ty::Other)]; // id 0 is void
+        let mut at = 0;
+        while at < types_b.len() {
+            let name = u32_at(types_b, at)?;
+            let info = u32_at(types_b, at + 4)?;
+            let size_or_type = u32_at(types_b, at + 8)?;
+            at += 12;
+            let vlen = (info & 0xffff) as usize;
+            let kind = (info >> 24) & 0x1f;
+            let kind_flag = info >> 31 == 1;
+            let ty = match kind {
+                KIND_STRUCT | KIND_UNION => {
+                    let mut members = Vec::with_capacity(vlen);
+                    for i in 0..vlen {
+                        let m = at + i * 12;
+                        let off = u32_at(types_b, m + 8)?;
+                        let (bit_offset, bitfield_size) =
+                            if kind_flag { (off & 0x00ff_ffff, off >> 24) } else { (off, 0) };
+                        members.push(Member {
+                            name: u32_at(types_b, m)?,
+                            ty: u32_at(types_b, m + 4)?,
+                            bit_offset,
+                            bitfield_size,
+                        });
+                    }
+                    at += vlen * 12;
+                    Ty::Composite { members }
+                }
+                KIND_ENUM => {
+                    let mut values = Vec::with_capacity(vlen);
+                    for i in 0..vlen {
+                        let m = at + i * 8;
+                        values.push((u32_at(types_b, m)?, i64::from(u32_at(types_b, m + 4)?.cast_signed())));
+                    }
+                    at += vlen * 8;
+                    Ty::Enum { values }
+                }
+                KIND_ENUM64 => {
+                    let mut values = Vec::with_capacity(vlen);
+                    for i in 0..vlen {
+                        let m = at + i * 12;
+                        let v = u64::from(u32_at(types_b, m + 4)?) | (u64::from(u32_at(types_b, m + 8)?) << 32);
+                        values.push((u32_at(types_b, m)?, v.cast_signed()));
+                    }
+                    at += vlen * 12;
+                    Ty::Enum { values }
+                }
+                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Alias(size_or_type),
+                KIND_INT | KIND_VAR | KIND_DECL_TAG => {
+                    at += 4;
+                    Ty::Other
+                }
+                KIND_ARRAY => {
+                    at += 12;
+                    Ty::Other
+                }
+                KIND_FUNC_PROTO => {
+                    at += vlen * 8;
+                    Ty::Other
+                }
+                KIND_DATASEC => {
+                    at += vlen * 12;
+                    Ty::Other
+                }
+                0 | 20.. => return Err(BtfError::Malformed("unknown type kind")),
+                _ => Ty::Other,
+            };
+            types.push((name, ty));
+        }
+        let mut btf = Self { strings, types, by_name: HashMap::new() };
+        for id in 1..btf.types.len() {
+            let (name, ty) = &btf.types[id];
+            if matches!(ty, Ty::Composite { .. } | Ty::Enum { .. }) && *name != 0 {
+                let n = btf.name(*name).to_owned();
+                btf.by_name.entry(n).or_default().push(u32::try_from(id).unwrap_or(0));
+            }
+        }
+        Ok(btf)
+    }
+
+    fn name(&self, off: u32) -> &str {
+        let rest = self.strings.get(off as usize..).unwrap_or_default();
+        let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+        std::str::from_utf8(&rest[..end]).unwrap_or("")
+    }
+
+    fn resolve(&self, mut id: u32) -> Option<&Ty> {
+        for _ in 0..32 {
+            match &self.types.get(id as usize)?.1 {
+                Ty::Alias(next) => id = *next,
+                other => return Some(other),
+            }
+        }
+        None
+    }
+
+    fn find_in(&self, members: &[Member], field: &str, depth: u32) -> Option<FieldPos> {
+        if depth > 8 {
+            return None;
+        }
+        for m in members {
+            let name = self.name(m.name);
+            if name == field {
+                return Some(FieldPos { bit_offset: m.bit_offset, bitfield_size: m.bitfield_size });
+            }
+            if name.is_empty() {
+                if let Some(Ty::Composite { members: inner }) = self.resolve(m.ty) {
+                    if let Some(p) = self.find_in(inner, field, depth + 1) {
+                        return Some(FieldPos { bit_offset: m.bit_offset + p.bit_offset, ..p });
+                    }
+                }
+            }
+        }
+        None
+    }
+
+    /// Position of `field` in `struct name` (searching anonymous members).
+    pub fn field(&self, name: &str, field: &str) -> Result<FieldPos, BtfError> {
+        let ids = self.by_name.get(name).ok_or_else(|| BtfError::NotFound(format!("struct {name}")))?;
+        ids.iter()
+            .filter_map(|&id| match self.resolve(id) {
+                Some(Ty::Composite { members }) if !members.is_empty() => self.find_in(members, field, 0),
+                _ => None,
+            })
+            .next()
+            .ok_or_else(|| BtfError::NotFound(format!("field {name}.{field}")))
+    }
+
+    /// Byte offset of a byte-aligned `field` in `struct name`.
+    pub fn offset(&self, name: &str, field: &str) -> Result<u64, BtfError> {
+        let p = self.field(name, field)?;
+        if p.bit_offset % 8 != 0 {
+            return Err(BtfError::NotFound(format!("byte-aligned field {name}.{field}")));
+        }
+        Ok(p.byte())
+    }
+
+    /// Value of `variant` in `enum name`.
+    pub fn enum_value(&self, name: &str, variant: &str) -> Result<i64, BtfError> {
+        let ids = self.by_name.get(name).ok_or_else(|| BtfError::NotFound(format!("enum {name}")))?;
+        ids.iter()
+            .find_map(|&id| match self.resolve(id) {
+                Some(Ty::Enum { values }) => values.iter().find(|(n, _)| self.name(*n) == variant).map(|(_, v)| *v),
+                _ => None,
+            })
+            .ok_or_else(|| BtfError::NotFound(format!("{name}::{variant}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds a BTF blob: `struct outer { int a; union { int b; struct {
+    /// int c; int d:3; } ; }; }` and `enum e { X = 3 }`.
+    fn blob() -> Vec<u8> {
+        let strings = b"\0int\0outer\0a\0b\0c\0d\0e\0X\0".to_vec();
+        let s = |name: &str| -> u32 {
+            let pos =
+                strings.windows(name.len() + 1).position(|w| &w[..name.len()] == name.as_bytes() && w[name.len()] == 0);
+            u32::try_from(pos.unwrap()).unwrap()
+        };
+        let mut t = Vec::new();
+        let mut push = |v: &[u32]| v.iter().for_each(|x| t.extend_from_slice(&x.to_le_bytes()));
+        // 1: int
+        push(&[s("int"), KIND_INT << 24, 4, 32]);
+        // 2: anonymous struct { int c; int d:3; } (kind_flag for bitfields)
+        push(&[0, (KIND_STRUCT << 24) | (1 << 31) | 2, 8]);
+        push(&[s("c"), 1, 0]);
+        push(&[s("d"), 1, (3 << 24) | 37]);
+        // 3: anonymous union { int b; struct 2; }
+        push(&[0, (KIND_UNION << 24) | 2, 8]);
+        push(&[s("b"), 1, 0]);
+        push(&[0, 2, 0]);
+        // 4: struct outer { int a; union 3; }
+        push(&[s("outer"), (KIND_STRUCT << 24) | 2, 12]);
+        push(&[s("a"), 1, 0]);
+        push(&[0, 3, 32]);
+        // 5: enum e { X = 3 }
+        push(&[s("e"), (KIND_ENUM << 24) | 1, 4]);
+        push(&[s("X"), 3]);
+        let mut b = Vec::new();
+        b.extend_from_slice(&MAGIC.to_le_bytes());
+        b.extend_from_slice(&[1, 0]);
+        for v in [
+            24u32,
+            0,
+            u32::try_from(t.len()).unwrap(),
+            u32::try_from(t.len()).unwrap(),
+            u32::try_from(strings.len()).unwrap(),
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b.extend_from_slice(&t);
+        b.extend_from_slice(&strings);
+        b
+    }
+
+    #[test]
+    fn finds_fields_through_anonymous_members_and_bitfields() {
+        let btf = Btf::parse(&blob()).unwrap();
+        assert_eq!(btf.offset("outer", "a").unwrap(), 0);
+        assert_eq!(btf.offset("outer", "b").unwrap(), 4);
+        assert_eq!(btf.offset("outer", "c").unwrap(), 4);
+        let d = btf.field("outer", "d").unwrap();
+        assert_eq!((d.byte(), d.shift(), d.bitfield_size), (8, 5, 3));
+        assert!(btf.offset("outer", "d").is_err(), "a bitfield has no byte offset");
+        assert_eq!(btf.enum_value("e", "X").unwrap(), 3);
+        assert_eq!(btf.field("outer", "zz"), Err(BtfError::NotFound("field outer.zz".into())));
+        assert_eq!(btf.field("nope", "a"), Err(BtfError::NotFound("struct nope".into())));
+    }
+
+    #[test]
+    fn rejects_garbage_without_panicking() {
+        assert!(Btf::parse(b"").is_err());
+        assert!(Btf::parse(&[0u8; 64]).is_err());
+        let mut b = blob();
+        b.truncate(b.len() - 20);
+        assert!(Btf::parse(&b).is_err());
+        let mut b = blob();
+        b[24 + 7] = 0x1f; // kind 31 in the first type's info
+        assert!(Btf::parse(&b).is_err());
+    }
+
+    #[test]
+    fn reads_the_running_kernel() {
+        // /sys/kernel/btf/vmlinux is world-readable where it exists.
+        let Ok(btf) = Btf::from_sys_fs() else { return };
+        assert_eq!(btf.offset("sock", "__sk_common").unwrap(), 0);
+        assert_eq!(btf.offset("sock_common", "skc_family").unwrap(), 16);
+        assert!(btf.offset("tcp_sock", "rcv_nxt").unwrap() > 1000);
+        assert_eq!(btf.enum_value("sock_flags", "SOCK_KEEPOPEN").unwrap(), 3);
+    }
+}

@@ -1,0 +1,107 @@
+// tlstool: the TLS peers of the wire-truth tests, on Go's net/http (a pool
+// that always keeps a reader, and that closes idle connections with a TLS
+// close_notify). Built by the tests with `GO111MODULE=off go build`.
+//
+//	tlstool cert DIR                      write DIR/cert.pem and DIR/key.pem
+//	tlstool server ADDR IDLE              HTTPS server closing idle conns after IDLE
+//	tlstool client URL IDLE_CONN WAIT     one GET, then keep the pool WAIT long
+package main
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+func selfSigned() (certPEM, keyPEM []byte) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	must(err)
+	tmpl := x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "observer-test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+		DNSNames:     []string{"localhost"},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, &key.PublicKey, key)
+	must(err)
+	kder, err := x509.MarshalECPrivateKey(key)
+	must(err)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+func must(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func dur(s string) time.Duration {
+	d, err := time.ParseDuration(s)
+	must(err)
+	return d
+}
+
+func main() {
+	switch os.Args[1] {
+	case "cert":
+		c, k := selfSigned()
+		must(os.WriteFile(filepath.Join(os.Args[2], "cert.pem"), c, 0o600))
+		must(os.WriteFile(filepath.Join(os.Args[2], "key.pem"), k, 0o600))
+	case "server":
+		c, k := selfSigned()
+		cert, err := tls.X509KeyPair(c, k)
+		must(err)
+		srv := &http.Server{
+			IdleTimeout: dur(os.Args[3]),
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Write([]byte("ok\n"))
+			}),
+			TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}},
+		}
+		ln, err := net.Listen("tcp", os.Args[2])
+		must(err)
+		fmt.Println("ready")
+		must(srv.ServeTLS(ln, "", ""))
+	case "client":
+		var local string
+		dialer := &net.Dialer{}
+		tr := &http.Transport{
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true},
+			IdleConnTimeout: dur(os.Args[3]),
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				conn, err := dialer.DialContext(ctx, network, addr)
+				if err == nil {
+					local = conn.LocalAddr().String()
+				}
+				return conn, err
+			},
+		}
+		client := &http.Client{Transport: tr}
+		resp, err := client.Get(os.Args[2])
+		must(err)
+		io.ReadAll(resp.Body)
+		resp.Body.Close()
+		host, port, err := net.SplitHostPort(local)
+		must(err)
+		out, _ := json.Marshal(map[string]interface{}{"local": []string{host, port}, "status": resp.StatusCode})
+		fmt.Println(string(out))
+		time.Sleep(dur(os.Args[4]))
+	}
+}

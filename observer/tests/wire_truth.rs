@@ -1,0 +1,628 @@
+//! Root end-to-end tests of the wire-truth definitions: ordinary traffic
+//! from real servers and clients must never become false evidence. Each
+//! test asserts the event that must appear and the one that must not, and
+//! prints what it measured (`MEASURED ...`).
+
+mod common;
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::OnceLock,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use common::{script, sh, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER};
+use observer::event::{EventKind, How, Outcome, Role, SockEvent};
+
+/// Events of one socket, by its local address.
+fn of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {
+    events.iter().filter(|e| e.local == local).collect()
+}
+
+fn kinds(evs: &[&SockEvent]) -> Vec<String> {
+    evs.iter()
+        .map(|e| {
+            let mut k = e.kind.as_str().to_owned();
+            if let Some(o) = e.outcome {
+                k = format!("{k}:{}", o.as_str());
+            }
+            if let Some(h) = e.how {
+                k = format!("{k}/{}", h.as_str());
+            }
+            format!(
+                "{k}@idle={:.3}{}",
+                e.idle_seconds,
+                e.elapsed_seconds.map(|x| format!(",elapsed={x:.3}")).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// `ip:port` lines (or JSON `{"local": [ip, port]}`) a client printed.
+fn locals(out: &str) -> Result<Vec<SocketAddr>> {
+    out.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            if l.starts_with('{') {
+                let v: serde_json::Value = serde_json::from_str(l)?;
+                let ip = v["local"][0].as_str().context("local ip")?;
+                let port: u16 = match &v["local"][1] {
+                    serde_json::Value::String(s) => s.parse()?,
+                    n => u16::try_from(n.as_u64().context("port")?)?,
+                };
+                Ok(SocketAddr::new(ip.parse()?, port))
+            } else {
+                let (ip, port) = l.trim().rsplit_once(' ').context("`ip port` line")?;
+                Ok(SocketAddr::new(ip.parse()?, port.parse()?))
+            }
+        })
+        .collect()
+}
+
+/// Let late events arrive before asserting that one did not.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(700));
+}
+
+/// Reuses a raw HTTP/1.1 connection after `gap` with `Connection: close`
+/// and reads only 200 ms later, so nginx's response and its FIN have both
+/// been processed by the kernel before the application reads:
+/// `python3 RAW_CLOSE_CLIENT HOST PORT GAP COUNT`.
+const RAW_CLOSE_CLIENT: &str = r#"
+import socket, sys, time
+host, port, gap, count = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+def get(s, close):
+    s.sendall(("GET / HTTP/1.1\r\nHost: t\r\n%s\r\n" % ("Connection: close\r\n" if close else "")).encode())
+for _ in range(count):
+    s = socket.create_connection((host, port), timeout=5)
+    get(s, False)
+    buf = b""
+    while b"ok\n" not in buf:
+        buf += s.recv(4096)
+    time.sleep(gap)
+    get(s, True)
+    time.sleep(0.2)
+    data = b""
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        data += d
+    assert b"200 OK" in data, data
+    print(s.getsockname()[0], s.getsockname()[1], flush=True)
+    s.close()
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn response_then_close_is_ok_not_eof() -> Result<()> {
+    let topo = Topology::pair("rclose")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = start_nginx(&topo, dir.path(), 60)?;
+    let daemon = Daemon::start(&["--min-idle", "400ms"])?;
+    let client = script(RAW_CLOSE_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 1.0 5", client.display(), topo.server_v4))?;
+    let socks = locals(&out)?;
+    ensure!(socks.len() == 5, "client printed {out}");
+    let events = daemon.wait_for("five reuse outcomes", Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == *l))
+    })?;
+    settle();
+    let events = daemon.events();
+    let mut hows = Vec::new();
+    for l in &socks {
+        let mine = of(&events, *l);
+        let reuses: Vec<_> = mine.iter().filter(|e| e.kind == EventKind::Reuse).collect();
+        ensure!(reuses.len() == 1, "one reuse per connection: {:?}", kinds(&mine));
+        let r = reuses[0];
+        assert_eq!(r.outcome, Some(Outcome::Ok), "the response arrived: {:?}", kinds(&mine));
+        assert!((r.idle_seconds - 1.0).abs() < 0.05, "{r:?}");
+        assert!(
+            !mine.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle || e.kind == EventKind::RequestAborted),
+            "the FIN after a response is no failure: {:?}",
+            kinds(&mine)
+        );
+        hows.push(r.how.map_or("none", How::as_str));
+    }
+    eprintln!(
+        "MEASURED response-then-close: 5 reuses, all ok, how = {hows:?}; events per socket e.g. {:?}",
+        kinds(&of(&events, socks[0]))
+    );
+    Ok(())
+}
+
+/// A server that reads a request and closes `delay` seconds later without
+/// answering (a worker killed at its request timeout):
+/// `python3 KILLING_SERVER HOST PORT DELAY`.
+const KILLING_SERVER: &str = r#"
+import socket, sys, threading, time
+host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    c.recv(4096)
+    time.sleep(delay)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A server that answers each request `delay` seconds late:
+/// `python3 SLOW_SERVER HOST PORT DELAY`.
+const SLOW_SERVER: &str = r#"
+import socket, sys, threading, time
+host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    while True:
+        try:
+            d = c.recv(4096)
+        except OSError:
+            break
+        if not d:
+            break
+        time.sleep(delay)
+        try:
+            c.sendall(d)
+        except OSError:
+            break
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Fresh connections, one request each, read with a timeout; prints
+/// `ip port` and then `ok`/`eof`/`timeout` per connection:
+/// `python3 ONE_REQUEST_CLIENT HOST PORT COUNT READ_TIMEOUT`.
+const ONE_REQUEST_CLIENT: &str = r#"
+import socket, sys
+host, port, count, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+for _ in range(count):
+    s = socket.create_connection((host, port), timeout=5)
+    s.settimeout(timeout)
+    s.sendall(b"request")
+    try:
+        r = "ok" if s.recv(100) else "eof"
+    except socket.timeout:
+        r = "timeout"
+    print(s.getsockname()[0], s.getsockname()[1], flush=True)
+    s.close()
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn peer_killing_a_slow_request_is_request_aborted() -> Result<()> {
+    let topo = Topology::pair("abort")?;
+    let server = script(KILLING_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000 3", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ONE_REQUEST_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 3 10", client.display(), topo.server_v4))?;
+    let socks = locals(&out)?;
+    ensure!(socks.len() == 3, "client printed {out}");
+    daemon.wait_for("three aborted requests", Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::RequestAborted && e.local == *l))
+    })?;
+    settle();
+    let events = daemon.events();
+    let mut elapsed = Vec::new();
+    for l in &socks {
+        let mine = of(&events, *l);
+        let ab = mine.iter().find(|e| e.kind == EventKind::RequestAborted).context("request_aborted")?;
+        let e = ab.elapsed_seconds.unwrap_or_default();
+        assert!((e - 3.0).abs() < 0.1, "the server's 3 s request deadline: {ab:?}");
+        assert_eq!(ab.how, Some(How::Fin));
+        assert!(!ab.reuse);
+        assert!(
+            !mine.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle || e.kind == EventKind::Reuse),
+            "a killed request is not an idle close: {:?}",
+            kinds(&mine)
+        );
+        assert!(!mine.iter().any(|e| e.is_pool_idle_close()), "{:?}", kinds(&mine));
+        elapsed.push((e * 1000.0).round() / 1000.0);
+    }
+    eprintln!(
+        "MEASURED request_aborted: elapsed {elapsed:?} s, no peer_close_while_idle; e.g. {:?}",
+        kinds(&of(&events, socks[0]))
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn client_read_timeout_is_request_timeout() -> Result<()> {
+    let topo = Topology::pair("rtimeout")?;
+    let server = script(SLOW_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000 4", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ONE_REQUEST_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 2 2", client.display(), topo.server_v4))?;
+    let socks = locals(&out)?;
+    ensure!(socks.len() == 2, "client printed {out}");
+    daemon.wait_for("two request timeouts", Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::RequestTimeout && e.local == *l))
+    })?;
+    settle();
+    let events = daemon.events();
+    let mut elapsed = Vec::new();
+    for l in &socks {
+        let mine = of(&events, *l);
+        let t = mine.iter().find(|e| e.kind == EventKind::RequestTimeout).context("request_timeout")?;
+        let e = t.elapsed_seconds.unwrap_or_default();
+        assert!((e - 2.0).abs() < 0.1, "the client's 2 s read timeout: {t:?}");
+        assert!(
+            !mine.iter().any(|e| e.kind == EventKind::LocalClose),
+            "our timeout is not a pool idle close: {:?}",
+            kinds(&mine)
+        );
+        elapsed.push((e * 1000.0).round() / 1000.0);
+    }
+    eprintln!(
+        "MEASURED request_timeout: elapsed {elapsed:?} s, no local_close; e.g. {:?}",
+        kinds(&of(&events, socks[0]))
+    );
+    Ok(())
+}
+
+/// The Go TLS tool (`tests/go/tlstool.go`), built once per test run.
+fn tlstool() -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tlstool");
+            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/tlstool.go");
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let bin = dir.join("tlstool");
+            sh(&format!(
+                "cd {d} && GO111MODULE=off GOCACHE={d}/cache GOPATH={d}/gopath HOME={d} go build -o {b} {s}",
+                d = dir.display(),
+                b = bin.display(),
+                s = src.display()
+            ))
+            .map_err(|e| format!("building tlstool (Debian's golang-go): {e:#}"))?;
+            Ok(bin)
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// nginx with TLS on `server_v4:8443`, `keepalive_timeout` in seconds.
+fn start_nginx_tls(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> Result<Killed> {
+    sh(&format!("{} cert {}", tlstool()?.display(), dir.display()))?;
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
+             events {{ worker_connections 64; }}\n\
+             http {{ access_log off; keepalive_timeout {keepalive_s}s;\n\
+               server {{ listen {v4}:8443 ssl; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem;\n\
+                 location / {{ return 200 \"ok\\n\"; }} }} }}\n",
+            d = dir.display(),
+            v4 = topo.server_v4
+        ),
+    )?;
+    let nginx = Killed(topo.ns.spawn(topo.server, &format!("nginx -c {} -p {}", conf.display(), dir.display()))?);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8443") {
+        if Instant::now() > deadline {
+            bail!("nginx (TLS) did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(nginx)
+}
+
+#[test]
+#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
+fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
+    let topo = Topology::pair("tlspool")?;
+    let dir = tempfile::tempdir()?;
+    let tool = tlstool()?;
+    let _nginx = start_nginx_tls(&topo, dir.path(), 60)?;
+    let daemon = Daemon::start(&[])?;
+    let mut socks = Vec::new();
+    for _ in 0..2 {
+        let out = topo
+            .ns
+            .exec(topo.client, &format!("{} client https://{}:8443/ 1500ms 2500ms", tool.display(), topo.server_v4))?;
+        socks.extend(locals(&out)?);
+    }
+    ensure!(socks.len() == 2, "{socks:?}");
+    daemon.wait_for("the pool's idle closes", Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::LocalClose && e.local == *l))
+    })?;
+    settle();
+    let events = daemon.events();
+    let mut idles = Vec::new();
+    for l in &socks {
+        let mine = of(&events, *l);
+        let close = mine.iter().find(|e| e.kind == EventKind::LocalClose).context("local close")?;
+        assert!(close.is_pool_idle_close(), "{close:?}");
+        assert!(close.control_write, "the close_notify was taken as part of the close: {close:?}");
+        assert!((close.idle_seconds - 1.5).abs() < 0.1, "Go's IdleConnTimeout is 1.5 s: {close:?}");
+        assert!(
+            !mine.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout)),
+            "close_notify is no reuse: {:?}",
+            kinds(&mine)
+        );
+        idles.push((close.idle_seconds * 1000.0).round() / 1000.0);
+    }
+    eprintln!(
+        "MEASURED tls pool idle close: idle {idles:?} s (control_write); e.g. {:?}",
+        kinds(&of(&events, socks[0]))
+    );
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
+fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()> {
+    let topo = Topology::pair("tlssrv")?;
+    let tool = tlstool()?;
+    let _srv = start_server(&topo.ns, topo.server, &format!("{} server {}:8443 2s", tool.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let mut socks = Vec::new();
+    for _ in 0..2 {
+        let out = topo
+            .ns
+            .exec(topo.client, &format!("{} client https://{}:8443/ 30s 3500ms", tool.display(), topo.server_v4))?;
+        socks.extend(locals(&out)?);
+    }
+    ensure!(socks.len() == 2, "{socks:?}");
+    daemon.wait_for("the server's idle closes", Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle && e.local == *l))
+    })?;
+    settle();
+    let events = daemon.events();
+    let mut idles = Vec::new();
+    for l in &socks {
+        let mine = of(&events, *l);
+        let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
+        assert!((pc.idle_seconds - 2.0).abs() < 0.1, "Go's server IdleTimeout is 2 s: {pc:?} ({:?})", kinds(&mine));
+        assert_eq!(pc.role, Role::Client);
+        assert!(!mine.iter().any(|e| e.kind == EventKind::Reuse), "{:?}", kinds(&mine));
+        assert!(!mine.iter().any(|e| e.is_pool_idle_close()), "Go closed after the peer: {:?}", kinds(&mine));
+        idles.push((pc.idle_seconds * 1000.0).round() / 1000.0);
+        // The same close from the server: its close_notify is part of it.
+        let srv = events
+            .iter()
+            .find(|e| e.kind == EventKind::LocalClose && e.remote == *l && e.role == Role::Server)
+            .context("the server's own idle close")?;
+        assert!(srv.control_write && !srv.peer_closed_first, "{srv:?}");
+        assert!((srv.idle_seconds - 2.0).abs() < 0.1, "{srv:?}");
+    }
+    eprintln!("MEASURED tls server idle close seen by a Go reader: idle {idles:?} s (and by the server itself, control_write); e.g. {:?}", kinds(&of(&events, socks[0])));
+    Ok(())
+}
+
+/// Connects, warms the connection, prints `ready`, reuses it `gap` seconds
+/// later and waits up to 5 s for the echo; prints `ip port result`:
+/// `python3 LATE_ANSWER_CLIENT HOST PORT GAP`.
+const LATE_ANSWER_CLIENT: &str = r#"
+import socket, sys, time
+host, port, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.create_connection((host, port), timeout=5)
+for _ in range(20):
+    s.sendall(b"hello"); s.recv(100)
+print("ready", flush=True)
+time.sleep(gap)
+s.sendall(b"ping")
+r = "ok" if s.recv(100) else "eof"
+print(s.getsockname()[0], s.getsockname()[1], r, flush=True)
+s.close()
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn one_lost_segment_answered_late_is_ok_not_stall() -> Result<()> {
+    let topo = Topology::routed("lost", 600, "drop")?;
+    let router = topo.router.context("router")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&["--stall-after", "300ms"])?;
+    let client = script(LATE_ANSWER_CLIENT)?;
+    let mut child =
+        topo.ns.spawn(topo.client, &format!("python3 -u {} {} 9000 2", client.display(), topo.server_v4))?;
+    let stdout = child.stdout.take().context("client stdout")?;
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    ensure!(lines.next().transpose()?.as_deref() == Some("ready"), "client did not get ready");
+    // Drop the reuse's data segments (not pure ACKs) for 0.7 s around the
+    // write at +2 s: the first transmission and the first retransmission
+    // are lost, a later retransmission gets through and is answered.
+    std::thread::sleep(Duration::from_millis(1500));
+    topo.ns.exec(
+        router,
+        &format!(
+            "nft add rule inet observer_test forward_filter ip daddr {} tcp dport 9000 ip length gt 52 drop",
+            topo.server_v4
+        ),
+    )?;
+    std::thread::sleep(Duration::from_millis(1200));
+    topo.ns.exec(router, "nft flush chain inet observer_test forward_filter")?;
+    let line = lines.next().transpose()?.context("client result")?;
+    let _ = child.wait();
+    let (addr, result) = line.rsplit_once(' ').context("ip port result")?;
+    ensure!(result == "ok", "the echo came back: {line}");
+    let local = locals(addr)?[0];
+    daemon.wait_for("the reuse outcome", Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == local)
+    })?;
+    settle();
+    let events = daemon.events();
+    let mine = of(&events, local);
+    let r = mine.iter().find(|e| e.kind == EventKind::Reuse).context("reuse")?;
+    assert_eq!(r.outcome, Some(Outcome::Ok), "answered late is ok: {:?}", kinds(&mine));
+    assert!(r.retransmits >= 1, "the segment was lost and retransmitted: {r:?}");
+    assert!(r.elapsed_seconds.unwrap_or_default() > 0.3, "answered after --stall-after: {r:?}");
+    assert!(!mine.iter().any(|e| e.outcome == Some(Outcome::Stall)), "{:?}", kinds(&mine));
+    eprintln!(
+        "MEASURED lost segment: ok after {:.3} s with {} retransmits (stall-after 0.3 s); {:?}",
+        r.elapsed_seconds.unwrap_or_default(),
+        r.retransmits,
+        kinds(&mine)
+    );
+    Ok(())
+}
+
+/// Zero-length `recv()` calls (as .NET makes them to wait for data) while
+/// idle and between a reuse write and the read of its answer:
+/// `python3 ZERO_READ_CLIENT HOST PORT`. Python's `recv(0)` skips the
+/// syscall, so libc's is called directly.
+const ZERO_READ_CLIENT: &str = r#"
+import ctypes, socket, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, port), timeout=5)
+s.sendall(b"hello"); s.recv(100)
+buf = ctypes.create_string_buffer(1)
+def zero():
+    # 0 with data queued; -1 (EAGAIN) on this non-blocking socket without.
+    return libc.recv(s.fileno(), buf, 0, 0)
+for _ in range(3):
+    time.sleep(0.5); zero()
+time.sleep(0.5)
+s.sendall(b"ping")
+time.sleep(0.1)
+for _ in range(5):
+    assert zero() == 0
+assert s.recv(100) == b"ping"
+time.sleep(0.3)
+print(s.getsockname()[0], s.getsockname()[1], flush=True)
+s.close()
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn zero_length_reads_are_not_eof() -> Result<()> {
+    let topo = Topology::pair("zread")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ZERO_READ_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
+    let local = locals(&out)?[0];
+    daemon.wait_for("the reuse outcome", Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == local)
+    })?;
+    settle();
+    let events = daemon.events();
+    let mine = of(&events, local);
+    let reuses: Vec<_> = mine.iter().filter(|e| e.kind == EventKind::Reuse).collect();
+    ensure!(reuses.len() == 1, "{:?}", kinds(&mine));
+    assert_eq!(reuses[0].outcome, Some(Outcome::Ok), "{:?}", kinds(&mine));
+    assert!(reuses[0].idle_seconds > 1.9, "zero-length reads do not reset the idle clock: {:?}", reuses[0]);
+    assert!(!mine.iter().any(|e| e.outcome == Some(Outcome::Eof)), "{:?}", kinds(&mine));
+    eprintln!("MEASURED zero-length reads: {:?}", kinds(&mine));
+    Ok(())
+}
+
+/// A sink that never answers and closes a connection idle for 2 s:
+/// `python3 SINK_SERVER HOST PORT`.
+const SINK_SERVER: &str = r#"
+import socket, sys, threading
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    c.settimeout(2)
+    try:
+        while c.recv(4096):
+            pass
+    except socket.timeout:
+        pass
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A log shipper: writes a line every 1.2 s, never reads, and waits for
+/// the server to close: `python3 ONE_WAY_WRITER HOST PORT`.
+const ONE_WAY_WRITER: &str = r#"
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, port), timeout=10)
+for i in range(4):
+    s.sendall(b"log line %d\n" % i)
+    time.sleep(1.2)
+assert s.recv(100) == b""
+print(s.getsockname()[0], s.getsockname()[1], flush=True)
+s.close()
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
+    let topo = Topology::pair("oneway")?;
+    let server = script(SINK_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ONE_WAY_WRITER)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
+    let local = locals(&out)?[0];
+    daemon.wait_for("the connection's end", Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == EventKind::Closed && e.local == local)
+    })?;
+    settle();
+    let events = daemon.events();
+    let mine = of(&events, local);
+    assert!(
+        !mine
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout)),
+        "a one-way writer has no requests to fail: {:?}",
+        kinds(&mine)
+    );
+    let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the sink's idle close")?;
+    assert!((pc.idle_seconds - 2.0).abs() < 0.1, "the sink closes after 2 s idle: {pc:?}");
+    eprintln!("MEASURED one-way writer: {:?}", kinds(&mine));
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<()> {
+    let topo = Topology::pair("late")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = start_nginx(&topo, dir.path(), 2)?;
+    let daemon = Daemon::start(&["--min-idle", "400ms"])?;
+    let client = script(common::HTTP_RECONNECTING)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 3", client.display(), topo.server_v4))?;
+    let recs = common::client_records(&out)?;
+    ensure!(recs.len() == 1 && recs[0].result != "ok", "the reuse after 3 s failed: {recs:?}");
+    let client_addr = recs[0].local_addr();
+    let server_addr: SocketAddr = format!("{}:8080", topo.server_v4).parse()?;
+    let events = daemon.wait_for("the late reuse", Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == EventKind::LateReuse && e.remote == client_addr)
+    })?;
+    let late = events.iter().find(|e| e.kind == EventKind::LateReuse && e.remote == client_addr).context("late")?;
+    assert_eq!(late.local, server_addr, "{late:?}");
+    assert_eq!(late.role, Role::Server);
+    let after = late.elapsed_seconds.unwrap_or_default();
+    assert!((after - 1.0).abs() < 0.1, "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}");
+    assert!((late.idle_seconds - 2.0).abs() < 0.1, "nginx's idle close at 2 s: {late:?}");
+    let server_close = events
+        .iter()
+        .find(|e| e.kind == EventKind::LocalClose && e.local == server_addr && e.remote == client_addr)
+        .context("nginx's idle close")?;
+    assert_eq!(server_close.role, Role::Server);
+    eprintln!(
+        "MEASURED late_reuse: {} <- {} {:.3} s after nginx's idle close at {:.3} s",
+        late.local, late.remote, after, late.idle_seconds
+    );
+    Ok(())
+}
