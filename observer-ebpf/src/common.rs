@@ -203,13 +203,13 @@ pub fn rcv_shutdown(sk: *const c_void) -> bool {
 
 /// Keep-alive on, and its idle time in jiffies (0 = the sysctl default).
 #[inline(always)]
-fn keepalive(sk: *const c_void) -> Option<u32> {
+fn keepalive(sk: *const c_void) -> (bool, u32) {
     let sk_flags: u64 = field(sk, &raw const OFFSETS.skc_flags);
     let bit = global(&raw const OFFSETS.sock_keepopen_bit) & 63;
     if sk_flags & (1 << bit) == 0 {
-        return None;
+        return (false, 0);
     }
-    Some(field(sk, &raw const OFFSETS.keepalive_time))
+    (true, field(sk, &raw const OFFSETS.keepalive_time))
 }
 
 /// The socket's state; with `create`, made (and counted when the kernel
@@ -344,9 +344,10 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     e.comm = st.comm;
     e.flags = st.flags & flags::PREEXISTING;
     if !sk.is_null() {
-        if let Some(ka) = keepalive(sk) {
+        let (on, jiffies) = keepalive(sk);
+        if on {
             e.flags |= flags::KEEPALIVE;
-            e.keepalive_jiffies = ka;
+            e.keepalive_jiffies = jiffies;
         }
     }
     let last = last_activity(st);
@@ -438,15 +439,18 @@ pub fn resolve_answered(sk: *const c_void, st: &mut SockState, now: u64, how: u8
 pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
     let last = last_activity(st);
     let idle = if last != 0 { now.saturating_sub(last) } else { 0 };
-    let mut wseq = None;
+    // Plain locals, not an Option: kernels before 6.5 reject a read of a
+    // stack slot the compiler left unwritten on the `None` path.
+    let mut wseq = 0u32;
+    let mut have_wseq = false;
     if last == 0 || idle >= CONTROL_NS {
         // First write after a quiet spell: remembered in case our close
         // follows at once (then it was a close_notify, not a request).
-        let w = write_seq(sk);
-        wseq = Some(w);
+        wseq = write_seq(sk);
+        have_wseq = true;
         st.wburst_ns = now;
         st.wburst_anchor_ns = last;
-        st.wburst_seq = w;
+        st.wburst_seq = wseq;
     }
     if tracks_requests(st) {
         expire_request(st, now);
@@ -467,10 +471,7 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
         if st.req_ns == 0 && st.flags & st::ONE_WAY == 0 && last != 0 {
             st.req_ns = now;
             st.req_idle_ns = idle;
-            st.req_snd_seq = match wseq {
-                Some(w) => w,
-                None => write_seq(sk),
-            };
+            st.req_snd_seq = if have_wseq { wseq } else { write_seq(sk) };
             st.req_rcv_seq = rcv_nxt(sk);
             st.retransmits = 0;
             if st.peer_fin_ns != 0 {
@@ -606,7 +607,7 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
     let control = is_control_write(sk, st, now);
     let deferred = st.flags & st::FIN_DEFERRED != 0;
     // The peer's FIN answered our close_notify: we closed first.
-    let we_first = deferred && control;
+    let we_first = control && (deferred || (st.peer_fin_ns != 0 && st.peer_fin_ns >= st.wburst_ns));
     if deferred && !control && st.req_ns != 0 {
         // A FIN right after a small request, and no close of ours at once:
         // decide it as of the FIN.
@@ -688,14 +689,15 @@ fn goodbye_anchor(sk: *const c_void, st: &SockState, now: u64) -> u64 {
     st.burst_anchor_ns
 }
 
-/// A small write after a quiet spell, with nothing received since, just
+/// A small write after a quiet spell, with nothing received since (a
+/// server: nothing but the client's own goodbye before its FIN), just
 /// before our close.
 #[inline(always)]
 fn is_control_write(sk: *const c_void, st: &SockState, now: u64) -> bool {
     st.wburst_ns != 0
         && st.wburst_anchor_ns != 0
         && st.last_send_ns >= st.wburst_ns
-        && st.last_recv_ns <= st.wburst_ns
+        && (st.last_recv_ns <= st.wburst_ns || (st.role == role::SERVER && st.peer_fin_ns >= st.wburst_ns))
         && now.saturating_sub(st.wburst_ns) < CONTROL_NS
         && write_seq(sk).wrapping_sub(st.wburst_seq) <= CONTROL_BYTES
 }
@@ -779,8 +781,9 @@ pub fn on_send_reset(sk: *const c_void, now: u64) {
         return;
     }
     let key = tuple_key(&probe);
-    // SAFETY: the value is copied out before the entry is removed.
-    let Some(closed) = (unsafe { CLOSED_IDLE.get(&key) }).copied() else { return };
+    let Some(p) = CLOSED_IDLE.get_ptr(&key) else { return };
+    // SAFETY: pointer from a successful lookup; copied before the removal.
+    let closed = unsafe { *p };
     let _ = CLOSED_IDLE.remove(&key);
     probe.role = role::SERVER;
     probe.id = 0;

@@ -151,6 +151,10 @@ struct Obs {
     reuse: bool,
     /// A peer close while idle.
     peer_close: bool,
+    /// The socket had TCP keep-alive on (its probes refresh L4 middleboxes).
+    keepalive: bool,
+    /// Its keep-alive idle time in seconds, 0 when unknown.
+    keepalive_idle: f32,
 }
 
 /// A change of the path estimate (the path's timeout was changed).
@@ -229,6 +233,12 @@ pub struct DestinationRow {
     pub reuses_window: u64,
     pub failures_window: u64,
     pub peer_closes_window: u64,
+    /// Evidence in the window from sockets with TCP keep-alive on: their
+    /// probes keep L4 middleboxes (conntrack, NAT) fresh, so they prove
+    /// less about an L4 hop's idle timeout than silent sockets.
+    pub keepalive_evidence: u64,
+    /// Smallest keep-alive idle time among them, when known.
+    pub keepalive_idle_seconds: Option<f64>,
     pub at_risk_idle_sockets: u64,
     pub first_failure_unix_ns: Option<u64>,
     pub last_failure_unix_ns: Option<u64>,
@@ -361,6 +371,8 @@ impl Aggregator {
     pub fn ingest(&mut self, ev: &SockEvent) {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
         let Some((addr, role)) = destination_of(ev) else { return };
+        #[allow(clippy::cast_possible_truncation, reason = "keep-alive times are far below f32 precision limits")]
+        let (keepalive, keepalive_idle) = (ev.keepalive, ev.keepalive_idle_seconds.unwrap_or(0.0) as f32);
         let obs = match ev.kind {
             EventKind::Reuse => match ev.outcome {
                 Some(Outcome::Ok) => Obs {
@@ -369,6 +381,8 @@ impl Aggregator {
                     kind: Kind::Alive,
                     reuse: true,
                     peer_close: false,
+                    keepalive,
+                    keepalive_idle,
                 },
                 Some(_) => Obs {
                     ts_ns: ev.ts_unix_ns,
@@ -376,6 +390,8 @@ impl Aggregator {
                     kind: Kind::Dead(failure_mode(ev)),
                     reuse: true,
                     peer_close: false,
+                    keepalive,
+                    keepalive_idle,
                 },
                 None => return,
             },
@@ -385,6 +401,8 @@ impl Aggregator {
                 kind: Kind::Dead(failure_mode(ev)),
                 reuse: false,
                 peer_close: true,
+                keepalive,
+                keepalive_idle,
             },
             EventKind::LocalClose if ev.is_pool_idle_close() => Obs {
                 ts_ns: ev.ts_unix_ns,
@@ -392,6 +410,8 @@ impl Aggregator {
                 kind: Kind::LocalClose,
                 reuse: false,
                 peer_close: false,
+                keepalive,
+                keepalive_idle,
             },
             _ => return,
         };
@@ -592,6 +612,14 @@ impl Aggregator {
             reuses_window: count(&in_window, &|o| o.reuse),
             failures_window: count(&in_window, &|o| o.reuse && matches!(o.kind, Kind::Dead(_))),
             peer_closes_window: count(&in_window, &|o| o.peer_close),
+            keepalive_evidence: count(&in_window, &|o| o.keepalive),
+            keepalive_idle_seconds: st
+                .obs
+                .iter()
+                .filter(in_window)
+                .filter(|o| o.keepalive && o.keepalive_idle > 0.0)
+                .map(|o| f64::from(o.keepalive_idle))
+                .reduce(f64::min),
             at_risk_idle_sockets: st.at_risk,
             first_failure_unix_ns: st.first_failure_ns,
             last_failure_unix_ns: st.last_failure_ns,

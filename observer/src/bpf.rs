@@ -7,7 +7,6 @@
 use std::{
     io,
     os::fd::AsFd,
-    path::Path,
     time::{Duration, Instant},
 };
 
@@ -37,8 +36,6 @@ pub enum BpfError {
     MissingHook(String),
     #[error("kernel BTF: {0}")]
     Btf(#[from] BtfError),
-    #[error("mounting {what} at {path}: {source}; mount it by hand (`mount -t {what} {what} {path}`)")]
-    Mount { what: &'static str, path: &'static str, source: io::Error },
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("program {name}: {source}")]
@@ -87,6 +84,8 @@ pub enum HookKind {
     BtfTracePoint,
     /// `fentry` on a kernel function (5.5+, where the kernel allows it).
     FEntry,
+    /// BPF iterator (`iter/tcp`, 5.9+), run on demand.
+    Iter,
 }
 
 /// A hook the probe set attaches.
@@ -111,8 +110,19 @@ const STATE_HOOKS: &[Hook] = &[
     Hook::tp("tcp_rcv_space_adjust"),
     Hook::tp("tcp_receive_reset"),
     Hook::tp("tcp_retransmit_skb"),
-    Hook::tp("tcp_send_reset"),
 ];
+
+/// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
+/// time-wait sockets since 6.9.
+const RESET_TP: Hook = Hook::tp("tcp_send_reset");
+/// `late_reuse` before that: `fentry` on the functions that send the RST.
+const RESET_FENTRY: &[Hook] = &[
+    Hook { program: "fentry_tcp_v4_send_reset", kind: HookKind::FEntry, name: "tcp_v4_send_reset" },
+    Hook { program: "fentry_tcp_v6_send_reset", kind: HookKind::FEntry, name: "tcp_v6_send_reset" },
+];
+
+/// The socket table, every set: `iter/tcp`.
+const ITER: Hook = Hook { program: "iter_tcp", kind: HookKind::Iter, name: "tcp" };
 
 /// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
 const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
@@ -135,31 +145,37 @@ pub enum ProbeSet {
     FEntrySend,
 }
 
-const TRACEFS: &str = "/sys/kernel/tracing";
-const BPFFS: &str = "/sys/fs/bpf";
-
 impl ProbeSet {
-    /// Choose the probe set from what the kernel offers; the reason is for the log.
-    pub fn detect() -> Result<(Self, &'static str), BpfError> {
-        for hook in STATE_HOOKS {
-            if !tracepoint_exists(hook.name) {
+    /// Choose the probe set from what the kernel's BTF offers (a BTF
+    /// tracepoint exists as the type `btf_trace_<name>`; no tracefs needed,
+    /// so this works without root). The reason is for the log.
+    pub fn detect(btf: &Btf) -> Result<(Self, &'static str), BpfError> {
+        for hook in STATE_HOOKS.iter().chain(std::iter::once(&RESET_TP)) {
+            if !btf.has_type(&format!("btf_trace_{}", hook.name)) {
                 return Err(BpfError::MissingHook(format!("the tracepoint {}", hook.name)));
             }
         }
-        if tracepoint_exists(SEND_TP.name) {
-            Ok((Self::TpBtf, "the tcp_sendmsg_locked tracepoint exists"))
+        if btf.has_type(&format!("btf_trace_{}", SEND_TP.name)) {
+            Ok((Self::TpBtf, "the tcp_sendmsg_locked tracepoint exists (6.16+)"))
         } else {
-            Ok((Self::FEntrySend, "no tcp_sendmsg_locked tracepoint (before 6.16): fentry on tcp_sendmsg_locked"))
+            Ok((
+                Self::FEntrySend,
+                "no tcp_sendmsg_locked tracepoint (before 6.16): fentry on tcp_sendmsg_locked and the RST senders",
+            ))
         }
     }
 
     #[must_use]
     pub fn hooks(self) -> Vec<Hook> {
-        let send = match self {
-            Self::TpBtf => SEND_TP,
-            Self::FEntrySend => SEND_FENTRY,
+        let (send, reset): (Hook, &[Hook]) = match self {
+            Self::TpBtf => (SEND_TP, std::slice::from_ref(&RESET_TP)),
+            Self::FEntrySend => (SEND_FENTRY, RESET_FENTRY),
         };
-        std::iter::once(send).chain(STATE_HOOKS.iter().copied()).collect()
+        std::iter::once(send)
+            .chain(STATE_HOOKS.iter().copied())
+            .chain(reset.iter().copied())
+            .chain(std::iter::once(ITER))
+            .collect()
     }
 
     #[must_use]
@@ -169,10 +185,6 @@ impl ProbeSet {
             Self::FEntrySend => "fentry_send",
         }
     }
-}
-
-fn tracepoint_exists(name: &str) -> bool {
-    ["tcp", "sock"].iter().any(|cat| Path::new(&format!("{TRACEFS}/events/{cat}/{name}")).exists())
 }
 
 /// Kernel-side loss and bookkeeping counters (summed over CPUs).
@@ -267,38 +279,6 @@ pub struct Probes {
     clock_sampled: Instant,
 }
 
-fn is_mounted(path: &str, fstype: &str) -> bool {
-    std::fs::read_to_string("/proc/self/mounts").is_ok_and(|m| {
-        m.lines().any(|l| l.split_whitespace().nth(1) == Some(path) && l.split_whitespace().nth(2) == Some(fstype))
-    })
-}
-
-fn mount(what: &'static str, path: &'static str) -> Result<bool, BpfError> {
-    if is_mounted(path, what) {
-        return Ok(false);
-    }
-    let c = |s: &str| std::ffi::CString::new(s).map_err(|e| BpfError::Setting(e.to_string()));
-    let (src, target, fstype) = (c(what)?, c(path)?, c(what)?);
-    // SAFETY: valid NUL-terminated strings, no data argument.
-    let rc = unsafe { libc::mount(src.as_ptr(), target.as_ptr(), fstype.as_ptr(), 0, std::ptr::null()) };
-    if rc != 0 {
-        return Err(BpfError::Mount { what, path, source: io::Error::last_os_error() });
-    }
-    Ok(true)
-}
-
-/// Mount tracefs and bpffs when missing. Returns what was mounted.
-pub fn ensure_filesystems() -> Result<Vec<&'static str>, BpfError> {
-    let mut done = Vec::new();
-    if mount("tracefs", TRACEFS)? {
-        done.push(TRACEFS);
-    }
-    if mount("bpf", BPFFS)? {
-        done.push(BPFFS);
-    }
-    Ok(done)
-}
-
 /// Raise `RLIMIT_MEMLOCK` for kernels that still charge BPF memory to it.
 /// Returns false when it could not (harmless on 5.11+ memcg accounting).
 #[must_use]
@@ -321,10 +301,10 @@ impl Probes {
                 config.ring_buffer_bytes
             )));
         }
-        ensure_filesystems()?;
-        let (set, why) = ProbeSet::detect()?;
+        let btf = Btf::from_sys_fs()?;
+        let (set, why) = ProbeSet::detect(&btf)?;
         log::info!("probe set {}: {why}", set.name());
-        let offsets = resolve_offsets(&Btf::from_sys_fs()?)?;
+        let offsets = resolve_offsets(&btf)?;
         let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
         let mut ebpf = EbpfLoader::new()
             .btf(Some(&kernel_btf))
@@ -335,6 +315,7 @@ impl Probes {
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
         let mut attached = Vec::new();
+        let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
         for hook in set.hooks().iter().chain(empty) {
             let err = |source| BpfError::Program { name: hook.program, source };
@@ -352,19 +333,16 @@ impl Probes {
                     prog.attach().map_err(err)?;
                     prog.info().map_err(err)?.id()
                 }
+                HookKind::Iter => {
+                    let prog: &mut Iter = prog.try_into().map_err(err)?;
+                    prog.load(hook.name, &kernel_btf).map_err(err)?;
+                    iter_link = Some(iter::link_create(prog.fd().map_err(err)?.as_fd()).map_err(BpfError::Iter)?);
+                    prog.info().map_err(err)?.id()
+                }
             };
             attached.push(Attached { hook: *hook, prog_id });
         }
-        let iter_link = {
-            let err = |source| BpfError::Program { name: "iter_tcp", source };
-            let prog: &mut Iter = ebpf
-                .program_mut("iter_tcp")
-                .ok_or(err(aya::programs::ProgramError::NotLoaded))?
-                .try_into()
-                .map_err(err)?;
-            prog.load("tcp", &kernel_btf).map_err(err)?;
-            iter::link_create(prog.fd().map_err(err)?.as_fd()).map_err(BpfError::Iter)?
-        };
+        let iter_link = iter_link.ok_or(BpfError::MissingMap("iter_tcp link"))?;
         let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
             .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
         let counters =

@@ -53,8 +53,10 @@ enum Ty {
     Enum {
         values: Vec<(u32, i64)>,
     },
-    /// Typedef, const, volatile, restrict, type tag: points at another type.
+    /// Const, volatile, restrict, type tag: points at another type.
     Alias(u32),
+    /// A named typedef of another type.
+    Typedef(u32),
     Other,
 }
 
@@ -166,7 +168,8 @@ impl Btf {
                     at += vlen * 12;
                     Ty::Enum { values }
                 }
-                KIND_TYPEDEF | KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Alias(size_or_type),
+                KIND_TYPEDEF => Ty::Typedef(size_or_type),
+                KIND_VOLATILE | KIND_CONST | KIND_RESTRICT | KIND_TYPE_TAG => Ty::Alias(size_or_type),
                 KIND_INT | KIND_VAR | KIND_DECL_TAG => {
                     at += 4;
                     Ty::Other
@@ -191,7 +194,7 @@ impl Btf {
         let mut btf = Self { strings, types, by_name: HashMap::new() };
         for id in 1..btf.types.len() {
             let (name, ty) = &btf.types[id];
-            if matches!(ty, Ty::Composite { .. } | Ty::Enum { .. }) && *name != 0 {
+            if *name != 0 && matches!(ty, Ty::Composite { .. } | Ty::Enum { .. } | Ty::Typedef(_)) {
                 let n = btf.name(*name).to_owned();
                 btf.by_name.entry(n).or_default().push(u32::try_from(id).unwrap_or(0));
             }
@@ -208,7 +211,7 @@ impl Btf {
     fn resolve(&self, mut id: u32) -> Option<&Ty> {
         for _ in 0..32 {
             match &self.types.get(id as usize)?.1 {
-                Ty::Alias(next) => id = *next,
+                Ty::Alias(next) | Ty::Typedef(next) => id = *next,
                 other => return Some(other),
             }
         }
@@ -254,6 +257,13 @@ impl Btf {
             return Err(BtfError::NotFound(format!("byte-aligned field {name}.{field}")));
         }
         Ok(p.byte())
+    }
+
+    /// A struct, union, enum or typedef of this name exists (a BTF
+    /// tracepoint `tp` exists as the typedef `btf_trace_<tp>`).
+    #[must_use]
+    pub fn has_type(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
     }
 
     /// Value of `variant` in `enum name`.
@@ -351,5 +361,7 @@ mod tests {
         assert_eq!(btf.offset("sock_common", "skc_family").unwrap(), 16);
         assert!(btf.offset("tcp_sock", "rcv_nxt").unwrap() > 1000);
         assert_eq!(btf.enum_value("sock_flags", "SOCK_KEEPOPEN").unwrap(), 3);
+        assert!(btf.has_type("btf_trace_inet_sock_set_state"));
+        assert!(!btf.has_type("btf_trace_no_such_tracepoint"));
     }
 }

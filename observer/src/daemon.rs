@@ -140,11 +140,9 @@ fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// Mount what is missing, load and attach the probes, log each one.
+/// Load and attach the probes, log each one. Nothing is mounted or
+/// pinned: BTF programs need neither tracefs nor bpffs.
 fn bring_up(args: &RunArgs) -> Result<Probes> {
-    for mounted in bpf::ensure_filesystems().context("preparing tracefs/bpffs")? {
-        info!("mounted {mounted}");
-    }
     if !bpf::raise_memlock() {
         warn!("could not raise RLIMIT_MEMLOCK (no CAP_SYS_RESOURCE); fine on kernels that account BPF memory to the cgroup (5.11+)");
     }
@@ -163,6 +161,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         let kind = match a.hook.kind {
             bpf::HookKind::BtfTracePoint => "tp_btf",
             bpf::HookKind::FEntry => "fentry",
+            bpf::HookKind::Iter => "iter",
         };
         info!("attached {kind}/{} (program {}, id {})", a.hook.name, a.hook.program, a.prog_id);
     }
@@ -184,6 +183,9 @@ fn refresh_sockets(probes: &Probes, shared: &Shared) {
 
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
+    // Before the store or the listen socket: a missing capability is named
+    // first, and nothing is created by a daemon that cannot start.
+    bpf::check_capabilities().context("checking capabilities")?;
     let mut aggregator =
         Aggregator::new(aggregate::Config { window_ns: nanos(args.window), max_destinations: args.max_destinations });
     let writer = open_store(&args, &mut aggregator)?;

@@ -87,7 +87,15 @@ pub struct Store {
 }
 
 fn is_evidence(ev: &SockEvent) -> bool {
-    matches!(ev.kind, EventKind::Reuse | EventKind::PeerCloseWhileIdle | EventKind::LocalClose)
+    matches!(
+        ev.kind,
+        EventKind::Reuse
+            | EventKind::PeerCloseWhileIdle
+            | EventKind::LocalClose
+            | EventKind::RequestAborted
+            | EventKind::RequestTimeout
+            | EventKind::LateReuse
+    )
 }
 
 impl Store {

@@ -93,7 +93,7 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fin_path_diagnosed() -> Result<()> {
     let topo = Topology::pair("dfin")?;
     let dir = tempfile::tempdir()?;
@@ -231,13 +231,13 @@ fn check_report(data: &std::path::Path, dest: &str, t: f64, mode: FailureMode) -
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn rst_path_diagnosed() -> Result<()> {
     routed_scenario("drst", "reject with tcp reset", false, 3.0, FailureMode::Rst)
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_path_diagnosed() -> Result<()> {
     routed_scenario("ddrop", "drop", true, 3.0, FailureMode::SilentDrop)
 }

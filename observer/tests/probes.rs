@@ -34,7 +34,7 @@ fn matching(events: &[SockEvent], rec: &ClientReuse) -> Result<(SockEvent, f64)>
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fin_nginx_keepalive_timeout() -> Result<()> {
     let topo = Topology::pair("fin")?;
     let dir = tempfile::tempdir()?;
@@ -113,7 +113,7 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
     let topo = Topology::routed("rst", 3, "reject with tcp reset")?;
     let server = script(ECHO_SERVER)?;
@@ -150,7 +150,7 @@ fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     let topo = Topology::routed("drop", 3, "drop")?;
     let server = script(ECHO_SERVER)?;
@@ -210,7 +210,7 @@ print(n, flush=True)
 "#;
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn busy_connection_has_no_reuse() -> Result<()> {
     let topo = Topology::pair("busy")?;
     let server = script(ECHO_SERVER)?;
@@ -253,7 +253,7 @@ s.close()
 "#;
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn preexisting_connection_is_picked_up() -> Result<()> {
     let topo = Topology::pair("pre")?;
     let server = script(ECHO_SERVER)?;
@@ -309,7 +309,7 @@ fn preexisting_connection_is_picked_up() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn full_ring_buffer_is_counted_and_daemon_survives() -> Result<()> {
     let ns = Netns::create("burst", 1)?;
     let daemon = Daemon::start(&["--ring-buffer", "4096"])?;
@@ -350,7 +350,7 @@ for _ in range(300):
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result<()> {
     let topo = Topology::routed("etime", 3, "drop")?;
     // The client's kernel gives up after 3 retransmits (about 1.5-3 s)
@@ -403,7 +403,7 @@ print(json.dumps(rec), flush=True)
 "#;
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn stall_ended_by_a_local_abort() -> Result<()> {
     let topo = Topology::routed("abort", 3, "drop")?;
     let server = script(ECHO_SERVER)?;

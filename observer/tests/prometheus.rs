@@ -64,7 +64,7 @@ fn scalar(v: &Value) -> Option<f64> {
 }
 
 #[test]
-#[ignore = "needs root and a 6.3+ kernel: run `cargo xtask test`"]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn dashboards_query_real_prometheus() -> Result<()> {
     let topo = Topology::pair("prom")?;
     let dir = tempfile::tempdir()?;

@@ -343,7 +343,17 @@ impl Bpftrace {
 
     fn stop(mut self) -> Result<()> {
         sh(&format!("kill -INT {}", self.child.id()))?;
-        let _ = self.child.wait();
+        // bpftrace 0.17 now and then ignores SIGINT while it tears down;
+        // the measurement is over either way.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                break;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
         Ok(())
     }
 }

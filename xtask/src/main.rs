@@ -14,6 +14,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod vm;
 
 #[derive(Parser)]
 #[command(name = "xtask", about = "observer developer tasks")]
@@ -32,8 +33,13 @@ enum Task {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Set up, then run all unit tests and all root integration tests.
+    /// Set up, then run all unit tests and all root integration tests on
+    /// this kernel, then the root suites in a VM with each other kernel.
     Test {
+        /// `all` (this kernel, then every VM kernel), `host`, or one VM
+        /// kernel (`debian-6.1`).
+        #[arg(long, default_value = "all")]
+        kernel: String,
         /// Extra arguments for the test harness (after `--`), e.g. a test name filter.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -86,7 +92,7 @@ fn main() -> ExitCode {
     let result = match cli.task {
         Task::Setup => setup(true).map(|_| ()),
         Task::Run { args } => run(&args),
-        Task::Test { args } => test(&args),
+        Task::Test { kernel, args } => test(&kernel, &args),
         Task::Lint => lint(),
         Task::Bench { report_only: true, .. } => bench::report_only(),
         Task::Bench { smoke, .. } => bench_task(smoke),
@@ -261,25 +267,38 @@ fn check_kernel() -> Result<()> {
     Ok(())
 }
 
-fn test(args: &[String]) -> Result<()> {
+fn test(kernel: &str, args: &[String]) -> Result<()> {
     if !is_root() {
         bail!("`cargo xtask test` runs real-kernel tests and must run as root (CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN); try `sudo -E cargo xtask test`");
     }
     let started = Instant::now();
     let toolchain = setup(true)?;
-    check_kernel()?;
-    // Root tests are #[ignore]d for plain `cargo test`; include them here.
-    // One test at a time: the scenarios measure timing and share the kernel.
-    status(
-        cargo()
-            .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
-            .args(args)
-            .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
-    )?;
-    // A few seconds of every benchmark, so it cannot rot (no targets asserted).
-    apt_install(BENCH_PACKAGES)?;
-    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
-    bench::run(true).context("benchmark smoke run")?;
+    let vms: Vec<&vm::Kernel> = match kernel {
+        "all" => vm::KERNELS.iter().collect(),
+        "host" => Vec::new(),
+        name => vec![vm::kernel(name)?],
+    };
+    if kernel == "all" || kernel == "host" {
+        check_kernel()?;
+        // Root tests are #[ignore]d for plain `cargo test`; include them here.
+        // One test at a time: the scenarios measure timing and share the kernel.
+        status(
+            cargo()
+                .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
+                .args(args)
+                .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
+        )?;
+        println!("test: host suite passed in {:.0}s", started.elapsed().as_secs_f64());
+        // A few seconds of every benchmark, so it cannot rot (no targets asserted).
+        apt_install(BENCH_PACKAGES)?;
+        status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+        bench::run(true).context("benchmark smoke run")?;
+    }
+    for k in vms {
+        let t = Instant::now();
+        vm::run(k, &toolchain, args)?;
+        println!("test: {} suite passed in {:.0}s", k.name, t.elapsed().as_secs_f64());
+    }
     println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
 }

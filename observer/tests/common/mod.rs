@@ -41,6 +41,11 @@ pub struct Daemon {
 impl Daemon {
     /// Start the daemon with extra args and wait until its probes are attached.
     pub fn start(extra: &[&str]) -> Result<Self> {
+        Self::start_as(&[], extra)
+    }
+
+    /// Start the daemon through `wrapper` (e.g. `setpriv ...`), with extra args.
+    pub fn start_as(wrapper: &[&str], extra: &[&str]) -> Result<Self> {
         let mut args = vec!["run", "--events=json", "--connections"];
         if !extra.contains(&"--metrics-addr") {
             args.extend(["--metrics-addr", "127.0.0.1:0"]);
@@ -50,7 +55,12 @@ impl Daemon {
         if let Some(p) = &data_path {
             args.extend(["--data-dir", p.as_str()]);
         }
-        let mut child = Command::new(OBSERVER)
+        let (program, pre) = match wrapper.split_first() {
+            Some((p, rest)) => (*p, [rest, &[OBSERVER]].concat()),
+            None => (OBSERVER, Vec::new()),
+        };
+        let mut child = Command::new(program)
+            .args(&pre)
             .args(&args)
             .args(extra)
             .stdout(Stdio::piped())
@@ -348,10 +358,23 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 "#;
 
-/// Start a process in a namespace and wait for it to print `ready` or a
-/// listening socket to appear.
+/// Start a process in a namespace and wait for it to print `ready`.
 pub fn start_server(ns: &Netns, i: usize, cmd: &str) -> Result<Killed> {
-    let mut child = ns.spawn(i, cmd)?;
+    wait_ready(ns.spawn(i, cmd)?, cmd)
+}
+
+/// Start a process in this namespace and wait for it to print `ready`.
+pub fn start_server_here(cmd: &str) -> Result<Killed> {
+    let child = Command::new("sh")
+        .args(["-c", &format!("exec {cmd}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("spawning `{cmd}`"))?;
+    wait_ready(child, cmd)
+}
+
+fn wait_ready(mut child: Child, cmd: &str) -> Result<Killed> {
     let out = child.stdout.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {

@@ -1,0 +1,208 @@
+//! The kernel matrix: boot another kernel under QEMU (TCG: there is no KVM
+//! here) with virtme-ng, sharing the host's filesystem read-only, and run
+//! the root integration suites inside it against the binaries built on the
+//! host.
+//!
+//! Kernels come from Debian's archive (`linux-image-*-unsigned`); their
+//! modules are installed under `/lib/modules/<release>` on the host so the
+//! guest (which sees the host's root) can load veth, nf_tables, conntrack.
+//! QEMU 7.2's C virtiofsd is wrapped to take the Rust virtiofsd's arguments
+//! that virtme-ng passes.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::Command,
+    time::Instant,
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+
+use crate::{apt_install, cargo, output_ok, status, workspace_root};
+
+/// The suites run in the VM: every one that tests kernel behaviour. The
+/// others (unit tests, `path_cli`, `store_kill`, `report_render` with
+/// Chromium, `prometheus` with a Prometheus server) test no kernel
+/// behaviour and would only be slow under TCG.
+const SUITES: &[&str] = &["foundation", "probes", "wire_truth", "diagnosis"];
+const VIRTME_NG: &str = "virtme-ng==1.42";
+
+/// A kernel of the matrix.
+pub struct Kernel {
+    /// `debian-6.1`.
+    pub name: &'static str,
+    /// Debian package name pattern (newest match is used).
+    package_regex: &'static str,
+}
+
+pub const KERNELS: &[Kernel] =
+    &[Kernel { name: "debian-6.1", package_regex: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$" }];
+
+pub fn kernel(name: &str) -> Result<&'static Kernel> {
+    KERNELS.iter().find(|k| k.name == name).with_context(|| {
+        format!("unknown kernel {name}; known: {}", KERNELS.iter().map(|k| k.name).collect::<Vec<_>>().join(", "))
+    })
+}
+
+const VIRTIOFSD_WRAPPER: &str = r#"#!/bin/sh
+# Written by `cargo xtask test --kernel`: maps the Rust virtiofsd arguments
+# virtme-ng passes onto QEMU 7.2's C virtiofsd, and writes the pid file
+# virtme-ng waits for.
+sock= dir= cache=auto
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --socket-path) sock=$2; shift ;;
+    --socket-path=*) sock=${1#*=} ;;
+    --shared-dir) dir=$2; shift ;;
+    --shared-dir=*) dir=${1#*=} ;;
+    --cache) cache=$2; shift ;;
+    --cache=*) cache=${1#*=} ;;
+    --version|-V) echo "virtiofsd 1.10.0"; exit 0 ;;
+    *) ;;
+  esac
+  shift
+done
+case "$cache" in never) cache=none ;; metadata) cache=auto ;; esac
+/usr/lib/qemu/virtiofsd --socket-path="$sock" -o source="$dir",cache="$cache",sandbox=chroot &
+child=$!
+i=0
+while [ ! -S "$sock" ] && [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done
+echo $child > "$sock.pid"
+wait $child
+"#;
+
+fn vm_dir() -> PathBuf {
+    workspace_root().join("target/vm")
+}
+
+/// Install QEMU, kmod and virtme-ng, and fetch and unpack the kernel.
+/// Returns the kernel image and its release.
+fn prepare(k: &Kernel) -> Result<(PathBuf, String)> {
+    apt_install(&["qemu-system-x86", "kmod"])?;
+    if output_ok(Command::new("vng").arg("--version")).is_none() {
+        println!("vm: installing {VIRTME_NG} from PyPI");
+        status(Command::new("python3").args(["-m", "pip", "install", "-q", VIRTME_NG]))?;
+    }
+    let dir = vm_dir();
+    fs::create_dir_all(dir.join("bin"))?;
+    let wrapper = dir.join("bin/virtiofsd");
+    fs::write(&wrapper, VIRTIOFSD_WRAPPER)?;
+    status(Command::new("chmod").arg("755").arg(&wrapper))?;
+    let list = output_ok(Command::new("apt-cache").args(["search", "--names-only", k.package_regex]))
+        .context("apt-cache search")?;
+    let mut pkgs: Vec<&str> = list.lines().filter_map(|l| l.split_whitespace().next()).collect();
+    pkgs.sort_by_key(|p| p.split('-').nth(3).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0));
+    let pkg = *pkgs.last().with_context(|| format!("no Debian package matches {}", k.package_regex))?;
+    let release = pkg.trim_start_matches("linux-image-").trim_end_matches("-unsigned").to_owned();
+    let root = dir.join(&release);
+    let image = root.join(format!("boot/vmlinuz-{release}"));
+    if !image.exists() {
+        println!("vm: fetching {pkg}");
+        status(Command::new("apt-get").args(["download", "-q", pkg]).current_dir(&dir))?;
+        let deb = fs::read_dir(&dir)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(pkg)))
+            .context("downloaded .deb")?;
+        status(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
+    }
+    let modules = Path::new("/lib/modules").join(&release);
+    if !modules.join("modules.dep").exists() {
+        println!("vm: installing the guest's modules under {}", modules.display());
+        fs::create_dir_all("/lib/modules")?;
+        status(Command::new("cp").arg("-a").arg(root.join("lib/modules").join(&release)).arg("/lib/modules/"))?;
+        status(Command::new("depmod").arg(&release))?;
+    }
+    Ok((image, release))
+}
+
+/// Test executables of the suites, built on the host.
+fn suite_binaries(toolchain: &str) -> Result<Vec<(String, PathBuf)>> {
+    let out = cargo()
+        .args(["test", "--workspace", "--no-run", "--message-format=json"])
+        .env("OBSERVER_EBPF_TOOLCHAIN", toolchain)
+        .output()?;
+    ensure!(out.status.success(), "building the test binaries failed: {}", String::from_utf8_lossy(&out.stderr));
+    let mut found = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let name = v["target"]["name"].as_str().unwrap_or_default();
+        if v["reason"] == "compiler-artifact" && SUITES.contains(&name) {
+            if let Some(exe) = v["executable"].as_str() {
+                found.push((name.to_owned(), PathBuf::from(exe)));
+            }
+        }
+    }
+    ensure!(found.len() == SUITES.len(), "expected test binaries for {SUITES:?}, found {found:?}");
+    Ok(found)
+}
+
+/// Run the root suites inside kernel `k`; fails if any test fails.
+pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let (image, release) = prepare(k)?;
+    let bins = suite_binaries(toolchain)?;
+    let out = vm_dir().join("out");
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(&out)?;
+    let path = std::env::var("PATH").unwrap_or_default();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    let mut script = format!(
+        "#!/bin/sh\ncd {root}\nexport PATH='{path}' HOME='{home}' RUST_BACKTRACE=0\nuname -r > {out}/uname\n",
+        root = workspace_root().display(),
+        out = out.display()
+    );
+    let filter = filter.join(" ");
+    for (name, exe) in &bins {
+        script.push_str(&format!(
+            "s=$(date +%s); {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc\n",
+            exe = exe.display(),
+            out = out.display()
+        ));
+    }
+    let script_path = vm_dir().join("run-suites.sh");
+    fs::write(&script_path, script)?;
+    status(Command::new("chmod").arg("755").arg(&script_path))?;
+    println!("vm: booting {release} under QEMU (TCG) and running {SUITES:?}");
+    let vm_path = format!("{}:{path}", vm_dir().join("bin").display());
+    let log = fs::File::create(vm_dir().join("vng.log"))?;
+    let st = Command::new("vng")
+        .args(["--run"])
+        .arg(&image)
+        .args(["--disable-kvm", "--memory", "2G", "--cpus", "2", "--rwdir"])
+        .arg(&out)
+        .arg("--exec")
+        .arg(&script_path)
+        .env("PATH", vm_path)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .status()
+        .context("starting vng (virtme-ng)")?;
+    let guest = fs::read_to_string(out.join("uname")).unwrap_or_default();
+    ensure!(
+        guest.trim() == release,
+        "the VM did not run the suites (vng exited {st}; guest kernel {:?}); see {}",
+        guest.trim(),
+        vm_dir().join("vng.log").display()
+    );
+    let mut failed = Vec::new();
+    for (name, _) in &bins {
+        let rc = fs::read_to_string(out.join(format!("{name}.rc"))).unwrap_or_else(|_| "missing".into());
+        let log = fs::read_to_string(out.join(format!("{name}.log"))).unwrap_or_default();
+        for l in log.lines().filter(|l| l.starts_with("test ") || l.contains("MEASURED")) {
+            println!("vm[{release}] {name}: {l}");
+        }
+        let mut parts = rc.split_whitespace();
+        let code = parts.next().unwrap_or("missing");
+        let secs = parts.next().unwrap_or("?");
+        println!("vm[{release}] {name}: exit {code} in {secs} s");
+        if code != "0" {
+            failed.push(name.clone());
+        }
+    }
+    println!("vm[{release}]: suites took {:.0} s in all", started.elapsed().as_secs_f64());
+    if !failed.is_empty() {
+        bail!("suites failed on {release}: {} (logs in {})", failed.join(", "), out.display());
+    }
+    Ok(())
+}
