@@ -517,6 +517,19 @@ pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
 pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     st.peer_fin_ns = now;
     expire_request(st, now);
+    // The peer's goodbye (close_notify, GOAWAY), then at most a goodbye of
+    // ours in reply, then its FIN: its idle close, not a request of ours.
+    let goodbye = goodbye_anchor(sk, st, now);
+    if goodbye != 0 {
+        clear_request(st);
+        if now.saturating_sub(goodbye) >= min_idle_ns() {
+            emit(sk, st, kind::PEER_CLOSE, now, |e| {
+                e.idle_ns = now - goodbye;
+                e.how = how::FIN;
+            });
+        }
+        return;
+    }
     if st.req_ns != 0 {
         if answered(sk, st, true) {
             resolve_answered(sk, st, now, how::CLOSED_AFTER_RESPONSE);
@@ -530,10 +543,7 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
         }
         return;
     }
-    let mut anchor = goodbye_anchor(sk, st, now);
-    if anchor == 0 {
-        anchor = last_activity(st);
-    }
+    let anchor = last_activity(st);
     if anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns() {
         emit(sk, st, kind::PEER_CLOSE, now, |e| {
             e.idle_ns = now - anchor;

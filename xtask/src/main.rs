@@ -81,6 +81,7 @@ const TEST_PACKAGES: &[&str] = &[
     "iputils-ping",
     "prometheus",
     "chromium",
+    "golang-go",
 ];
 /// Debian packages the benchmarks use.
 const BENCH_PACKAGES: &[&str] = &["bpftrace"];

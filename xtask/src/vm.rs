@@ -35,8 +35,10 @@ pub struct Kernel {
     package_regex: &'static str,
 }
 
-pub const KERNELS: &[Kernel] =
-    &[Kernel { name: "debian-6.1", package_regex: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$" }];
+pub const KERNELS: &[Kernel] = &[
+    Kernel { name: "debian-6.1", package_regex: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$" },
+    Kernel { name: "debian-6.12", package_regex: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$" },
+];
 
 pub fn kernel(name: &str) -> Result<&'static Kernel> {
     KERNELS.iter().find(|k| k.name == name).with_context(|| {
@@ -91,7 +93,10 @@ fn prepare(k: &Kernel) -> Result<(PathBuf, String)> {
     let list = output_ok(Command::new("apt-cache").args(["search", "--names-only", k.package_regex]))
         .context("apt-cache search")?;
     let mut pkgs: Vec<&str> = list.lines().filter_map(|l| l.split_whitespace().next()).collect();
-    pkgs.sort_by_key(|p| p.split('-').nth(3).and_then(|n| n.parse::<u32>().ok()).unwrap_or(0));
+    // Newest by the numbers in the name (6.1.0-57 > 6.1.0-50; 6.12.117 > 6.12.107).
+    pkgs.sort_by_key(|p| {
+        p.split(|c: char| !c.is_ascii_digit()).filter_map(|n| n.parse::<u32>().ok()).collect::<Vec<_>>()
+    });
     let pkg = *pkgs.last().with_context(|| format!("no Debian package matches {}", k.package_regex))?;
     let release = pkg.trim_start_matches("linux-image-").trim_end_matches("-unsigned").to_owned();
     let root = dir.join(&release);
