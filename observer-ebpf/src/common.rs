@@ -773,13 +773,13 @@ fn tuple_key(st: &SockState) -> TupleKey {
 /// later is seen (`late_reuse`).
 #[inline(always)]
 fn remember_idle_close(st: &SockState, now: u64, idle: u64) {
-    let _ = CLOSED_IDLE.insert(&tuple_key(st), &ClosedIdle { close_ns: now, idle_ns: idle }, 0);
+    let _ = CLOSED_IDLE.insert(tuple_key(st), ClosedIdle { close_ns: now, idle_ns: idle }, 0);
 }
 
 /// A new connection reuses a 4-tuple: forget an old idle close on it.
 #[inline(always)]
 pub fn forget_idle_close(st: &SockState) {
-    let _ = CLOSED_IDLE.remove(&tuple_key(st));
+    let _ = CLOSED_IDLE.remove(tuple_key(st));
 }
 
 /// The kernel sent an RST from socket `sk` (full or time-wait): if it is
@@ -791,10 +791,10 @@ pub fn on_send_reset(sk: *const c_void, now: u64) {
         return;
     }
     let key = tuple_key(&probe);
-    let Some(p) = CLOSED_IDLE.get_ptr(&key) else { return };
+    let Some(p) = CLOSED_IDLE.get_ptr(key) else { return };
     // SAFETY: pointer from a successful lookup; copied before the removal.
     let closed = unsafe { *p };
-    let _ = CLOSED_IDLE.remove(&key);
+    let _ = CLOSED_IDLE.remove(key);
     probe.role = role::SERVER;
     probe.id = 0;
     emit(core::ptr::null(), &probe, kind::LATE_REUSE, now, |e| {

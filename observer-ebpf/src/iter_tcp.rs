@@ -18,7 +18,7 @@ struct IterTcp {
 
 #[no_mangle]
 #[link_section = "iter/tcp"]
-pub fn iter_tcp(ctx: *mut c_void) -> i32 {
+pub extern "C" fn iter_tcp(ctx: *mut c_void) -> i32 {
     // SAFETY: the kernel passes a `struct bpf_iter__tcp`; `meta` is never
     // NULL and its first field is the seq file.
     unsafe {

@@ -410,7 +410,7 @@ impl Probes {
     /// Every tracked TCP socket now, from the `iter/tcp` program. A TCP
     /// iterator lists the network namespace it is created in, so one is
     /// created in each namespace a process uses (entering it takes
-    /// CAP_SYS_ADMIN; without it only the daemon's own namespace is listed,
+    /// `CAP_SYS_ADMIN`; without it only the daemon's own namespace is listed,
     /// and that is logged once).
     pub fn sockets(&self) -> Result<Vec<SockRecord>, BpfError> {
         let mut buf = iter::read(&self.iter_link).map_err(BpfError::Iter)?;
@@ -510,7 +510,7 @@ mod iter {
     /// One `/proc/PID/ns/net` path per network namespace in use, other
     /// than ours.
     pub fn other_netns() -> Vec<PathBuf> {
-        let own = std::fs::metadata("/proc/self/ns/net").map(|m| m.ino()).unwrap_or(0);
+        let own = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
         let mut seen = HashSet::from([own]);
         let mut out = Vec::new();
         let Ok(dir) = std::fs::read_dir("/proc") else { return out };

@@ -242,11 +242,10 @@ impl Btf {
     pub fn field(&self, name: &str, field: &str) -> Result<FieldPos, BtfError> {
         let ids = self.by_name.get(name).ok_or_else(|| BtfError::NotFound(format!("struct {name}")))?;
         ids.iter()
-            .filter_map(|&id| match self.resolve(id) {
+            .find_map(|&id| match self.resolve(id) {
                 Some(Ty::Composite { members }) if !members.is_empty() => self.find_in(members, field, 0),
                 _ => None,
             })
-            .next()
             .ok_or_else(|| BtfError::NotFound(format!("field {name}.{field}")))
     }
 
@@ -298,7 +297,7 @@ mod tests {
         // 2: anonymous struct { int c; int d:3; } (kind_flag for bitfields)
         push(&[0, (KIND_STRUCT << 24) | (1 << 31) | 2, 8]);
         push(&[s("c"), 1, 0]);
-        push(&[s("d"), 1, (3 << 24) | 37]);
+        push(&[s("d"), 1, (3 << 24) | 0x25]);
         // 3: anonymous union { int b; struct 2; }
         push(&[0, (KIND_UNION << 24) | 2, 8]);
         push(&[s("b"), 1, 0]);

@@ -106,7 +106,7 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
     let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 1.0 5", client.display(), topo.server_v4))?;
     let socks = locals(&out)?;
     ensure!(socks.len() == 5, "client printed {out}");
-    let events = daemon.wait_for("five reuse outcomes", Duration::from_secs(5), |evs| {
+    daemon.wait_for("five reuse outcomes", Duration::from_secs(5), |evs| {
         socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == *l))
     })?;
     settle();

@@ -5,11 +5,12 @@
 //!
 //! Kernels come from Debian's archive (`linux-image-*-unsigned`); their
 //! modules are installed under `/lib/modules/<release>` on the host so the
-//! guest (which sees the host's root) can load veth, nf_tables, conntrack.
+//! guest (which sees the host's root) can load `veth`, `nf_tables`, `nf_conntrack`.
 //! QEMU 7.2's C virtiofsd is wrapped to take the Rust virtiofsd's arguments
 //! that virtme-ng passes.
 
 use std::{
+    fmt::Write as _,
     fs,
     path::{Path, PathBuf},
     process::Command,
@@ -159,11 +160,12 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     );
     let filter = filter.join(" ");
     for (name, exe) in &bins {
-        script.push_str(&format!(
-            "s=$(date +%s); {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc\n",
+        let _ = writeln!(
+            script,
+            "s=$(date +%s); {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
             exe = exe.display(),
             out = out.display()
-        ));
+        );
     }
     let script_path = vm_dir().join("run-suites.sh");
     fs::write(&script_path, script)?;
