@@ -136,6 +136,8 @@ pub mod globals {
     pub const STALL_AFTER_NS: &str = "STALL_AFTER_NS";
     /// `u64`: a request unanswered this long is dropped as unresolved.
     pub const ANSWER_WITHIN_NS: &str = "ANSWER_WITHIN_NS";
+    /// `u64`: 1 = emit `closed` events (only printed with `--connections`).
+    pub const EMIT_CLOSED: &str = "EMIT_CLOSED";
     /// The kernel struct fields the programs read, in the order of
     /// [`crate::Offsets`]; one `u64` global each.
     pub const OFFSETS: &str = "OFFSETS";
@@ -184,12 +186,14 @@ pub struct Offsets {
     pub snd_una: u64,
     /// `tcp_sock.rcv_nxt`: next byte expected from the peer (FIN counts one).
     pub rcv_nxt: u64,
+    /// `tcp_sock.copied_seq`: next byte the application reads.
+    pub copied_seq: u64,
     /// `tcp_sock.keepalive_time` (jiffies; 0 = the sysctl default).
     pub keepalive_time: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 17;
+pub const OFFSETS_COUNT: usize = 18;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.

@@ -69,6 +69,10 @@ static STALL_AFTER_NS: u64 = 1_000_000_000;
 #[no_mangle]
 static ANSWER_WITHIN_NS: u64 = 300_000_000_000;
 
+/// 1 = emit `closed` events (userspace only prints them).
+#[no_mangle]
+static EMIT_CLOSED: u64 = 1;
+
 /// Kernel struct offsets, resolved by userspace from BTF. All zero means
 /// "not set": userspace refuses to load without them.
 #[no_mangle]
@@ -89,6 +93,7 @@ static OFFSETS: Offsets = Offsets {
     write_seq: 0,
     snd_una: 0,
     rcv_nxt: 0,
+    copied_seq: 0,
     keepalive_time: 0,
 };
 
@@ -104,6 +109,12 @@ pub const RACE_NS: u64 = 100_000_000;
 
 /// Probes' own `SockState::flags` bits (never on the wire).
 pub mod st {
+    /// The outstanding request has sequence snapshots (`req_snd_seq`,
+    /// `req_rcv_seq`): it came after a quiet spell (a reuse, or maybe a
+    /// control write). A request in a busy exchange has none, to keep two
+    /// field reads off the hot path; it is answered by any read, or by
+    /// unread data at the decision.
+    pub const SEQ: u8 = 0x01;
     /// The outstanding request is a reuse.
     pub const REUSE: u8 = 0x02;
     /// Our close was seen (local close logic ran).
@@ -171,6 +182,11 @@ fn field<T: Copy + Default>(sk: *const c_void, off: *const u64) -> T {
 #[inline(always)]
 pub fn rcv_nxt(sk: *const c_void) -> u32 {
     field(sk, &raw const OFFSETS.rcv_nxt)
+}
+
+#[inline(always)]
+fn copied_seq(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.copied_seq)
 }
 
 #[inline(always)]
@@ -343,7 +359,7 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     e.tgid = st.tgid;
     e.comm = st.comm;
     e.flags = st.flags & flags::PREEXISTING;
-    if !sk.is_null() {
+    if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED {
         let (on, jiffies) = keepalive(sk);
         if on {
             e.flags |= flags::KEEPALIVE;
@@ -363,7 +379,7 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
 fn clear_request(st: &mut SockState) {
     st.req_ns = 0;
     st.retransmits = 0;
-    st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED);
+    st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED | st::SEQ);
 }
 
 /// Emit the outcome of the outstanding request if it was a reuse.
@@ -418,11 +434,32 @@ pub fn expire_request(st: &mut SockState, now: u64) -> bool {
 }
 
 /// Data arrived beyond what had arrived at the request write (`fin`: the
-/// peer's FIN is already counted in `rcv_nxt`).
+/// peer's FIN is already counted in `rcv_nxt`). Without snapshots, data
+/// the application has not read yet counts.
 #[inline(always)]
 fn answered(sk: *const c_void, st: &SockState, fin: bool) -> bool {
+    if st.flags & st::SEQ == 0 {
+        // `copied_seq` never passes the FIN, whenever it came.
+        let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin || st.peer_fin_ns != 0));
+        return rcv != copied_seq(sk);
+    }
     let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin));
     rcv != st.req_rcv_seq && after(rcv, st.req_rcv_seq)
+}
+
+/// The request's bytes were acknowledged (unknown without snapshots: no).
+#[inline(always)]
+fn acked(sk: *const c_void, st: &SockState) -> bool {
+    st.flags & st::SEQ != 0 && after(snd_una(sk), st.req_snd_seq)
+}
+
+/// Request bytes written so far (0 = unknown, without snapshots).
+#[inline(always)]
+fn request_bytes(sk: *const c_void, st: &SockState) -> u32 {
+    if st.flags & st::SEQ == 0 {
+        return 0;
+    }
+    write_seq(sk).wrapping_sub(st.req_snd_seq)
 }
 
 /// The outstanding request was answered: `ok` for a reuse; the idle clock
@@ -471,9 +508,12 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
         if st.req_ns == 0 && st.flags & st::ONE_WAY == 0 && last != 0 {
             st.req_ns = now;
             st.req_idle_ns = idle;
-            st.req_snd_seq = if have_wseq { wseq } else { write_seq(sk) };
-            st.req_rcv_seq = rcv_nxt(sk);
             st.retransmits = 0;
+            if have_wseq || idle >= min_idle_ns() {
+                st.req_snd_seq = if have_wseq { wseq } else { write_seq(sk) };
+                st.req_rcv_seq = rcv_nxt(sk);
+                st.flags |= st::SEQ;
+            }
             if st.peer_fin_ns != 0 {
                 st.flags |= st::FIN_BEFORE_REQ;
             }
@@ -504,7 +544,8 @@ pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     if st.req_ns != 0 {
-        if answered(sk, st, false) {
+        // Without snapshots the read itself is the answer (a busy exchange).
+        if st.flags & st::SEQ == 0 || answered(sk, st, false) {
             resolve_answered(sk, st, now, how::NONE);
         }
     } else {
@@ -533,7 +574,7 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     if st.req_ns != 0 {
         if answered(sk, st, true) {
             resolve_answered(sk, st, now, how::CLOSED_AFTER_RESPONSE);
-        } else if is_small_fresh_request(sk, st, now) && after(snd_una(sk), st.req_snd_seq) {
+        } else if is_small_fresh_request(sk, st, now) && acked(sk, st) {
             // The peer received a small write of ours and closed at once:
             // the answer to our close_notify, or a real failure. Our close
             // tells which.
@@ -590,15 +631,14 @@ fn peer_ended_request(sk: *const c_void, st: &mut SockState, now: u64, result: u
         clear_request(st);
         return;
     }
-    let acked = after(snd_una(sk), st.req_snd_seq);
     let raced = now.saturating_sub(st.req_ns) < RACE_NS;
-    if st.flags & st::REUSE != 0 && (st.flags & st::FIN_BEFORE_REQ != 0 || !acked || raced) {
+    if st.flags & st::REUSE != 0 && (st.flags & st::FIN_BEFORE_REQ != 0 || !acked(sk, st) || raced) {
         reuse_outcome(sk, st, now, result, how);
     } else {
         if st.flags & st::REUSE != 0 {
             count(counter::REUSE_UNRESOLVED);
         }
-        request_event(sk, st, now, kind::REQUEST_ABORTED, how, write_seq(sk).wrapping_sub(st.req_snd_seq));
+        request_event(sk, st, now, kind::REQUEST_ABORTED, how, request_bytes(sk, st));
     }
     clear_request(st);
 }
@@ -654,8 +694,7 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
         if answered(sk, st, fin_counted) {
             resolve_answered(sk, st, now, how::NONE);
         } else {
-            let bytes = write_seq(sk).wrapping_sub(st.req_snd_seq);
-            local_ended_request(sk, st, now, stall_how, peer_first, bytes);
+            local_ended_request(sk, st, now, stall_how, peer_first, request_bytes(sk, st));
             return;
         }
     }
@@ -682,7 +721,9 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
 /// `CONTROL_NS` ago (it may yet turn out to be a `close_notify`).
 #[inline(always)]
 fn is_small_fresh_request(sk: *const c_void, st: &SockState, now: u64) -> bool {
-    now.saturating_sub(st.req_ns) < CONTROL_NS && write_seq(sk).wrapping_sub(st.req_snd_seq) <= CONTROL_BYTES
+    st.flags & st::SEQ != 0
+        && now.saturating_sub(st.req_ns) < CONTROL_NS
+        && write_seq(sk).wrapping_sub(st.req_snd_seq) <= CONTROL_BYTES
 }
 
 /// The activity before an unsolicited read that came just now (a peer's
@@ -716,7 +757,7 @@ fn is_control_write(sk: *const c_void, st: &SockState, now: u64) -> bool {
 #[inline(always)]
 fn local_ended_request(sk: *const c_void, st: &mut SockState, now: u64, stall_how: u8, peer_first: bool, bytes: u32) {
     let reuse = st.flags & st::REUSE != 0;
-    let acked = after(snd_una(sk), st.req_snd_seq);
+    let acked = acked(sk, st);
     let elapsed = now.saturating_sub(st.req_ns);
     if reuse && st.flags & st::FIN_BEFORE_REQ != 0 {
         // The peer had closed before we wrote: no byte reached a live peer.
@@ -744,8 +785,7 @@ pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
         if sk_err(sk) != 0 {
             st.flags |= st::LOCAL_CLOSED;
             if st.req_ns != 0 && !expire_request(st, now) {
-                let bytes = write_seq(sk).wrapping_sub(st.req_snd_seq);
-                local_ended_request(sk, st, now, how::TIMEOUT, true, bytes);
+                local_ended_request(sk, st, now, how::TIMEOUT, true, request_bytes(sk, st));
             }
         } else {
             on_local_close(sk, st, now, how::LOCAL_CLOSE);
@@ -754,8 +794,10 @@ pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
         count(counter::REUSE_UNRESOLVED);
     }
     clear_request(st);
-    let role = st.role;
-    emit(sk, st, kind::CLOSED, now, |e| e.role = role);
+    if global(&raw const EMIT_CLOSED) != 0 {
+        let role = st.role;
+        emit(sk, st, kind::CLOSED, now, |e| e.role = role);
+    }
 }
 
 /// `close()` with `RCV_SHUTDOWN`: a real close. `shutdown(SHUT_WR)` only

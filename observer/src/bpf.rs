@@ -61,6 +61,8 @@ pub struct ProbeConfig {
     pub answer_within_ns: u64,
     /// Ring buffer size in bytes (a power of two, multiple of the page size).
     pub ring_buffer_bytes: u32,
+    /// Emit `closed` events (they are only printed, with `--connections`).
+    pub emit_closed: bool,
     /// Also attach empty programs on the hot-path hooks (benchmarks).
     pub bench_empty: bool,
 }
@@ -72,6 +74,7 @@ impl Default for ProbeConfig {
             stall_after_ns: 1_000_000_000,
             answer_within_ns: 300_000_000_000,
             ring_buffer_bytes: 1 << 20,
+            emit_closed: true,
             bench_empty: false,
         }
     }
@@ -229,6 +232,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         write_seq: btf.offset("tcp_sock", "write_seq")?,
         snd_una: btf.offset("tcp_sock", "snd_una")?,
         rcv_nxt: btf.offset("tcp_sock", "rcv_nxt")?,
+        copied_seq: btf.offset("tcp_sock", "copied_seq")?,
         keepalive_time: btf.offset("tcp_sock", "keepalive_time")?,
     })
 }
@@ -312,6 +316,7 @@ impl Probes {
             .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
             .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
             .override_global(globals::OFFSETS, &offsets, true)
+            .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
         let mut attached = Vec::new();

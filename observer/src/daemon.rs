@@ -150,6 +150,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         min_idle_ns: nanos(args.min_idle),
         stall_after_ns: nanos(args.stall_after),
         answer_within_ns: nanos(args.answer_within),
+        emit_closed: args.connections && args.events.is_some(),
         ring_buffer_bytes: args.ring_buffer,
         bench_empty: args.bench_empty_probes,
     };

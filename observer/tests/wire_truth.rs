@@ -5,14 +5,9 @@
 
 mod common;
 
-use std::{
-    net::SocketAddr,
-    path::PathBuf,
-    sync::OnceLock,
-    time::{Duration, Instant},
-};
+use std::{net::SocketAddr, path::PathBuf, sync::OnceLock, time::Duration};
 
-use anyhow::{bail, ensure, Context as _, Result};
+use anyhow::{ensure, Context as _, Result};
 use common::{script, sh, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER};
 use observer::event::{EventKind, How, Outcome, Role, SockEvent};
 
@@ -130,6 +125,31 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
         "MEASURED response-then-close: 5 reuses, all ok, how = {hows:?}; events per socket e.g. {:?}",
         kinds(&of(&events, socks[0]))
     );
+    // The same on busy connections (the close request right after the
+    // first answer): no request is outstanding once the answer arrived,
+    // read or not, so the FIN is neither an abort nor an idle close.
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 0 3", client.display(), topo.server_v4))?;
+    let busy = locals(&out)?;
+    ensure!(busy.len() == 3, "client printed {out}");
+    daemon.wait_for("the busy connections to close", Duration::from_secs(5), |evs| {
+        busy.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::Closed && e.local == *l))
+    })?;
+    settle();
+    let events = daemon.events();
+    for l in &busy {
+        let mine = of(&events, *l);
+        assert!(
+            !mine.iter().any(|e| matches!(
+                e.kind,
+                EventKind::Reuse
+                    | EventKind::RequestAborted
+                    | EventKind::PeerCloseWhileIdle
+                    | EventKind::RequestTimeout
+            )),
+            "a busy request answered before the FIN: {:?}",
+            kinds(&mine)
+        );
+    }
     Ok(())
 }
 
@@ -196,80 +216,85 @@ for _ in range(count):
     s.close()
 "#;
 
-#[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
-fn peer_killing_a_slow_request_is_request_aborted() -> Result<()> {
-    let topo = Topology::pair("abort")?;
-    let server = script(KILLING_SERVER)?;
-    let _srv =
-        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000 3", server.display(), topo.server_v4))?;
+/// One request per fresh connection to a server that gives up after (or
+/// answers only after) `server_s`; every connection must produce one `kind`
+/// event with `elapsed_seconds` near `expect_s`, and none of `forbidden`.
+fn deadline_scenario(
+    tag: &str,
+    server_src: &str,
+    server_s: u32,
+    (count, read_timeout_s): (usize, u32),
+    (kind, expect_s): (EventKind, f64),
+    forbidden: &[EventKind],
+) -> Result<Vec<SockEvent>> {
+    let topo = Topology::pair(tag)?;
+    let server = script(server_src)?;
+    let _srv = start_server(
+        &topo.ns,
+        topo.server,
+        &format!("python3 -u {} {} 9000 {server_s}", server.display(), topo.server_v4),
+    )?;
     let daemon = Daemon::start(&[])?;
     let client = script(ONE_REQUEST_CLIENT)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 3 10", client.display(), topo.server_v4))?;
+    let out = topo
+        .ns
+        .exec(topo.client, &format!("python3 {} {} 9000 {count} {read_timeout_s}", client.display(), topo.server_v4))?;
     let socks = locals(&out)?;
-    ensure!(socks.len() == 3, "client printed {out}");
-    daemon.wait_for("three aborted requests", Duration::from_secs(5), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::RequestAborted && e.local == *l))
+    ensure!(socks.len() == count, "client printed {out}");
+    daemon.wait_for(kind.as_str(), Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == kind && e.local == *l))
     })?;
     settle();
     let events = daemon.events();
-    let mut elapsed = Vec::new();
+    let mut found = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
-        let ab = mine.iter().find(|e| e.kind == EventKind::RequestAborted).context("request_aborted")?;
-        let e = ab.elapsed_seconds.unwrap_or_default();
-        assert!((e - 3.0).abs() < 0.1, "the server's 3 s request deadline: {ab:?}");
-        assert_eq!(ab.how, Some(How::Fin));
-        assert!(!ab.reuse);
+        let ev = mine.iter().find(|e| e.kind == kind).context("the deadline event")?;
+        let e = ev.elapsed_seconds.unwrap_or_default();
+        assert!((e - expect_s).abs() < 0.1, "the {expect_s} s deadline: {ev:?}");
+        assert!(ev.request_outstanding && !ev.reuse, "{ev:?}");
         assert!(
-            !mine.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle || e.kind == EventKind::Reuse),
-            "a killed request is not an idle close: {:?}",
+            !mine.iter().any(|e| forbidden.contains(&e.kind) || e.is_pool_idle_close()),
+            "a deadline is no idle close: {:?}",
             kinds(&mine)
         );
-        assert!(!mine.iter().any(|e| e.is_pool_idle_close()), "{:?}", kinds(&mine));
-        elapsed.push((e * 1000.0).round() / 1000.0);
+        found.push((*ev).clone());
     }
     eprintln!(
-        "MEASURED request_aborted: elapsed {elapsed:?} s, no peer_close_while_idle; e.g. {:?}",
+        "MEASURED {}: elapsed {:?} s; e.g. {:?}",
+        kind.as_str(),
+        found.iter().map(|e| (e.elapsed_seconds.unwrap_or_default() * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
         kinds(&of(&events, socks[0]))
     );
+    Ok(found)
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn peer_killing_a_slow_request_is_request_aborted() -> Result<()> {
+    let found = deadline_scenario(
+        "abort",
+        KILLING_SERVER,
+        3,
+        (3, 10),
+        (EventKind::RequestAborted, 3.0),
+        &[EventKind::PeerCloseWhileIdle, EventKind::Reuse],
+    )?;
+    assert!(found.iter().all(|e| e.how == Some(How::Fin)), "{found:?}");
     Ok(())
 }
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn client_read_timeout_is_request_timeout() -> Result<()> {
-    let topo = Topology::pair("rtimeout")?;
-    let server = script(SLOW_SERVER)?;
-    let _srv =
-        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000 4", server.display(), topo.server_v4))?;
-    let daemon = Daemon::start(&[])?;
-    let client = script(ONE_REQUEST_CLIENT)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 2 2", client.display(), topo.server_v4))?;
-    let socks = locals(&out)?;
-    ensure!(socks.len() == 2, "client printed {out}");
-    daemon.wait_for("two request timeouts", Duration::from_secs(5), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::RequestTimeout && e.local == *l))
-    })?;
-    settle();
-    let events = daemon.events();
-    let mut elapsed = Vec::new();
-    for l in &socks {
-        let mine = of(&events, *l);
-        let t = mine.iter().find(|e| e.kind == EventKind::RequestTimeout).context("request_timeout")?;
-        let e = t.elapsed_seconds.unwrap_or_default();
-        assert!((e - 2.0).abs() < 0.1, "the client's 2 s read timeout: {t:?}");
-        assert!(
-            !mine.iter().any(|e| e.kind == EventKind::LocalClose),
-            "our timeout is not a pool idle close: {:?}",
-            kinds(&mine)
-        );
-        elapsed.push((e * 1000.0).round() / 1000.0);
-    }
-    eprintln!(
-        "MEASURED request_timeout: elapsed {elapsed:?} s, no local_close; e.g. {:?}",
-        kinds(&of(&events, socks[0]))
-    );
+    deadline_scenario(
+        "rtimeout",
+        SLOW_SERVER,
+        4,
+        (2, 2),
+        (EventKind::RequestTimeout, 2.0),
+        &[EventKind::LocalClose, EventKind::RequestAborted],
+    )?;
     Ok(())
 }
 
@@ -306,28 +331,8 @@ fn tlstool() -> Result<PathBuf> {
 /// nginx with TLS on `server_v4:8443`, `keepalive_timeout` in seconds.
 fn start_nginx_tls(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> Result<Killed> {
     sh(&format!("{} cert {}", tlstool()?.display(), dir.display()))?;
-    let conf = dir.join("nginx.conf");
-    std::fs::write(
-        &conf,
-        format!(
-            "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
-             events {{ worker_connections 64; }}\n\
-             http {{ access_log off; keepalive_timeout {keepalive_s}s;\n\
-               server {{ listen {v4}:8443 ssl; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem;\n\
-                 location / {{ return 200 \"ok\\n\"; }} }} }}\n",
-            d = dir.display(),
-            v4 = topo.server_v4
-        ),
-    )?;
-    let nginx = Killed(topo.ns.spawn(topo.server, &format!("nginx -c {} -p {}", conf.display(), dir.display()))?);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8443") {
-        if Instant::now() > deadline {
-            bail!("nginx (TLS) did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(nginx)
+    let tls = format!("ssl; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem", d = dir.display());
+    common::start_nginx_with(topo, dir, keepalive_s, 8443, &tls)
 }
 
 #[test]

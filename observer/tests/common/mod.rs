@@ -511,6 +511,18 @@ pub fn gaps(t: f64, clients: usize) -> Vec<String> {
 /// nginx in the server namespace on `server_v4:8080` with
 /// `keepalive_timeout` of `keepalive_s` seconds; killed on drop.
 pub fn start_nginx(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> Result<Killed> {
+    start_nginx_with(topo, dir, keepalive_s, 8080, "")
+}
+
+/// nginx on `server_v4:port`, with `listen_extra` after the address (e.g.
+/// `ssl; ssl_certificate ...`); killed on drop.
+pub fn start_nginx_with(
+    topo: &Topology,
+    dir: &std::path::Path,
+    keepalive_s: u32,
+    port: u16,
+    listen_extra: &str,
+) -> Result<Killed> {
     let conf = dir.join("nginx.conf");
     std::fs::write(
         &conf,
@@ -518,14 +530,14 @@ pub fn start_nginx(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> 
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
              events {{ worker_connections 256; }}\n\
              http {{ access_log off; keepalive_timeout {keepalive_s}s;\n\
-               server {{ listen {v4}:8080; location / {{ return 200 \"ok\\n\"; }} }} }}\n",
+               server {{ listen {v4}:{port} {listen_extra}; location / {{ return 200 \"ok\\n\"; }} }} }}\n",
             d = dir.display(),
             v4 = topo.server_v4
         ),
     )?;
     let nginx = Killed(topo.ns.spawn(topo.server, &format!("nginx -c {} -p {}", conf.display(), dir.display()))?);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8080") {
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(&format!(":{port}")) {
         if Instant::now() > deadline {
             bail!("nginx did not start: {}", std::fs::read_to_string(dir.join("error.log")).unwrap_or_default());
         }
