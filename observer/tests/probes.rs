@@ -76,7 +76,13 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
     for rec in &recs {
         let (ev, err) = matching(&events, rec)?;
         worst = worst.max(err);
-        assert!(err < 0.020, "idle age {} vs client's {} for gap {}", ev.idle_seconds, rec.idle, rec.gap);
+        assert!(
+            err < common::idle_precision(),
+            "idle age {} vs client's {} for gap {}",
+            ev.idle_seconds,
+            rec.idle,
+            rec.gap
+        );
         if rec.gap < 2.0 {
             assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
             assert!(!ev.safe_to_retry);
@@ -135,7 +141,10 @@ fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
     assert_eq!(reset.outcome, Some(Outcome::Reset), "{reset:?}");
     assert!(!reset.safe_to_retry, "the request reached the path; only the hop answered");
     assert!((reset.idle_seconds - 4.0).abs() < 0.1, "reset after idle {}", reset.idle_seconds);
-    assert!(err_ok < 0.020 && err_reset < 0.020, "idle-age errors {err_ok} {err_reset}");
+    assert!(
+        err_ok < common::idle_precision() && err_reset < common::idle_precision(),
+        "idle-age errors {err_ok} {err_reset}"
+    );
     assert_eq!(reset.role, Role::Client);
     assert_eq!(reset.remote, format!("{}:9000", topo.server_v4).parse()?);
     eprintln!(
@@ -172,7 +181,7 @@ fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     assert!(stall.retransmits >= 1, "{stall:?}");
     assert_eq!(stall.how, Some(How::LocalClose), "the stall ended when the client gave up: {stall:?}");
     assert!(stall.local.is_ipv6() && stall.remote.is_ipv6(), "{stall:?}");
-    assert!(err < 0.020, "idle-age error {err}");
+    assert!(err < common::idle_precision(), "idle-age error {err}");
     // Our read timeout is our own request deadline; it is not a pool idle close.
     let timeout =
         events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
@@ -298,7 +307,7 @@ fn preexisting_connection_is_picked_up() -> Result<()> {
     );
     assert_eq!(ev.local, recs[0].local_addr());
     assert_eq!(ev.role, Role::Client, "role from the ephemeral port");
-    assert!(err < 0.020, "idle-age error {err}");
+    assert!(err < common::idle_precision(), "idle-age error {err}");
     eprintln!(
         "MEASURED preexisting: {} events; reuse idle {:.3} s, error {:.1} ms",
         events.len(),
@@ -372,7 +381,7 @@ fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result
     assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
     assert_eq!(stall.how, Some(How::Timeout), "ended by ETIMEDOUT: {stall:?}");
     assert!(stall.retransmits >= 3, "{stall:?}");
-    assert!(err < 0.020, "idle-age error {err}");
+    assert!(err < common::idle_precision(), "idle-age error {err}");
     eprintln!(
         "MEASURED etimedout: stall idle {:.3} s, {} retransmits, ended by {:?} after {:.3} s; client saw {}",
         stall.idle_seconds,
@@ -422,7 +431,7 @@ fn stall_ended_by_a_local_abort() -> Result<()> {
     let (stall, err) = matching(&events, &recs[0])?;
     assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
     assert_eq!(stall.how, Some(How::LocalClose), "{stall:?}");
-    assert!(stall.retransmits >= 1 && err < 0.020, "{stall:?}");
+    assert!(stall.retransmits >= 1 && err < common::idle_precision(), "{stall:?}");
     let timeout =
         events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
     assert!(timeout.request_outstanding && timeout.reuse, "{timeout:?}");

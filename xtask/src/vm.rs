@@ -78,11 +78,18 @@ fn vm_dir() -> PathBuf {
     workspace_root().join("target/vm")
 }
 
+/// Where `python3`'s pip puts commands (`vng`, `virtme-run`).
+fn python_scripts() -> Result<PathBuf> {
+    let dir = output_ok(Command::new("python3").args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]))
+        .context("python3 (for virtme-ng)")?;
+    Ok(PathBuf::from(dir.trim()))
+}
+
 /// Install QEMU, kmod and virtme-ng, and fetch and unpack the kernel.
 /// Returns the kernel image and its release.
 fn prepare(k: &Kernel) -> Result<(PathBuf, String)> {
-    apt_install(&["qemu-system-x86", "kmod"])?;
-    if output_ok(Command::new("vng").arg("--version")).is_none() {
+    apt_install(&["qemu-system-x86", "kmod", "busybox-static"])?;
+    if output_ok(Command::new(python_scripts()?.join("vng")).arg("--version")).is_none() {
         println!("vm: installing {VIRTME_NG} from PyPI");
         status(Command::new("python3").args(["-m", "pip", "install", "-q", VIRTME_NG]))?;
     }
@@ -154,7 +161,7 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     let path = std::env::var("PATH").unwrap_or_default();
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let mut script = format!(
-        "#!/bin/sh\ncd {root}\nexport PATH='{path}' HOME='{home}' RUST_BACKTRACE=0\nuname -r > {out}/uname\n",
+        "#!/bin/sh\ncd {root}\nexport PATH='{path}' HOME='{home}' RUST_BACKTRACE=0 OBSERVER_TEST_TIME_SLACK=5\nuname -r > {out}/uname\n",
         root = workspace_root().display(),
         out = out.display()
     );
@@ -171,9 +178,10 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     fs::write(&script_path, script)?;
     status(Command::new("chmod").arg("755").arg(&script_path))?;
     println!("vm: booting {release} under QEMU (TCG) and running {SUITES:?}");
-    let vm_path = format!("{}:{path}", vm_dir().join("bin").display());
+    let scripts = python_scripts()?;
+    let vm_path = format!("{}:{}:{path}", vm_dir().join("bin").display(), scripts.display());
     let log = fs::File::create(vm_dir().join("vng.log"))?;
-    let st = Command::new("vng")
+    let st = Command::new(scripts.join("vng"))
         .args(["--run"])
         .arg(&image)
         .args(["--disable-kvm", "--memory", "2G", "--cpus", "2", "--rwdir"])

@@ -15,6 +15,15 @@ use observer::event::SockEvent;
 
 pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
 
+/// How far the kernel's idle age may be from the test client's own clock:
+/// 20 ms, times `OBSERVER_TEST_TIME_SLACK` (the kernel matrix sets 5: under
+/// QEMU's TCG a Python client's clock read and its send can be tens of ms
+/// apart, which is the client's jitter, not the probes').
+pub fn idle_precision() -> f64 {
+    let slack = std::env::var("OBSERVER_TEST_TIME_SLACK").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(1.0);
+    0.020 * slack.max(1.0)
+}
+
 /// Run a command, fail with its output if it fails.
 pub fn sh(cmd: &str) -> Result<String> {
     let out = Command::new("sh").arg("-c").arg(cmd).output().with_context(|| format!("spawning `{cmd}`"))?;
