@@ -61,6 +61,31 @@ fn settle() {
     std::thread::sleep(Duration::from_millis(700));
 }
 
+/// A Python server (`SERVER HOST 9000`, prints `ready`) and one Python
+/// client (`CLIENT HOST 9000`, prints `ip port` last) in a fresh pair of
+/// namespaces; waits for a `until` event of the client's socket and lets
+/// late events arrive. Returns the client's address and every event.
+fn one_client_run(
+    tag: &str,
+    server_src: &str,
+    client_src: &str,
+    until: EventKind,
+) -> Result<(SocketAddr, Vec<SockEvent>)> {
+    let topo = Topology::pair(tag)?;
+    let server = script(server_src)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(client_src)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
+    let local = *locals(&out)?.last().context("the client's address")?;
+    daemon.wait_for(until.as_str(), Duration::from_secs(5), |evs| {
+        evs.iter().any(|e| e.kind == until && e.local == local)
+    })?;
+    settle();
+    Ok((local, daemon.events()))
+}
+
 /// Reuses a raw HTTP/1.1 connection after `gap` with `Connection: close`
 /// and reads only 200 ms later, so nginx's response and its FIN have both
 /// been processed by the kernel before the application reads:
@@ -518,19 +543,7 @@ s.close()
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn zero_length_reads_are_not_eof() -> Result<()> {
-    let topo = Topology::pair("zread")?;
-    let server = script(ECHO_SERVER)?;
-    let _srv =
-        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
-    let daemon = Daemon::start(&[])?;
-    let client = script(ZERO_READ_CLIENT)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
-    let local = locals(&out)?[0];
-    daemon.wait_for("the reuse outcome", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == local)
-    })?;
-    settle();
-    let events = daemon.events();
+    let (local, events) = one_client_run("zread", ECHO_SERVER, ZERO_READ_CLIENT, EventKind::Reuse)?;
     let mine = of(&events, local);
     let reuses: Vec<_> = mine.iter().filter(|e| e.kind == EventKind::Reuse).collect();
     ensure!(reuses.len() == 1, "{:?}", kinds(&mine));
@@ -579,19 +592,7 @@ s.close()
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
-    let topo = Topology::pair("oneway")?;
-    let server = script(SINK_SERVER)?;
-    let _srv =
-        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
-    let daemon = Daemon::start(&[])?;
-    let client = script(ONE_WAY_WRITER)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
-    let local = locals(&out)?[0];
-    daemon.wait_for("the connection's end", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Closed && e.local == local)
-    })?;
-    settle();
-    let events = daemon.events();
+    let (local, events) = one_client_run("oneway", SINK_SERVER, ONE_WAY_WRITER, EventKind::Closed)?;
     let mine = of(&events, local);
     assert!(
         !mine
