@@ -602,6 +602,19 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     expire_request(st, now);
+    // The peer's goodbye, at most a goodbye of ours in reply, then its RST
+    // (it closed with our reply unread): its idle close.
+    let goodbye = if st.peer_fin_ns == 0 { goodbye_anchor(sk, st, now) } else { 0 };
+    if goodbye != 0 {
+        clear_request(st);
+        if now.saturating_sub(goodbye) >= min_idle_ns() {
+            emit(sk, st, kind::PEER_CLOSE, now, |e| {
+                e.idle_ns = now - goodbye;
+                e.how = how::RST;
+            });
+        }
+        return;
+    }
     if st.req_ns != 0 {
         // A FIN after the request was resolved by the FIN itself, so any
         // advance of rcv_nxt here is data.
