@@ -150,11 +150,33 @@ fn suite_binaries(toolchain: &str) -> Result<Vec<(String, PathBuf)>> {
     Ok(found)
 }
 
+/// The guest sees the host's files read-only: build the Go TLS peer of the
+/// `wire_truth` suite here, where that suite looks for it
+/// (`CARGO_TARGET_TMPDIR/tlstool`).
+fn prebuild_tlstool() -> Result<()> {
+    let root = workspace_root();
+    let dir = root.join("target/tmp/tlstool");
+    fs::create_dir_all(&dir)?;
+    status(
+        Command::new("go")
+            .args(["build", "-o"])
+            .arg(dir.join("tlstool"))
+            .arg(root.join("observer/tests/go/tlstool.go"))
+            .current_dir(&dir)
+            .env("GO111MODULE", "off")
+            .env("GOCACHE", dir.join("cache"))
+            .env("GOPATH", dir.join("gopath"))
+            .env("HOME", &dir),
+    )
+    .context("building the Go TLS peer (Debian's golang-go)")
+}
+
 /// Run the root suites inside kernel `k`; fails if any test fails.
 pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     let started = Instant::now();
     let (image, release) = prepare(k)?;
     let bins = suite_binaries(toolchain)?;
+    prebuild_tlstool()?;
     let out = vm_dir().join("out");
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
