@@ -65,6 +65,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# `--help` and other probes carry no socket: nothing to start.
+[ -n "$sock" ] || exit 0
 case "$cache" in never) cache=none ;; metadata) cache=auto ;; esac
 /usr/lib/qemu/virtiofsd --socket-path="$sock" -o source="$dir",cache="$cache",sandbox=chroot &
 child=$!
