@@ -347,7 +347,8 @@ impl Probes {
             };
             attached.push(Attached { hook: *hook, prog_id });
         }
-        let iter_link = iter_link.ok_or(BpfError::MissingMap("iter_tcp link"))?;
+        let iter_link =
+            iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
         let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
             .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
         let counters =

@@ -360,27 +360,38 @@ fn start_nginx_tls(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> 
     common::start_nginx_with(topo, dir, keepalive_s, 8443, &tls)
 }
 
+/// The Go client (`tlstool client URL IDLE_CONN WAIT`) run twice from the
+/// client namespace; waits until each of its sockets has a `until` event,
+/// lets late events arrive, and returns the sockets and every event.
+fn go_clients(
+    topo: &Topology,
+    daemon: &Daemon,
+    args: &str,
+    until: EventKind,
+) -> Result<(Vec<SocketAddr>, Vec<SockEvent>)> {
+    let tool = tlstool()?;
+    let mut socks = Vec::new();
+    for _ in 0..2 {
+        let out =
+            topo.ns.exec(topo.client, &format!("{} client https://{}:8443/ {args}", tool.display(), topo.server_v4))?;
+        socks.extend(locals(&out)?);
+    }
+    ensure!(socks.len() == 2, "{socks:?}");
+    daemon.wait_for(until.as_str(), Duration::from_secs(5), |evs| {
+        socks.iter().all(|l| evs.iter().any(|e| e.kind == until && e.local == *l))
+    })?;
+    settle();
+    Ok((socks, daemon.events()))
+}
+
 #[test]
 #[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
     let topo = Topology::pair("tlspool")?;
     let dir = tempfile::tempdir()?;
-    let tool = tlstool()?;
     let _nginx = start_nginx_tls(&topo, dir.path(), 60)?;
     let daemon = Daemon::start(&[])?;
-    let mut socks = Vec::new();
-    for _ in 0..2 {
-        let out = topo
-            .ns
-            .exec(topo.client, &format!("{} client https://{}:8443/ 1500ms 2500ms", tool.display(), topo.server_v4))?;
-        socks.extend(locals(&out)?);
-    }
-    ensure!(socks.len() == 2, "{socks:?}");
-    daemon.wait_for("the pool's idle closes", Duration::from_secs(5), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::LocalClose && e.local == *l))
-    })?;
-    settle();
-    let events = daemon.events();
+    let (socks, events) = go_clients(&topo, &daemon, "1500ms 2500ms", EventKind::LocalClose)?;
     let mut idles = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
@@ -406,22 +417,10 @@ fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
 #[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()> {
     let topo = Topology::pair("tlssrv")?;
-    let tool = tlstool()?;
-    let _srv = start_server(&topo.ns, topo.server, &format!("{} server {}:8443 2s", tool.display(), topo.server_v4))?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("{} server {}:8443 2s", tlstool()?.display(), topo.server_v4))?;
     let daemon = Daemon::start(&[])?;
-    let mut socks = Vec::new();
-    for _ in 0..2 {
-        let out = topo
-            .ns
-            .exec(topo.client, &format!("{} client https://{}:8443/ 30s 3500ms", tool.display(), topo.server_v4))?;
-        socks.extend(locals(&out)?);
-    }
-    ensure!(socks.len() == 2, "{socks:?}");
-    daemon.wait_for("the server's idle closes", Duration::from_secs(5), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle && e.local == *l))
-    })?;
-    settle();
-    let events = daemon.events();
+    let (socks, events) = go_clients(&topo, &daemon, "30s 3500ms", EventKind::PeerCloseWhileIdle)?;
     let mut idles = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
