@@ -119,7 +119,7 @@ fn fin_path_diagnosed() -> Result<()> {
     summary("fin", 2.0, r);
     check_mismatch(r, 2.0, FailureMode::Fin);
     let p = r.path_idle_timeout_seconds.context("peer closes should give a point estimate")?;
-    assert!((p - 2.0).abs() < 0.1, "point {p}");
+    assert!((p - 2.0).abs() < common::tolerance(0.1), "point {p}");
     let other = row(&rows, &format!("{}:9001", topo.server_v4))?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
     check_path_observed(&daemon, &topo.server_v4)?;

@@ -138,7 +138,7 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
         ensure!(reuses.len() == 1, "one reuse per connection: {:?}", kinds(&mine));
         let r = reuses[0];
         assert_eq!(r.outcome, Some(Outcome::Ok), "the response arrived: {:?}", kinds(&mine));
-        assert!((r.idle_seconds - 1.0).abs() < 0.05, "{r:?}");
+        assert!((r.idle_seconds - 1.0).abs() < common::tolerance(0.05), "{r:?}");
         assert!(
             !mine.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle || e.kind == EventKind::RequestAborted),
             "the FIN after a response is no failure: {:?}",
@@ -266,7 +266,7 @@ fn deadline_scenario(
         .exec(topo.client, &format!("python3 {} {} 9000 {count} {read_timeout_s}", client.display(), topo.server_v4))?;
     let socks = locals(&out)?;
     ensure!(socks.len() == count, "client printed {out}");
-    daemon.wait_for(kind.as_str(), Duration::from_secs(5), |evs| {
+    daemon.wait_for(kind.as_str(), Duration::from_secs_f64(common::tolerance(5.0)), |evs| {
         socks.iter().all(|l| evs.iter().any(|e| e.kind == kind && e.local == *l))
     })?;
     settle();
@@ -276,7 +276,7 @@ fn deadline_scenario(
         let mine = of(&events, *l);
         let ev = mine.iter().find(|e| e.kind == kind).context("the deadline event")?;
         let e = ev.elapsed_seconds.unwrap_or_default();
-        assert!((e - expect_s).abs() < 0.1, "the {expect_s} s deadline: {ev:?}");
+        assert!((e - expect_s).abs() < common::tolerance(0.1), "the {expect_s} s deadline: {ev:?}");
         assert!(ev.request_outstanding && !ev.reuse, "{ev:?}");
         assert!(
             !mine.iter().any(|e| forbidden.contains(&e.kind) || e.is_pool_idle_close()),
@@ -398,7 +398,7 @@ fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
         let close = mine.iter().find(|e| e.kind == EventKind::LocalClose).context("local close")?;
         assert!(close.is_pool_idle_close(), "{close:?}");
         assert!(close.control_write, "the close_notify was taken as part of the close: {close:?}");
-        assert!((close.idle_seconds - 1.5).abs() < 0.1, "Go's IdleConnTimeout is 1.5 s: {close:?}");
+        assert!((close.idle_seconds - 1.5).abs() < common::tolerance(0.1), "Go's IdleConnTimeout is 1.5 s: {close:?}");
         assert!(
             !mine.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout)),
             "close_notify is no reuse: {:?}",
@@ -425,7 +425,7 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
     for l in &socks {
         let mine = of(&events, *l);
         let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
-        assert!((pc.idle_seconds - 2.0).abs() < 0.1, "Go's server IdleTimeout is 2 s: {pc:?} ({:?})", kinds(&mine));
+        assert!((pc.idle_seconds - 2.0).abs() < common::tolerance(0.1), "Go's server IdleTimeout is 2 s: {pc:?} ({:?})", kinds(&mine));
         assert_eq!(pc.role, Role::Client);
         assert!(!mine.iter().any(|e| e.kind == EventKind::Reuse), "{:?}", kinds(&mine));
         assert!(!mine.iter().any(|e| e.is_pool_idle_close()), "Go closed after the peer: {:?}", kinds(&mine));
@@ -436,7 +436,7 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
             .find(|e| e.kind == EventKind::LocalClose && e.remote == *l && e.role == Role::Server)
             .context("the server's own idle close")?;
         assert!(srv.control_write && !srv.peer_closed_first, "{srv:?}");
-        assert!((srv.idle_seconds - 2.0).abs() < 0.1, "{srv:?}");
+        assert!((srv.idle_seconds - 2.0).abs() < common::tolerance(0.1), "{srv:?}");
     }
     eprintln!("MEASURED tls server idle close seen by a Go reader: idle {idles:?} s (and by the server itself, control_write); e.g. {:?}", kinds(&of(&events, socks[0])));
     Ok(())
@@ -601,7 +601,7 @@ fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
         kinds(&mine)
     );
     let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the sink's idle close")?;
-    assert!((pc.idle_seconds - 2.0).abs() < 0.1, "the sink closes after 2 s idle: {pc:?}");
+    assert!((pc.idle_seconds - 2.0).abs() < common::tolerance(0.1), "the sink closes after 2 s idle: {pc:?}");
     eprintln!("MEASURED one-way writer: {:?}", kinds(&mine));
     Ok(())
 }
@@ -626,8 +626,8 @@ fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<(
     assert_eq!(late.local, server_addr, "{late:?}");
     assert_eq!(late.role, Role::Server);
     let after = late.elapsed_seconds.unwrap_or_default();
-    assert!((after - 1.0).abs() < 0.1, "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}");
-    assert!((late.idle_seconds - 2.0).abs() < 0.1, "nginx's idle close at 2 s: {late:?}");
+    assert!((after - 1.0).abs() < common::tolerance(0.1), "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}");
+    assert!((late.idle_seconds - 2.0).abs() < common::tolerance(0.1), "nginx's idle close at 2 s: {late:?}");
     let server_close = events
         .iter()
         .find(|e| e.kind == EventKind::LocalClose && e.local == server_addr && e.remote == client_addr)

@@ -236,6 +236,13 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
         let secs = parts.next().unwrap_or("?");
         println!("vm[{release}] {name}: exit {code} in {secs} s");
         if code != "0" {
+            // The harness's failure section says why (assertion messages and
+            // captured output), so a CI log is enough to diagnose it.
+            if let Some(at) = log.find("\nfailures:\n") {
+                for l in log[at..].lines().take(80) {
+                    println!("vm[{release}] {name}: {l}");
+                }
+            }
             failed.push(name.clone());
         }
     }

@@ -20,8 +20,15 @@ pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
 /// QEMU's TCG a Python client's clock read and its send can be tens of ms
 /// apart, which is the client's jitter, not the probes').
 pub fn idle_precision() -> f64 {
+    tolerance(0.020)
+}
+
+/// A timing tolerance of `base` seconds on this host, times
+/// `OBSERVER_TEST_TIME_SLACK` under emulation (a Python `settimeout` or
+/// `sleep` fires late by tens of ms under TCG; the probes' clock does not).
+pub fn tolerance(base: f64) -> f64 {
     let slack = std::env::var("OBSERVER_TEST_TIME_SLACK").ok().and_then(|v| v.parse::<f64>().ok()).unwrap_or(1.0);
-    0.020 * slack.max(1.0)
+    base * slack.max(1.0)
 }
 
 /// Run a command, fail with its output if it fails.
