@@ -87,6 +87,7 @@ pub fn pipeline(n: usize, destinations: u32) -> PipelineResult {
         }
     }
     let seconds = start.elapsed().as_secs_f64();
+    agg.finish();
     let table = agg.rows(agg.latest_ns());
     metrics.set_estimates(&table);
     let scrape = metrics.encode();

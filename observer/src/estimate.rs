@@ -71,17 +71,30 @@ impl Interval {
 /// Minimum-misclassification interval from alive and dead idle ages.
 #[must_use]
 pub fn interval(alive: &[f64], dead: &[f64]) -> Interval {
-    // (age, is_alive), sorted by age; equal ages are never split.
-    let mut pts: Vec<(f64, bool)> =
-        alive.iter().map(|&t| (t, true)).chain(dead.iter().map(|&t| (t, false))).filter(|p| p.0.is_finite()).collect();
+    let weighted: Vec<(f64, u64)> = alive.iter().map(|&t| (t, 1)).collect();
+    interval_weighted(&weighted, dead)
+}
+
+/// [`interval`] with alive ages given as `(age, count)`: the bounded
+/// evidence of [`crate::evidence`] summarises many successful reuses at one
+/// observed age.
+#[must_use]
+pub fn interval_weighted(alive: &[(f64, u64)], dead: &[f64]) -> Interval {
+    // (age, alive count, dead count), sorted by age; equal ages are never split.
+    let mut pts: Vec<(f64, u64, u64)> = alive
+        .iter()
+        .map(|&(t, n)| (t, n, 0))
+        .chain(dead.iter().map(|&t| (t, 0, 1)))
+        .filter(|p| p.0.is_finite() && p.1 + p.2 > 0)
+        .collect();
     if pts.is_empty() {
         return Interval::default();
     }
     pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total_alive = pts.iter().filter(|p| p.1).count();
+    let total_alive: u64 = pts.iter().map(|p| p.1).sum();
     // Boundaries: before index i, for i at the start of each group of equal
     // ages, plus the end.
-    let mut best: Option<(usize, usize)> = None; // (errors, i)
+    let mut best: Option<(u64, usize)> = None; // (errors, i)
     let mut alive_below = 0;
     let mut dead_below = 0;
     let mut i = 0;
@@ -95,22 +108,20 @@ pub fn interval(alive: &[f64], dead: &[f64]) -> Interval {
         }
         let age = pts[i].0;
         while i < pts.len() && pts[i].0.total_cmp(&age).is_eq() {
-            if pts[i].1 {
-                alive_below += 1;
-            } else {
-                dead_below += 1;
-            }
+            alive_below += pts[i].1;
+            dead_below += pts[i].2;
             i += 1;
         }
     }
     let (outliers, cut) = best.unwrap_or((0, 0));
     let (below, above) = pts.split_at(cut);
+    let n = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
     Interval {
-        lower: below.iter().rev().find(|p| p.1).map(|p| p.0),
-        upper: above.iter().find(|p| !p.1).map(|p| p.0),
-        lower_evidence: below.iter().filter(|p| p.1).count(),
-        upper_evidence: above.iter().filter(|p| !p.1).count(),
-        outliers,
+        lower: below.iter().rev().find(|p| p.1 > 0).map(|p| p.0),
+        upper: above.iter().find(|p| p.2 > 0).map(|p| p.0),
+        lower_evidence: n(below.iter().map(|p| p.1).sum()),
+        upper_evidence: n(above.iter().map(|p| p.2).sum()),
+        outliers: n(outliers),
     }
 }
 
@@ -152,6 +163,41 @@ pub fn cluster(values: &[f64]) -> Option<Cluster> {
     let mid = len / 2;
     let value = if len % 2 == 1 { members[mid] } else { f64::midpoint(members[mid - 1], members[mid]) };
     Some(Cluster { value, count: len })
+}
+
+/// Every distinct cluster in `values`, smallest value first: the largest
+/// cluster is taken out, then the largest of the rest, and so on. Two
+/// clusters are distinct when their medians differ by more than twice
+/// [`CLUSTER_SPREAD`]; a smaller one too close to a bigger one is dropped.
+/// More than one means several paths (say, backends with different
+/// keep-alive timeouts behind one L4 balancer).
+#[must_use]
+pub fn clusters(values: &[f64]) -> Vec<Cluster> {
+    let mut rest: Vec<f64> = values.iter().copied().filter(|x| x.is_finite() && *x > 0.0).collect();
+    rest.sort_by(f64::total_cmp);
+    let mut found: Vec<Cluster> = Vec::new();
+    while let Some(c) = cluster(&rest) {
+        // Take out the members: the `count` values nearest the median that
+        // lie within the cluster's span.
+        let lo = rest.iter().position(|&x| x * (1.0 + CLUSTER_SPREAD) >= c.value && x <= c.value).unwrap_or(0);
+        let members: Vec<usize> =
+            (lo..rest.len()).filter(|&k| rest[k] <= rest[lo] * (1.0 + CLUSTER_SPREAD)).take(c.count).collect();
+        if members.len() < CLUSTER_MIN {
+            break;
+        }
+        for &k in members.iter().rev() {
+            rest.remove(k);
+        }
+        let distinct = found.iter().all(|f| {
+            let (a, b) = if f.value < c.value { (f.value, c.value) } else { (c.value, f.value) };
+            b > a * (1.0 + 2.0 * CLUSTER_SPREAD)
+        });
+        if distinct {
+            found.push(c);
+        }
+    }
+    found.sort_by(|a, b| a.value.total_cmp(&b.value));
+    found
 }
 
 /// The seeds' rule: the client's idle timeout should be about 0.8 x the
@@ -206,13 +252,33 @@ mod tests {
     }
 
     #[test]
-    fn clusters() {
+    fn cluster_rule() {
         assert_eq!(cluster(&[60.0, 60.5, 61.0, 200.0]), Some(Cluster { value: 60.5, count: 3 }));
         assert_eq!(cluster(&[60.0, 61.0]), None, "two is not a cluster");
         assert_eq!(cluster(&[10.0, 30.0, 60.0]), None, "spread too wide");
         // Equal-sized clusters: the smaller timeout wins.
         assert_eq!(cluster(&[5.0, 5.0, 5.1, 60.0, 60.0, 60.0]).map(|c| c.value), Some(5.0));
         assert_eq!(cluster(&[2.0, 2.0, 2.002, 2.004]).map(|c| c.value), Some(2.001));
+    }
+
+    #[test]
+    fn several_clusters_are_mixed_paths() {
+        let v = [2.0, 2.01, 2.02, 2.03, 5.0, 5.02, 5.05, 9.0];
+        let c = clusters(&v);
+        assert_eq!(
+            c.iter().map(|c| ((c.value * 1000.0).round(), c.count)).collect::<Vec<_>>(),
+            vec![(2015.0, 4), (5020.0, 3)]
+        );
+        assert_eq!(clusters(&[60.0, 60.2, 60.4, 61.0]).len(), 1);
+        assert!(clusters(&[1.0, 30.0]).is_empty());
+    }
+
+    #[test]
+    fn weights_count_as_many_observations() {
+        // 1000 successes at 59 s outweigh two failures below them.
+        let i = interval_weighted(&[(30.0, 10), (59.0, 1000)], &[20.0, 25.0, 61.0]);
+        assert_eq!((i.lower, i.upper, i.outliers), (Some(59.0), Some(61.0), 2));
+        assert_eq!(i.lower_evidence, 1010);
     }
 
     #[test]

@@ -330,6 +330,7 @@ mod tests {
         m.lost(reason::RING_BUFFER_FULL, 3);
         m.reuses_unresolved(2);
         m.set_tracked_sockets(42);
+        agg.finish();
         m.set_estimates(&agg.rows(agg.latest_ns()));
         let text = m.encode();
         for line in [
@@ -371,6 +372,7 @@ mod tests {
             let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
             feed(&m, &mut agg, &ev(EventKind::Reuse, 2.0, Some(Outcome::Ok), &remote));
         }
+        agg.finish();
         m.set_estimates(&agg.rows(agg.latest_ns()));
         let text = m.encode();
         let dests: std::collections::BTreeSet<&str> = text

@@ -327,6 +327,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     for e in &input.events {
         agg.ingest(e);
     }
+    agg.finish();
     let rows = agg.rows(input.until_ns);
     let row = rows
         .iter()

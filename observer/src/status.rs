@@ -42,6 +42,7 @@ pub fn analyze(events: &[SockEvent], config: Config) -> Vec<DestinationRow> {
     for ev in events {
         agg.ingest(ev);
     }
+    agg.finish();
     agg.rows(agg.latest_ns())
 }
 

@@ -70,7 +70,9 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
     let recs = client_records(&out)?;
     ensure!(recs.len() == 5, "client printed {recs:?}");
     let events = daemon.wait_for("outcomes of all five reuses", Duration::from_secs(5), |evs| {
-        recs.iter().all(|r| reuses_from(evs, r.local_addr()).iter().any(|e| (e.idle_seconds - r.idle).abs() < common::tolerance(0.1)))
+        recs.iter().all(|r| {
+            reuses_from(evs, r.local_addr()).iter().any(|e| (e.idle_seconds - r.idle).abs() < common::tolerance(0.1))
+        })
     })?;
     let mut worst: f64 = 0.0;
     for rec in &recs {

@@ -425,7 +425,11 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
     for l in &socks {
         let mine = of(&events, *l);
         let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
-        assert!((pc.idle_seconds - 2.0).abs() < common::tolerance(0.1), "Go's server IdleTimeout is 2 s: {pc:?} ({:?})", kinds(&mine));
+        assert!(
+            (pc.idle_seconds - 2.0).abs() < common::tolerance(0.1),
+            "Go's server IdleTimeout is 2 s: {pc:?} ({:?})",
+            kinds(&mine)
+        );
         assert_eq!(pc.role, Role::Client);
         assert!(!mine.iter().any(|e| e.kind == EventKind::Reuse), "{:?}", kinds(&mine));
         assert!(!mine.iter().any(|e| e.is_pool_idle_close()), "Go closed after the peer: {:?}", kinds(&mine));
@@ -626,7 +630,10 @@ fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<(
     assert_eq!(late.local, server_addr, "{late:?}");
     assert_eq!(late.role, Role::Server);
     let after = late.elapsed_seconds.unwrap_or_default();
-    assert!((after - 1.0).abs() < common::tolerance(0.1), "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}");
+    assert!(
+        (after - 1.0).abs() < common::tolerance(0.1),
+        "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}"
+    );
     assert!((late.idle_seconds - 2.0).abs() < common::tolerance(0.1), "nginx's idle close at 2 s: {late:?}");
     let server_close = events
         .iter()

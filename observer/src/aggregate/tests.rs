@@ -1,0 +1,465 @@
+#![allow(clippy::float_cmp, reason = "expected values are exact copies of the inputs")]
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+use crate::event::{EventKind, How, Outcome};
+
+static SOCK: AtomicU64 = AtomicU64::new(1);
+
+const S: u64 = 1_000_000_000;
+
+fn ev(ts_s: f64, kind: EventKind, remote: &str, idle: f64) -> SockEvent {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test times are small and positive")]
+    let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
+    let mut e =
+        SockEvent::new(ts, kind, Role::Client, "10.0.0.1:40000".parse().unwrap(), remote.parse().unwrap(), idle);
+    e.pid = 7;
+    e.comm = "client".into();
+    e.sock_id = SOCK.fetch_add(1, Ordering::Relaxed);
+    e
+}
+
+fn reuse(ts: f64, remote: &str, idle: f64, outcome: Outcome) -> SockEvent {
+    let mut e = ev(ts, EventKind::Reuse, remote, idle);
+    e.outcome = Some(outcome);
+    e.elapsed_seconds = Some(0.001);
+    e
+}
+
+fn peer_close(ts: f64, remote: &str, idle: f64) -> SockEvent {
+    let mut e = ev(ts, EventKind::PeerCloseWhileIdle, remote, idle);
+    e.how = Some(How::Fin);
+    e
+}
+
+fn table(agg: &mut Aggregator) -> Vec<DestinationRow> {
+    agg.finish();
+    let now = agg.latest_ns();
+    agg.rows(now)
+}
+
+fn row<'a>(rows: &'a [DestinationRow], d: &str) -> &'a DestinationRow {
+    rows.iter().find(|r| r.destination == d).unwrap()
+}
+
+/// Reuse outcome after `gap` for a path with timeout `t` and mode `o`.
+fn feed(agg: &mut Aggregator, ts: &mut f64, remote: &str, t: f64, gaps: &[f64], fail: Outcome) {
+    for &g in gaps {
+        *ts += g;
+        agg.ingest(&reuse(*ts, remote, g, if g < t { Outcome::Ok } else { fail }));
+    }
+}
+
+#[test]
+fn mismatch_with_recommendation() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    let gaps: Vec<f64> = (0..20).map(|k| 30.0 + f64::from(k) * 3.0).collect(); // 30..87 s
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.failure_mode, FailureMode::Rst);
+    assert_eq!(r.path_idle_timeout_lower_seconds, 57.0);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(60.0));
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(45.6));
+    assert!(r.safe_retry_rule);
+    assert_eq!((r.reuses, r.failures), (20, 10));
+    assert_eq!(r.processes, vec!["client".to_owned()]);
+    let b60 = r.idle_buckets.iter().find(|b| b.le == Some(60.0)).unwrap();
+    let b75 = r.idle_buckets.iter().find(|b| b.le == Some(75.0)).unwrap();
+    assert_eq!((b60.reuses, b60.failures), (5, 1), "(45, 60]: only the reuse at exactly 60 s fails");
+    assert_eq!((b75.reuses, b75.failures), (5, 5), "above it everything fails");
+}
+
+#[test]
+fn peer_close_cluster_gives_point_and_fin_mode() {
+    let mut agg = Aggregator::new(Config::default());
+    for (k, idle) in [60.01, 60.2, 59.98, 60.05].iter().enumerate() {
+        agg.ingest(&peer_close(f64::from(u8::try_from(k).unwrap()) * 100.0, "[fd00::1]:80", *idle));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, "[fd00::1]:80");
+    assert_eq!(r.path_idle_timeout_seconds, Some(60.03));
+    assert_eq!(r.path_point_evidence, 4);
+    assert_eq!(r.failure_mode, FailureMode::Fin);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(59.98));
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(48.024));
+    assert_eq!(
+        (r.verdict, r.evidence),
+        (Verdict::Mismatch, Some(VerdictEvidence::PeerCloses)),
+        "the pool kept those sockets idle past the path's timeout: diagnosed before any reuse failed"
+    );
+    assert_eq!(r.failures_window, 0);
+}
+
+#[test]
+fn no_failures_is_never_mismatch() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.3:5432", f64::INFINITY, &[1.0, 5.0, 10.0], Outcome::Reset);
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, "10.0.0.3:5432").verdict, Verdict::Unknown);
+    // The pool's own idle closes at 8 s, below the 10 s proven alive: ok.
+    for k in 0..3 {
+        let mut e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
+        e.how = None;
+        agg.ingest(&e);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.3:5432");
+    assert_eq!(r.pool_idle_timeout_seconds, Some(8.01));
+    assert_eq!(r.verdict, Verdict::Ok);
+}
+
+#[test]
+fn one_stray_reset_is_an_outlier() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    let gaps: Vec<f64> = (0..20).map(|k| 30.0 + f64::from(k) * 3.0).collect();
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
+    agg.ingest(&reuse(ts + 10.0, "10.0.0.2:443", 4.0, Outcome::Reset));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (57.0, Some(60.0)));
+    assert_eq!(r.path_outliers, 1);
+    assert!(r.last_change.is_none());
+}
+
+#[test]
+fn a_timeout_change_is_followed_within_a_few_failures() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    let gaps: Vec<f64> = (0..40).map(|k| 30.0 + f64::from(k % 20) * 3.0).collect();
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
+    assert!(agg.take_changes().is_empty());
+    // The balancer's idle timeout is lowered to 40 s.
+    let new_gaps = [45.0, 50.0, 42.0, 35.0, 38.0, 55.0];
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 40.0, &new_gaps, Outcome::Reset);
+    let changes = agg.take_changes();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].before_upper_seconds, Some(60.0));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(42.0));
+    assert_eq!(r.path_idle_timeout_lower_seconds, 38.0);
+    assert!(r.last_change.is_some());
+}
+
+#[test]
+fn cardinality_is_capped() {
+    let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
+    for k in 0..1200u32 {
+        let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
+        agg.ingest(&reuse(f64::from(k), &remote, 2.0, Outcome::Ok));
+    }
+    let rows = table(&mut agg);
+    assert_eq!(rows.len(), 1001);
+    let other = row(&rows, "other");
+    assert_eq!(other.reuses_window, 200);
+}
+
+#[test]
+fn window_and_last_hour() {
+    let mut agg = Aggregator::new(Config { window_ns: 2 * HOUR_NS, ..Config::default() });
+    agg.ingest(&reuse(0.0, "10.0.0.2:443", 70.0, Outcome::Reset));
+    agg.ingest(&reuse(5400.0, "10.0.0.2:443", 30.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!((r.reuses, r.failures, r.reuses_window), (1, 0, 2));
+    agg.ingest(&reuse(9000.0, "10.0.0.2:443", 20.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, "10.0.0.2:443").failures_window, 0, "the 0 s failure left the 2 h window");
+}
+
+#[test]
+fn at_risk_counts_idle_sockets_past_the_timeout() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 58.0, 62.0, 70.0], Outcome::Eof);
+    let view = |idle: f64, remote: &str| SocketView {
+        local: "10.0.0.1:40001".parse().unwrap(),
+        remote: remote.parse().unwrap(),
+        role: Role::Client,
+        idle_seconds: idle,
+    };
+    agg.set_sockets(&[
+        view(10.0, "10.0.0.2:443"),
+        view(59.0, "10.0.0.2:443"),
+        view(300.0, "10.0.0.2:443"),
+        view(900.0, "10.0.0.9:1"),
+    ]);
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, "10.0.0.2:443").at_risk_idle_sockets, 2);
+}
+
+#[test]
+fn unknown_roles_never_become_destinations() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut e = reuse(1.0, "10.0.0.2:51000", 3.0, Outcome::Ok);
+    e.role = Role::Unknown;
+    agg.ingest(&e);
+    assert!(table(&mut agg).is_empty());
+}
+
+fn at_sock(mut e: SockEvent, sock: u64) -> SockEvent {
+    e.sock_id = sock;
+    e
+}
+
+#[test]
+fn a_failure_burst_survives_ten_thousand_successes() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.5:80";
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, d, 3.0, &[1.0, 2.0, 2.5, 2.9, 3.1, 3.5, 4.0, 5.0, 3.2, 3.3, 6.0, 2.8], Outcome::Eof);
+    let before = table(&mut agg).remove(0);
+    assert_eq!(before.verdict, Verdict::Mismatch);
+    for k in 0..10_000 {
+        ts += 0.01;
+        agg.ingest(&reuse(ts, d, 1.0 + f64::from(k % 10) * 0.1, Outcome::Ok));
+    }
+    let after = table(&mut agg).remove(0);
+    assert_eq!(
+        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds),
+        (before.path_idle_timeout_lower_seconds, before.path_idle_timeout_upper_seconds)
+    );
+    assert_eq!((after.verdict, after.failures_window), (Verdict::Mismatch, 7));
+    assert_eq!(after.reuses_window, 10_012);
+    assert!(after.evidence_bytes <= crate::evidence::MAX_BYTES, "{}", after.evidence_bytes);
+}
+
+#[test]
+fn a_stray_reset_keeps_an_ok_verdict() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.6:5432";
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, d, f64::INFINITY, &[5.0, 10.0, 20.0, 30.0, 40.0], Outcome::Reset);
+    for k in 0..3 {
+        let e = ev(100.0 + f64::from(k), EventKind::LocalClose, d, 15.0 + f64::from(k) * 0.01);
+        agg.ingest(&e);
+    }
+    assert_eq!(row(&table(&mut agg), d).verdict, Verdict::Ok);
+    agg.ingest(&reuse(200.0, d, 2.0, Outcome::Reset));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.verdict, r.path_outliers, r.failures_window), (Verdict::Ok, 1, 1));
+}
+
+#[test]
+fn a_peer_restart_is_no_timeout_evidence() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.7:8080";
+    let mut ts = 0.0;
+    // The path's timeout is 60 s and well measured.
+    let gaps: Vec<f64> = (0..20).map(|k| 30.0 + f64::from(k) * 3.0).collect();
+    feed(&mut agg, &mut ts, d, 60.0, &gaps, Outcome::Reset);
+    let before = table(&mut agg).remove(0);
+    // A restart: 20 idle sockets closed within 0.4 s at ages 1..20 s.
+    let r0 = ts + 100.0;
+    for k in 0..20u32 {
+        agg.ingest(&at_sock(peer_close(r0 + f64::from(k) * 0.02, d, 1.0 + f64::from(k)), 1000 + u64::from(k)));
+    }
+    // The pool then reuses sockets that were idle across it: they fail.
+    for k in 0..5u32 {
+        agg.ingest(&at_sock(reuse(r0 + 5.0 + f64::from(k), d, 20.0 + f64::from(k), Outcome::Eof), 2000 + u64::from(k)));
+    }
+    // Later evidence as before.
+    feed(&mut agg, &mut ts.clone(), d, 60.0, &[], Outcome::Reset);
+    let restarts = agg.take_restarts();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert_eq!(restarts[0].sockets, 20);
+    let after = table(&mut agg).remove(0);
+    assert!(agg.take_changes().is_empty(), "a restart is no change of timeout");
+    assert_eq!(after.peer_restarts, 1);
+    assert_eq!(after.restart_failures, 5);
+    assert_eq!(after.path_idle_timeout_seconds, None, "no point estimate from a restart");
+    assert_eq!(
+        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds),
+        (before.path_idle_timeout_lower_seconds, before.path_idle_timeout_upper_seconds)
+    );
+    assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
+}
+
+#[test]
+fn a_shared_idle_timeout_is_no_restart() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.8:80";
+    // Eight sockets that went idle together, closed together at 5 s.
+    for k in 0..8u32 {
+        agg.ingest(&at_sock(peer_close(10.0 + f64::from(k) * 0.01, d, 5.0 + f64::from(k) * 0.001), 10 + u64::from(k)));
+    }
+    let rows = table(&mut agg);
+    assert!(agg.take_restarts().is_empty());
+    assert_eq!(row(&rows, d).path_point_evidence, 8);
+}
+
+#[test]
+fn rows_expire_with_the_window_and_are_counted() {
+    let mut agg = Aggregator::new(Config { window_ns: 60 * S, ..Config::default() });
+    agg.ingest(&reuse(0.0, "10.0.0.9:80", 3.0, Outcome::Reset));
+    agg.ingest(&reuse(1.0, "10.0.0.9:80", 2.0, Outcome::Ok));
+    let now = agg.latest_ns();
+    assert_eq!(agg.rows(now).len(), 1);
+    assert_eq!(agg.rows(now + 30 * S).len(), 1);
+    assert!(agg.rows(now + 200 * S).is_empty());
+    assert_eq!(agg.evicted(), 1);
+}
+
+#[test]
+fn dead_destinations_make_room_before_other() {
+    let mut agg = Aggregator::new(Config { window_ns: 60 * S, max_destinations: 10 });
+    for k in 0..10u32 {
+        agg.ingest(&reuse(f64::from(k), &format!("10.1.0.{k}:80"), 2.0, Outcome::Ok));
+    }
+    // Much later, new destinations arrive: the old ones are gone.
+    for k in 0..10u32 {
+        agg.ingest(&reuse(1000.0 + f64::from(k), &format!("10.2.0.{k}:80"), 2.0, Outcome::Ok));
+    }
+    let rows = table(&mut agg);
+    assert_eq!(rows.len(), 10);
+    assert!(
+        rows.iter().all(|r| r.destination.starts_with("10.2.")),
+        "{:?}",
+        rows.iter().map(|r| &r.destination).collect::<Vec<_>>()
+    );
+    assert_eq!(agg.evicted(), 10);
+}
+
+fn server_ev(ts: f64, kind: EventKind, idle: f64) -> SockEvent {
+    let mut e = ev(ts, kind, "10.0.0.50:51000", idle);
+    e.role = Role::Server;
+    e.local = "10.0.0.1:8080".parse().unwrap();
+    e
+}
+
+#[test]
+fn the_server_view() {
+    let mut agg = Aggregator::new(Config::default());
+    for k in 0..4 {
+        agg.ingest(&server_ev(f64::from(k) * 10.0, EventKind::LocalClose, 2.0 + f64::from(k) * 0.001));
+        let mut ok = server_ev(f64::from(k) * 10.0 + 1.0, EventKind::Reuse, 1.5);
+        ok.outcome = Some(Outcome::Ok);
+        agg.ingest(&ok);
+    }
+    let mut late = server_ev(50.0, EventKind::LateReuse, 2.0);
+    late.elapsed_seconds = Some(1.0);
+    agg.ingest(&late);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.1:8080");
+    assert_eq!(r.role, Role::Server);
+    assert_eq!(r.server_idle_timeout_seconds, Some(2.0015));
+    assert_eq!(r.late_reuses, 1);
+    assert_eq!(r.client_max_reuse_idle_seconds, Some(3.0));
+    assert_eq!((r.verdict, r.evidence), (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses)));
+    assert_eq!(r.pool_idle_timeout_seconds, None, "our idle closes are no pool timeout");
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(1.601));
+    assert_eq!(r.recommended_server_idle_timeout_seconds, Some(3.75));
+}
+
+#[test]
+fn observed_deadlines() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.11:80";
+    for k in 0..3 {
+        let mut a = ev(f64::from(k) * 10.0, EventKind::RequestAborted, d, 0.0);
+        a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+        agg.ingest(&a);
+        let mut t = ev(f64::from(k) * 10.0 + 5.0, EventKind::RequestTimeout, d, 0.0);
+        t.elapsed_seconds = Some(2.0 + f64::from(k) * 0.001);
+        agg.ingest(&t);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.peer_request_deadline_seconds, Some(3.001));
+    assert_eq!(r.request_timeout_seconds, Some(2.001));
+    assert_eq!((r.requests_aborted_window, r.request_timeouts_window), (3, 3));
+}
+
+#[test]
+fn mixed_paths_recommend_from_the_smallest() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.12:80";
+    for k in 0..6u32 {
+        agg.ingest(&peer_close(f64::from(k) * 20.0, d, 2.0 + f64::from(k) * 0.002));
+        agg.ingest(&peer_close(f64::from(k) * 20.0 + 7.0, d, 5.0 + f64::from(k) * 0.002));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    let paths: Vec<f64> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds * 10.0).round() / 10.0).collect();
+    assert_eq!(paths, vec![2.0, 5.0]);
+    assert_eq!(r.mixed_paths[0].share, 0.5);
+    assert_eq!(r.recommended_pool_idle_timeout_seconds.map(|x| (x * 10.0).round() / 10.0), Some(1.6));
+    assert_eq!(r.verdict, Verdict::Mismatch);
+}
+
+#[test]
+fn keepalive_survivals_are_kept_apart() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.13:5432";
+    // Probes every 10 s kept these alive through 400 s idle periods.
+    for k in 0..5 {
+        let mut e = reuse(f64::from(k) * 500.0, d, 400.0, Outcome::Ok);
+        e.keepalive = true;
+        e.keepalive_idle_seconds = Some(10.0);
+        agg.ingest(&e);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.path_lower_basis, Some(LowerBasis::Keepalive));
+    assert_eq!(r.keepalive_evidence, 5);
+    // A silent survival at 30 s becomes the bound the table rests on.
+    agg.ingest(&reuse(3000.0, d, 30.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.path_lower_basis, r.path_idle_timeout_lower_seconds), (Some(LowerBasis::Silent), 30.0));
+}
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A destination that never failed never shows a mismatch, whatever
+        /// the pool's reuse ages.
+        #[test]
+        fn healthy_destinations_show_none(gaps in prop::collection::vec(0.5f64..4000.0, 1..300)) {
+            let mut agg = Aggregator::new(Config::default());
+            let mut ts = 0.0;
+            feed(&mut agg, &mut ts, "10.9.0.1:80", f64::INFINITY, &gaps, Outcome::Reset);
+            let rows = table(&mut agg);
+            prop_assert_ne!(rows[0].verdict, Verdict::Mismatch);
+            prop_assert_eq!(rows[0].failures_window, 0);
+        }
+
+        /// The recommendation never exceeds 0.8 x the true timeout, and the
+        /// interval contains it, with a stray reset thrown in.
+        #[test]
+        fn recommendations_stay_below_the_truth(
+            t in 2.0f64..4000.0,
+            gaps in prop::collection::vec(0.05f64..3.0, 1..300),
+            stray in prop::option::of(0.0f64..0.5),
+        ) {
+            let gaps: Vec<f64> = gaps.iter().map(|g| g * t).collect();
+            let mut agg = Aggregator::new(Config::default());
+            let mut ts = 0.0;
+            feed(&mut agg, &mut ts, "10.9.0.2:80", t, &gaps, Outcome::Eof);
+            if let Some(s) = stray {
+                agg.ingest(&reuse(ts + 1.0, "10.9.0.2:80", s * t, Outcome::Reset));
+            }
+            let rows = table(&mut agg);
+            let r = &rows[0];
+            if let Some(rec) = r.recommended_pool_idle_timeout_seconds {
+                prop_assert!(rec <= 0.8 * t + 1e-6, "recommended {} for a {} s path", rec, t);
+            }
+            if gaps.iter().any(|&g| g >= t) {
+                prop_assert_eq!(r.verdict, Verdict::Mismatch);
+                prop_assert!(r.path_idle_timeout_upper_seconds.is_some_and(|u| u >= t));
+            }
+            prop_assert!(r.path_idle_timeout_lower_seconds < t);
+        }
+    }
+}

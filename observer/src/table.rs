@@ -1,0 +1,265 @@
+//! The destination table's schema: the row every interface shows (`GET
+//! /api/v1/destinations`, `observer status --json`, `observer analyze
+//! --json`, the metrics and the report), the destination key and the enums
+//! its fields take. No logic beyond naming lives here.
+
+use std::{fmt, net::SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Role;
+
+/// A destination's address, or the overflow row past the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Destination {
+    Addr(SocketAddr),
+    /// Everything past the destination cap.
+    Other,
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Addr(a) => write!(f, "{a}"),
+            Self::Other => f.write_str("other"),
+        }
+    }
+}
+
+/// The key of one row: a destination seen in one role (the remote
+/// `ip:port` of client sockets, the local listening `ip:port` of server
+/// sockets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DestKey {
+    pub dest: Destination,
+    pub role: Role,
+}
+
+/// What the evidence says about how the path fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// A hop closes idle connections with FIN.
+    Fin,
+    /// A hop answers a reuse with RST.
+    Rst,
+    /// A hop drops idle flows silently: the reuse stalls.
+    SilentDrop,
+    None,
+}
+
+impl FailureMode {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fin => "fin",
+            Self::Rst => "rst",
+            Self::SilentDrop => "silent_drop",
+            Self::None => "none",
+        }
+    }
+}
+
+/// The verdict for a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Client row: the pool keeps sockets idle longer than the path allows.
+    Mismatch,
+    /// Server row: clients reuse connections longer than we keep them.
+    ClientsMismatch,
+    /// The idle staircase provably holds.
+    Ok,
+    /// Not enough evidence.
+    Unknown,
+}
+
+impl Verdict {
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Mismatch => "mismatch",
+            Self::ClientsMismatch => "clients_mismatch",
+            Self::Ok => "ok",
+            Self::Unknown => "unknown",
+        }
+    }
+
+    /// A broken idle staircase, in either role.
+    #[must_use]
+    pub const fn is_mismatch(self) -> bool {
+        matches!(self, Self::Mismatch | Self::ClientsMismatch)
+    }
+}
+
+/// The evidence a verdict rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictEvidence {
+    /// Reuses that failed at idle ages consistent with the path's timeout.
+    Failures,
+    /// A cluster of peer idle closes of pooled connections: the pool kept
+    /// them idle past the path's timeout, before any reuse failed.
+    PeerCloses,
+    /// The pool's own idle timeout lies at or past the path's.
+    PoolIdleTimeout,
+    /// Server row: clients wrote on connections we had closed idle.
+    LateReuses,
+    /// The pool (or the clients' pools) close idle sockets first.
+    IdleCloses,
+}
+
+/// Which survivals the lower bound rests on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LowerBasis {
+    /// Sockets that sent nothing while idle: valid for every hop.
+    Silent,
+    /// Only sockets whose TCP keep-alive probes ran while idle: the probes
+    /// refresh L4 middleboxes (conntrack, NAT, L4 balancers), so the bound
+    /// holds for L7 hops only.
+    Keepalive,
+}
+
+/// A change of the path estimate (the path's timeout was changed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub ts_unix_ns: u64,
+    pub destination: String,
+    pub role: Role,
+    /// Interval before the change `[lower, upper]`.
+    pub before_lower_seconds: Option<f64>,
+    pub before_upper_seconds: Option<f64>,
+    /// Interval after the change.
+    pub after_lower_seconds: Option<f64>,
+    pub after_upper_seconds: Option<f64>,
+}
+
+/// A peer restart: many pooled connections closed by the peer at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restart {
+    pub ts_unix_ns: u64,
+    pub destination: String,
+    pub role: Role,
+    /// Connections the peer closed within the restart's span.
+    pub sockets: usize,
+    /// Their idle ages, smallest and largest.
+    pub min_idle_seconds: f64,
+    pub max_idle_seconds: f64,
+}
+
+/// One of several idle timeouts behind one address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathShare {
+    pub idle_timeout_seconds: f64,
+    /// Fraction of the peer idle closes in this cluster.
+    pub share: f64,
+}
+
+/// Failure ratio for one idle-age bucket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Upper edge in seconds (`null` = +Inf).
+    pub le: Option<f64>,
+    pub reuses: u64,
+    pub failures: u64,
+}
+
+/// One row of the destination table; the JSON interface of
+/// `GET /api/v1/destinations`, `observer status --json` and
+/// `observer analyze --json` (see README).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(clippy::struct_excessive_bools, reason = "a flat JSON row")]
+pub struct DestinationRow {
+    pub destination: String,
+    pub role: Role,
+    pub failure_mode: FailureMode,
+    /// Point estimate from a cluster of peer closes (the smallest, with
+    /// mixed paths).
+    pub path_idle_timeout_seconds: Option<f64>,
+    /// Largest idle age proven to survive (0 without evidence).
+    pub path_idle_timeout_lower_seconds: f64,
+    /// Smallest idle age proven to fail.
+    pub path_idle_timeout_upper_seconds: Option<f64>,
+    pub path_lower_evidence: usize,
+    pub path_upper_evidence: usize,
+    pub path_point_evidence: usize,
+    pub path_outliers: usize,
+    /// Which survivals the lower bound rests on (null without one).
+    #[serde(default)]
+    pub path_lower_basis: Option<LowerBasis>,
+    /// Two or more distinct clusters of peer idle closes.
+    #[serde(default)]
+    pub mixed_paths: Vec<PathShare>,
+    /// The pool's idle timeout, from a cluster of local idle closes.
+    pub pool_idle_timeout_seconds: Option<f64>,
+    /// Longest idle age at which the pool reused a socket.
+    pub pool_max_reuse_idle_seconds: Option<f64>,
+    pub verdict: Verdict,
+    /// What the verdict rests on (null for `unknown`).
+    #[serde(default)]
+    pub evidence: Option<VerdictEvidence>,
+    pub recommended_pool_idle_timeout_seconds: Option<f64>,
+    pub recommended_max_lifetime_seconds: Option<f64>,
+    /// Server row: raise our idle timeout to at least this (the clients'
+    /// longest reuse / 0.8), the alternative to lowering their pools.
+    #[serde(default)]
+    pub recommended_server_idle_timeout_seconds: Option<f64>,
+    /// Retry once, only when no request byte reached a live peer.
+    pub safe_retry_rule: bool,
+    pub recommendation: String,
+    /// Reuses and failed reuses in the last hour.
+    pub reuses: u64,
+    pub failures: u64,
+    /// Reuses, failed reuses and peer idle closes in the window.
+    pub reuses_window: u64,
+    pub failures_window: u64,
+    pub peer_closes_window: u64,
+    /// Peer restarts in the window, and the failed reuses they explain
+    /// (counted in `failures_window`, never used as timeout evidence).
+    #[serde(default)]
+    pub peer_restarts: u64,
+    #[serde(default)]
+    pub restart_failures: u64,
+    #[serde(default)]
+    pub last_peer_restart_unix_ns: Option<u64>,
+    /// Evidence in the window from sockets with TCP keep-alive on.
+    pub keepalive_evidence: u64,
+    /// Smallest keep-alive idle time among them, when known.
+    pub keepalive_idle_seconds: Option<f64>,
+    /// The peer's request deadline: a cluster of `request_aborted` times.
+    #[serde(default)]
+    pub peer_request_deadline_seconds: Option<f64>,
+    /// Our request timeout: a cluster of `request_timeout` times.
+    #[serde(default)]
+    pub request_timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub requests_aborted_window: u64,
+    #[serde(default)]
+    pub request_timeouts_window: u64,
+    /// Server row: our idle timeout toward clients (a cluster of our idle
+    /// closes).
+    #[serde(default)]
+    pub server_idle_timeout_seconds: Option<f64>,
+    /// Server row: clients that wrote on connections we had closed idle.
+    #[serde(default)]
+    pub late_reuses: u64,
+    /// Server row: the longest idle age after which a client reused a
+    /// connection (a late reuse counts at the age of its write).
+    #[serde(default)]
+    pub client_max_reuse_idle_seconds: Option<f64>,
+    /// Server row: the clients' pool idle timeout (a cluster of their idle
+    /// closes).
+    #[serde(default)]
+    pub client_pool_idle_timeout_seconds: Option<f64>,
+    pub at_risk_idle_sockets: u64,
+    pub first_failure_unix_ns: Option<u64>,
+    pub last_failure_unix_ns: Option<u64>,
+    pub processes: Vec<String>,
+    pub idle_buckets: Vec<Bucket>,
+    pub last_change: Option<Change>,
+    /// Memory this row's evidence holds, bytes (bounded by
+    /// [`crate::evidence::MAX_BYTES`]).
+    #[serde(default)]
+    pub evidence_bytes: usize,
+}

@@ -1,0 +1,91 @@
+use super::*;
+
+fn interval(lower: Option<f64>, upper: Option<f64>) -> Interval {
+    Interval { lower, upper, lower_evidence: 1, upper_evidence: 1, outliers: 0 }
+}
+
+#[test]
+fn failures_alone_give_mismatch_without_a_number() {
+    let j = judge_client(&ClientFindings {
+        interval: interval(None, Some(3.0)),
+        consistent_failures: 4,
+        failure_mode: Some(FailureMode::Rst),
+        ..ClientFindings::default()
+    });
+    assert_eq!((j.verdict, j.evidence), (Verdict::Mismatch, Some(VerdictEvidence::Failures)));
+    assert_eq!(j.recommended_pool_idle_timeout_seconds, None);
+    assert!(j.recommendation.contains("no safe number"), "{}", j.recommendation);
+}
+
+#[test]
+fn peer_closes_diagnose_before_the_first_failure() {
+    let j = judge_client(&ClientFindings {
+        interval: interval(Some(1.5), Some(2.0)),
+        point: Some(2.0),
+        point_evidence: 3,
+        paths: 1,
+        ..ClientFindings::default()
+    });
+    assert_eq!((j.verdict, j.evidence), (Verdict::Mismatch, Some(VerdictEvidence::PeerCloses)));
+    assert_eq!(j.recommended_pool_idle_timeout_seconds, Some(1.6));
+}
+
+#[test]
+fn an_outlier_failure_keeps_ok() {
+    let j = judge_client(&ClientFindings {
+        interval: Interval { lower: Some(30.0), upper: None, lower_evidence: 50, upper_evidence: 0, outliers: 1 },
+        lower_basis: Some(LowerBasis::Silent),
+        pool: Some(20.0),
+        consistent_failures: 0,
+        failure_mode: Some(FailureMode::Rst),
+        ..ClientFindings::default()
+    });
+    assert_eq!(j.verdict, Verdict::Ok);
+}
+
+#[test]
+fn a_pool_between_the_bounds_is_not_proven_ok() {
+    let j = judge_client(&ClientFindings {
+        interval: interval(Some(5.0), Some(10.0)),
+        pool: Some(8.0),
+        ..ClientFindings::default()
+    });
+    assert_eq!(j.verdict, Verdict::Unknown);
+}
+
+#[test]
+fn keepalive_bounds_say_so() {
+    let j = judge_client(&ClientFindings {
+        interval: interval(Some(40.0), None),
+        lower_basis: Some(LowerBasis::Keepalive),
+        ..ClientFindings::default()
+    });
+    assert_eq!(j.recommended_pool_idle_timeout_seconds, Some(32.0));
+    assert!(j.recommendation.contains("keep-alive"), "{}", j.recommendation);
+}
+
+#[test]
+fn servers_are_never_told_to_lower_their_idle_timeout() {
+    let j = judge_server(&ServerFindings {
+        server_idle_timeout: Some(2.0),
+        late_reuse_idles: vec![2.0, 2.001],
+        client_max_reuse_idle: Some(3.0),
+        client_pool_idle_timeout: None,
+    });
+    assert_eq!((j.verdict, j.evidence), (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses)));
+    assert_eq!(j.recommended_pool_idle_timeout_seconds, Some(1.6));
+    assert_eq!(j.recommended_server_idle_timeout_seconds, Some(3.75));
+    assert!(!j.recommendation.contains("lower our"), "{}", j.recommendation);
+    assert!(j.recommendation.starts_with("clients:"), "{}", j.recommendation);
+}
+
+#[test]
+fn clients_closing_first_is_ok() {
+    let j = judge_server(&ServerFindings {
+        server_idle_timeout: Some(75.0),
+        late_reuse_idles: vec![],
+        client_max_reuse_idle: Some(20.0),
+        client_pool_idle_timeout: Some(30.0),
+    });
+    assert_eq!(j.verdict, Verdict::Ok);
+}
