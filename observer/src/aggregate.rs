@@ -346,12 +346,21 @@ pub struct Aggregator {
     changes: Vec<Change>,
     restarts: Vec<Restart>,
     evicted: u64,
+    gone: Vec<(String, Role)>,
 }
 
 impl Aggregator {
     #[must_use]
     pub fn new(config: Config) -> Self {
-        Self { config, dests: HashMap::new(), latest_ns: 0, changes: Vec::new(), restarts: Vec::new(), evicted: 0 }
+        Self {
+            config,
+            dests: HashMap::new(),
+            latest_ns: 0,
+            changes: Vec::new(),
+            restarts: Vec::new(),
+            evicted: 0,
+            gone: Vec::new(),
+        }
     }
 
     /// Newest event time seen, ns since the epoch.
@@ -368,6 +377,11 @@ impl Aggregator {
     /// Peer restarts detected since the last call.
     pub fn take_restarts(&mut self) -> Vec<Restart> {
         std::mem::take(&mut self.restarts)
+    }
+
+    /// Rows removed since the last call (their metric series can go).
+    pub fn take_gone(&mut self) -> Vec<(String, Role)> {
+        std::mem::take(&mut self.gone)
     }
 
     /// Rows removed because their evidence left the window, in all.
@@ -437,6 +451,9 @@ impl Aggregator {
         for k in gone {
             self.dests.remove(&k);
             self.evicted += 1;
+            if self.gone.len() < 4 * self.config.max_destinations.max(1) {
+                self.gone.push((k.dest.to_string(), k.role));
+            }
         }
     }
 

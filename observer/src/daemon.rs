@@ -46,8 +46,12 @@ impl Handler for Shared {
                 }
             }
             "/metrics" => {
-                let rows =
-                    self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).rows(clock_ns(libc::CLOCK_REALTIME));
+                let (rows, gone) = {
+                    let mut agg = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+                    let rows = agg.rows(clock_ns(libc::CLOCK_REALTIME));
+                    (rows, agg.take_gone())
+                };
+                self.metrics.forget(&gone);
                 self.metrics.set_estimates(&rows);
                 Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
             }
@@ -77,6 +81,18 @@ impl Sinks {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
             agg.ingest(ev);
             self.shared.metrics.observe(ev, agg.label_of(ev).as_deref());
+            for r in agg.take_restarts() {
+                self.shared.metrics.restart(&r);
+                warn!(
+                    "peer restart at {} ({}): {} connections closed at once, idle {:.3} to {:.3} s; not timeout evidence",
+                    r.destination,
+                    r.role.as_str(),
+                    r.sockets,
+                    r.min_idle_seconds,
+                    r.max_idle_seconds
+                );
+            }
+            self.shared.metrics.forget(&agg.take_gone());
             for c in agg.take_changes() {
                 if let Some(w) = &self.store {
                     let _ = w.send(Record::Change(c.clone()));
@@ -176,7 +192,11 @@ fn refresh_sockets(probes: &Probes, shared: &Shared) {
             shared.metrics.set_tracked_sockets(table.len());
             let now = clock_ns(libc::CLOCK_BOOTTIME);
             let views: Vec<_> = table.iter().filter_map(|rec| crate::event::view_of(rec, now)).collect();
-            shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views);
+            let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+            // Held peer closes become evidence (or a restart) and old
+            // evidence expires even when no event arrives.
+            agg.tick(clock_ns(libc::CLOCK_REALTIME));
+            agg.set_sockets(&views);
         }
         Err(e) => warn!("reading the socket table: {e}"),
     }

@@ -96,6 +96,8 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    pub const ALL: [Self; 4] = [Self::Ok, Self::Eof, Self::Reset, Self::Stall];
+
     #[must_use]
     pub const fn as_str(self) -> &'static str {
         match self {

@@ -94,6 +94,14 @@ pub struct Metrics {
     recommended: Family<DestLabels, FGauge>,
     mismatch: Family<MismatchLabels, Gauge>,
     at_risk: Family<DestLabels, Gauge>,
+    peer_deadline: Family<DestLabels, FGauge>,
+    our_timeout: Family<DestLabels, FGauge>,
+    server_timeout: Family<DestLabels, FGauge>,
+    client_max_reuse: Family<DestLabels, FGauge>,
+    mixed_paths: Family<DestLabels, Gauge>,
+    late_reuses: Family<DestLabels, Counter>,
+    restarts: Family<DestLabels, Counter>,
+    evicted: Counter,
     events: Family<KindLabels, Counter>,
     lost: Family<ReasonLabels, Counter>,
     unresolved: Counter,
@@ -108,6 +116,7 @@ impl Default for Metrics {
 
 impl Metrics {
     #[must_use]
+    #[allow(clippy::too_many_lines, reason = "one registration per metric")]
     pub fn new() -> Self {
         let mut registry = Registry::default();
         let m = Self {
@@ -119,6 +128,14 @@ impl Metrics {
             recommended: Family::default(),
             mismatch: Family::default(),
             at_risk: Family::default(),
+            peer_deadline: Family::default(),
+            our_timeout: Family::default(),
+            server_timeout: Family::default(),
+            client_max_reuse: Family::default(),
+            mixed_paths: Family::default(),
+            late_reuses: Family::default(),
+            restarts: Family::default(),
+            evicted: Counter::default(),
             events: Family::default(),
             lost: Family::default(),
             unresolved: Counter::default(),
@@ -171,6 +188,50 @@ impl Metrics {
             "Sockets idle right now past the path idle timeout (they will fail on first use)",
             m.at_risk.clone(),
         );
+        registry.register_with_unit(
+            "observer_peer_request_deadline",
+            "The peer's request deadline, from a cluster of requests it aborted",
+            Unit::Seconds,
+            m.peer_deadline.clone(),
+        );
+        registry.register_with_unit(
+            "observer_request_timeout",
+            "Our request timeout, from a cluster of requests we gave up on",
+            Unit::Seconds,
+            m.our_timeout.clone(),
+        );
+        registry.register_with_unit(
+            "observer_server_idle_timeout",
+            "Server rows: our idle timeout toward clients, from a cluster of our idle closes",
+            Unit::Seconds,
+            m.server_timeout.clone(),
+        );
+        registry.register_with_unit(
+            "observer_client_max_reuse_idle",
+            "Server rows: the longest idle age after which a client reused a connection",
+            Unit::Seconds,
+            m.client_max_reuse.clone(),
+        );
+        registry.register(
+            "observer_mixed_paths",
+            "Distinct idle timeouts measured behind one address (present when more than one)",
+            m.mixed_paths.clone(),
+        );
+        registry.register(
+            "observer_late_reuses",
+            "Server side: clients that wrote on a connection we had closed idle",
+            m.late_reuses.clone(),
+        );
+        registry.register(
+            "observer_peer_restarts",
+            "Peer restarts: many pooled connections closed at once at spread-out idle ages",
+            m.restarts.clone(),
+        );
+        registry.register(
+            "observer_destinations_evicted",
+            "Destination rows removed because their evidence left the window",
+            m.evicted.clone(),
+        );
         registry.register("observer_events", "Events received from the kernel, by kind", m.events.clone());
         registry.register("observer_events_lost", "Events or sockets lost, by reason", m.lost.clone());
         registry.register(
@@ -208,7 +269,44 @@ impl Metrics {
             EventKind::LocalClose if ev.is_pool_idle_close() => {
                 self.local_idle_close.get_or_create(&DestLabels { destination, role }).observe(ev.idle_seconds);
             }
+            EventKind::LateReuse => {
+                self.late_reuses.get_or_create(&DestLabels { destination, role }).inc();
+            }
             _ => {}
+        }
+    }
+
+    /// Count a peer restart.
+    pub fn restart(&self, r: &crate::aggregate::Restart) {
+        self.restarts
+            .get_or_create(&DestLabels { destination: r.destination.clone(), role: r.role.as_str().to_owned() })
+            .inc();
+    }
+
+    /// Forget the series of destinations whose rows left the table, so
+    /// label sets stay bounded by the rows alive (pod churn would grow them
+    /// without end otherwise).
+    pub fn forget(&self, gone: &[(String, crate::event::Role)]) {
+        self.evicted.inc_by(gone.len() as u64);
+        for (destination, role) in gone {
+            let d = DestLabels { destination: destination.clone(), role: role.as_str().to_owned() };
+            for o in crate::event::Outcome::ALL {
+                self.reuse_idle.remove(&ReuseLabels {
+                    destination: d.destination.clone(),
+                    role: d.role.clone(),
+                    outcome: o.as_str().to_owned(),
+                });
+            }
+            for how in ["fin", "rst"] {
+                self.peer_idle_close.remove(&PeerLabels {
+                    destination: d.destination.clone(),
+                    role: d.role.clone(),
+                    how: how.to_owned(),
+                });
+            }
+            self.local_idle_close.remove(&d);
+            self.late_reuses.remove(&d);
+            self.restarts.remove(&d);
         }
     }
 
@@ -235,6 +333,11 @@ impl Metrics {
         self.recommended.clear();
         self.mismatch.clear();
         self.at_risk.clear();
+        self.peer_deadline.clear();
+        self.our_timeout.clear();
+        self.server_timeout.clear();
+        self.client_max_reuse.clear();
+        self.mixed_paths.clear();
         for r in rows {
             let d = || DestLabels { destination: r.destination.clone(), role: r.role.as_str().to_owned() };
             let bound = |b: &str| BoundLabels {
@@ -258,6 +361,20 @@ impl Metrics {
             if let Some(p) = r.recommended_pool_idle_timeout_seconds {
                 self.recommended.get_or_create(&d()).set(p);
             }
+            let gauges = [
+                (&self.peer_deadline, r.peer_request_deadline_seconds),
+                (&self.our_timeout, r.request_timeout_seconds),
+                (&self.server_timeout, r.server_idle_timeout_seconds),
+                (&self.client_max_reuse, r.client_max_reuse_idle_seconds),
+            ];
+            for (family, value) in gauges {
+                if let Some(v) = value {
+                    family.get_or_create(&d()).set(v);
+                }
+            }
+            if r.mixed_paths.len() > 1 {
+                self.mixed_paths.get_or_create(&d()).set(i64::try_from(r.mixed_paths.len()).unwrap_or(i64::MAX));
+            }
             if r.verdict != Verdict::Unknown {
                 self.mismatch
                     .get_or_create(&MismatchLabels {
@@ -265,7 +382,7 @@ impl Metrics {
                         role: r.role.as_str().to_owned(),
                         failure_mode: r.failure_mode.as_str().to_owned(),
                     })
-                    .set(i64::from(r.verdict == Verdict::Mismatch));
+                    .set(i64::from(r.verdict.is_mismatch()));
             }
             if r.path_idle_timeout_upper_seconds.is_some() {
                 self.at_risk.get_or_create(&d()).set(i64::try_from(r.at_risk_idle_sockets).unwrap_or(i64::MAX));
@@ -385,5 +502,42 @@ mod tests {
         assert!(
             text.contains(r#"observer_reuse_idle_seconds_count{destination="other",role="client",outcome="ok"} 200"#)
         );
+    }
+
+    #[test]
+    fn deadlines_server_rows_and_forgetting() {
+        let m = Metrics::new();
+        let mut agg = Aggregator::new(Config { window_ns: 60_000_000_000, ..Config::default() });
+        let d = "10.0.0.3:80";
+        for k in 0..3u32 {
+            let mut a = ev(EventKind::RequestAborted, 0.0, None, d);
+            a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+            feed(&m, &mut agg, &a);
+        }
+        let mut late = ev(EventKind::LateReuse, 2.0, None, "10.0.0.9:5000");
+        late.role = Role::Server;
+        late.local = "10.0.0.1:8080".parse().unwrap();
+        late.elapsed_seconds = Some(1.0);
+        feed(&m, &mut agg, &late);
+        agg.finish();
+        m.set_estimates(&agg.rows(agg.latest_ns()));
+        let text = m.encode();
+        for line in [
+            r#"observer_peer_request_deadline_seconds{destination="10.0.0.3:80",role="client"} 3.001"#,
+            r#"observer_late_reuses_total{destination="10.0.0.1:8080",role="server"} 1"#,
+            r#"observer_client_max_reuse_idle_seconds{destination="10.0.0.1:8080",role="server"} 3.0"#,
+            r#"observer_mismatch{destination="10.0.0.1:8080",role="server",failure_mode="none"} 1"#,
+            "observer_destinations_evicted_total 0",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
+        }
+        // Two minutes later both rows have left the 60 s window.
+        let rows = agg.rows(agg.latest_ns() + 120_000_000_000);
+        assert!(rows.is_empty());
+        m.forget(&agg.take_gone());
+        m.set_estimates(&rows);
+        let text = m.encode();
+        assert!(!text.contains("10.0.0.1:8080"), "{text}");
+        assert!(text.lines().any(|l| l == "observer_destinations_evicted_total 2"), "{text}");
     }
 }

@@ -124,6 +124,11 @@ pub struct Report {
     pub samples: Samples,
     pub questions: Vec<Question>,
     pub changes: Vec<Change>,
+    /// Further findings as `(what, value)` lines: the verdict's evidence,
+    /// restarts, mixed paths, the lower bound's basis, observed deadlines
+    /// and, for a server, its clients' behaviour.
+    #[serde(default)]
+    pub findings: Vec<(String, String)>,
 }
 
 /// Nothing to report.
@@ -313,11 +318,73 @@ fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
                 row.path_upper_evidence
             ),
         ),
-        q("request timeout", "How long do you wait for a request before giving up, at each hop?", "not measured: observer sees idle time, not request deadlines".into()),
+        q(
+            "request timeout",
+            "How long do you wait for a request before giving up, at each hop?",
+            match (row.peer_request_deadline_seconds, row.request_timeout_seconds) {
+                (None, None) => "no deadline observed: no request was aborted or timed out in the window".into(),
+                (p, o) => format!(
+                    "your side aborted requests after {}; ours gives up after {}",
+                    p.map_or_else(|| "-".into(), fmt_secs),
+                    o.map_or_else(|| "-".into(), fmt_secs)
+                ),
+            },
+        ),
         q("maximum body size", "What is the largest request and response body you accept?", "not measured".into()),
         q("TLS versions", "Which TLS versions and cipher suites do you accept, and when will that change?", "not measured".into()),
         q("source address ranges", "Which source address ranges do you allow, and which addresses do you connect from?", format!("we connect to {}", row.destination)),
     ]
+}
+
+/// The row's findings beyond the interval, as report lines.
+fn findings(row: &DestinationRow) -> Vec<(String, String)> {
+    let mut f = Vec::new();
+    let mut add = |k: &str, v: String| f.push((k.to_owned(), v));
+    if let Some(e) = row.evidence {
+        add("The verdict rests on", crate::table::name_of(&e));
+    }
+    if row.path_lower_basis == Some(crate::aggregate::LowerBasis::Keepalive) {
+        add(
+            "Lower bound",
+            "proven only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for NAT or conntrack".into(),
+        );
+    }
+    if row.mixed_paths.len() > 1 {
+        let parts: Vec<String> = row
+            .mixed_paths
+            .iter()
+            .map(|p| format!("{} ({:.0}% of peer idle closes)", fmt_secs(p.idle_timeout_seconds), p.share * 100.0))
+            .collect();
+        add("Several idle timeouts behind this address (mixed paths)", parts.join(", "));
+    }
+    if row.peer_restarts > 0 {
+        add(
+            "Peer restarts",
+            format!(
+                "{} in the window; {} failed reuses they explain are not counted as timeout evidence",
+                row.peer_restarts, row.restart_failures
+            ),
+        );
+    }
+    if let Some(p) = row.peer_request_deadline_seconds {
+        add("Your request deadline (requests you aborted)", fmt_secs(p));
+    }
+    if let Some(o) = row.request_timeout_seconds {
+        add("Our request timeout (requests we gave up on)", fmt_secs(o));
+    }
+    if let Some(t) = row.server_idle_timeout_seconds {
+        add("Our idle timeout toward clients", fmt_secs(t));
+    }
+    if row.late_reuses > 0 {
+        add("Clients writing on connections we had closed idle", row.late_reuses.to_string());
+    }
+    if let Some(m) = row.client_max_reuse_idle_seconds {
+        add("Longest idle age after which a client reused a connection", fmt_secs(m));
+    }
+    if let Some(r) = row.recommended_server_idle_timeout_seconds {
+        add("Or raise our idle timeout to at least", fmt_secs(r));
+    }
+    f
 }
 
 /// Build the report.
@@ -377,6 +444,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         samples: samples(&failures),
         questions: questions(&row, &text),
         changes: input.changes.clone(),
+        findings: findings(&row),
     })
 }
 
@@ -595,11 +663,11 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 <tr><th>Recommended maximum connection lifetime</th><td>{life}</td></tr>
 <tr><th>Safe retry</th><td>{retry}</td></tr></table>
 <p>{recommendation}</p>
-"#,
+{findings}"#,
         pool = opt_secs(o.pool_idle_timeout_seconds),
         maxr = opt_secs(o.pool_max_reuse_idle_seconds),
         procs = esc(&o.processes.join(", ")),
-        cls = if o.verdict == "mismatch" { "bad" } else { "" },
+        cls = if o.verdict.ends_with("mismatch") { "bad" } else { "" },
         verdict = esc(&o.verdict),
         rec = opt_secs(o.recommended_pool_idle_timeout_seconds),
         life = opt_secs(o.recommended_max_lifetime_seconds),
@@ -609,6 +677,15 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
             "no retry rule: a stall or a reset after the write may have reached the server"
         },
         recommendation = esc(&o.recommendation),
+        findings = if r.findings.is_empty() {
+            String::new()
+        } else {
+            let rows = r.findings.iter().fold(String::new(), |mut t, (k, v)| {
+                let _ = write!(t, "<tr><th>{}</th><td>{}</td></tr>", esc(k), esc(v));
+                t
+            });
+            format!("<h3>Further findings</h3><table>{rows}</table>\n")
+        },
     );
     let _ = write!(
         h,
@@ -732,6 +809,13 @@ pub fn markdown(r: &Report) -> String {
         },
         o.recommendation
     );
+    if !r.findings.is_empty() {
+        let _ = writeln!(m, "### Further findings\n\n| | |\n|---|---|");
+        for (k, v) in &r.findings {
+            let _ = writeln!(m, "| {k} | {v} |");
+        }
+        m.push('\n');
+    }
     let _ = writeln!(m, "## Plots\n\n### Failure probability against idle age at reuse\n\nThe step where failures begin is the timeout.\n\n| idle age (s) | reuses | failed | failure probability |\n|---|---|---|---|");
     for b in &r.failure_probability {
         let _ = writeln!(

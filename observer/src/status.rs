@@ -85,32 +85,56 @@ pub(crate) fn columns<const N: usize>(header: &[&str; N], rows: &[[String; N]]) 
     out
 }
 
-/// The human table.
+fn timeout_cell(r: &DestinationRow) -> String {
+    match r.role {
+        crate::event::Role::Server => {
+            r.server_idle_timeout_seconds.map_or_else(|| "-".to_owned(), |t| format!("ours {t:.3}s"))
+        }
+        _ => path_cell(r),
+    }
+}
+
+fn deadline_cell(r: &DestinationRow) -> String {
+    if r.peer_request_deadline_seconds.is_none() && r.request_timeout_seconds.is_none() {
+        return "-".to_owned();
+    }
+    format!("{}/{}", secs(r.peer_request_deadline_seconds), secs(r.request_timeout_seconds))
+}
+
+/// The human table, with one note per finding under it.
 #[must_use]
 pub fn render_table(rows: &[DestinationRow]) -> String {
     let header = [
         "DESTINATION",
         "ROLE",
         "MODE",
-        "PATH IDLE TIMEOUT",
+        "IDLE TIMEOUT",
         "POOL IDLE",
         "VERDICT",
+        "EVIDENCE",
         "RECOMMENDED POOL IDLE",
+        "DEADLINE PEER/OURS",
         "REUSES/1H",
         "FAILURES/1H",
         "AT RISK",
     ];
-    let cells: Vec<[String; 10]> = rows
+    let cells: Vec<[String; 12]> = rows
         .iter()
         .map(|r| {
+            let pool = match r.role {
+                crate::event::Role::Server => r.client_pool_idle_timeout_seconds,
+                _ => r.pool_idle_timeout_seconds,
+            };
             [
                 r.destination.clone(),
                 r.role.as_str().to_owned(),
                 r.failure_mode.as_str().to_owned(),
-                path_cell(r),
-                secs(r.pool_idle_timeout_seconds),
+                timeout_cell(r),
+                secs(pool),
                 r.verdict.as_str().to_owned(),
+                r.evidence.map_or_else(|| "-".to_owned(), |e| crate::table::name_of(&e)),
                 secs(r.recommended_pool_idle_timeout_seconds),
+                deadline_cell(r),
                 r.reuses.to_string(),
                 r.failures.to_string(),
                 r.at_risk_idle_sockets.to_string(),
@@ -121,8 +145,44 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
     if rows.is_empty() {
         out.push_str("(no destinations with evidence yet)\n");
     }
-    for r in rows.iter().filter(|r| r.verdict == crate::aggregate::Verdict::Mismatch) {
-        let _ = writeln!(out, "{} ({}): {}", r.destination, r.role.as_str(), r.recommendation);
+    for r in rows {
+        let who = format!("{} ({})", r.destination, r.role.as_str());
+        if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
+            let _ = writeln!(out, "{who}: {}", r.recommendation);
+        }
+        if r.mixed_paths.len() > 1 {
+            let parts: Vec<String> = r
+                .mixed_paths
+                .iter()
+                .map(|p| format!("{:.3}s ({:.0}%)", p.idle_timeout_seconds, p.share * 100.0))
+                .collect();
+            let _ = writeln!(out, "{who}: mixed paths behind one address: {}", parts.join(", "));
+        }
+        if r.peer_restarts > 0 {
+            let _ = writeln!(
+                out,
+                "{who}: {} peer restart(s) in the window; {} failed reuses they explain are not timeout evidence",
+                r.peer_restarts, r.restart_failures
+            );
+        }
+        if r.path_lower_basis == Some(crate::aggregate::LowerBasis::Keepalive) {
+            let _ = writeln!(
+                out,
+                "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"
+            );
+        }
+        if r.late_reuses > 0 {
+            let _ =
+                writeln!(out, "{who}: {} clients wrote on connections we had closed idle (late reuses)", r.late_reuses);
+        }
+        if let (Some(p), Some(o)) = (r.peer_request_deadline_seconds, r.request_timeout_seconds) {
+            if o < p {
+                let _ = writeln!(
+                    out,
+                    "{who}: deadline staircase reversed: we give up after {o:.3} s, before the peer's {p:.3} s deadline"
+                );
+            }
+        }
     }
     out
 }

@@ -263,3 +263,9 @@ pub struct DestinationRow {
     #[serde(default)]
     pub evidence_bytes: usize,
 }
+
+/// A unit enum's `snake_case` name, as the JSON spells it.
+#[must_use]
+pub fn name_of<T: Serialize>(v: &T) -> String {
+    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
+}

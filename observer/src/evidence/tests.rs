@@ -90,4 +90,3 @@ fn restart_failures_are_counted_not_kept() {
 
 /// The README states the bound (64 KiB); keep it honest.
 const _: () = assert!(MAX_BYTES < 64 * 1024);
-
