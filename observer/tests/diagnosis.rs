@@ -17,7 +17,7 @@ use common::{
     RECONNECTING_CLIENT,
 };
 use observer::{
-    aggregate::{DestinationRow, FailureMode, Verdict},
+    aggregate::{DestinationRow, FailureMode, Verdict, VerdictEvidence},
     event::Role,
 };
 
@@ -120,8 +120,32 @@ fn fin_path_diagnosed() -> Result<()> {
     check_mismatch(r, 2.0, FailureMode::Fin);
     let p = r.path_idle_timeout_seconds.context("peer closes should give a point estimate")?;
     assert!((p - 2.0).abs() < common::tolerance(0.1), "point {p}");
+    assert!(matches!(r.evidence, Some(VerdictEvidence::Failures | VerdictEvidence::PeerCloses)), "{:?}", r.evidence);
     let other = row(&rows, &format!("{}:9001", topo.server_v4))?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
+    // nginx's own row: its 2 s keep-alive toward clients that reuse up to 3 s.
+    let srv = rows
+        .iter()
+        .find(|x| x.destination == format!("{}:8080", topo.server_v4) && x.role == Role::Server)
+        .with_context(|| format!("no server row: {rows:#?}"))?;
+    eprintln!(
+        "MEASURED server row: server_idle_timeout {:?}, late_reuses {}, client_max_reuse_idle {:?}, verdict {}, recommended {:?} / raise to {:?}: {}",
+        srv.server_idle_timeout_seconds,
+        srv.late_reuses,
+        srv.client_max_reuse_idle_seconds,
+        srv.verdict.as_str(),
+        srv.recommended_pool_idle_timeout_seconds,
+        srv.recommended_server_idle_timeout_seconds,
+        srv.recommendation
+    );
+    let t = srv.server_idle_timeout_seconds.context("nginx's idle closes form a cluster")?;
+    assert!((t - 2.0).abs() < common::tolerance(0.1), "server idle timeout {t}");
+    assert!(srv.late_reuses > 0, "{srv:#?}");
+    assert_eq!(srv.verdict, Verdict::ClientsMismatch, "{srv:#?}");
+    let rec = srv.recommended_pool_idle_timeout_seconds.context("a number for the clients")?;
+    assert!((rec - 1.6).abs() < common::tolerance(0.08), "{rec}");
+    assert!(srv.recommendation.starts_with("clients:"), "{}", srv.recommendation);
+    assert_eq!(srv.pool_idle_timeout_seconds, None, "nginx's idle closes are no pool idle timeout");
     check_path_observed(&daemon, &topo.server_v4)?;
     check_analyze_matches(daemon, &rows, &recording)?;
     // Refresh the report fixture and examples from a real run on request.
@@ -240,4 +264,73 @@ fn rst_path_diagnosed() -> Result<()> {
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_path_diagnosed() -> Result<()> {
     routed_scenario("ddrop", "drop", true, 3.0, FailureMode::SilentDrop)
+}
+
+/// 20 pooled connections, last used 0.3 s apart: `python3 POOL HOST PORT N
+/// WAIT` prints `ready` once all are idle, reuses each after WAIT s and
+/// prints one result per connection.
+const IDLE_POOL: &str = r#"
+import socket, sys, time
+host, port, n, wait = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+socks = []
+for k in range(n):
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(b"hi"); s.recv(100)
+    socks.append(s)
+    time.sleep(0.3)
+print("ready", flush=True)
+time.sleep(wait)
+res = []
+for s in socks:
+    try:
+        s.sendall(b"again")
+        res.append("ok" if s.recv(100) else "eof")
+    except OSError:
+        res.append("error")
+print(" ".join(res), flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
+    let topo = Topology::pair("drst")?;
+    let echo = script(ECHO_SERVER)?;
+    let serve = format!("python3 -u {} {} 9002", echo.display(), topo.server_v4);
+    let server = start_server(&topo.ns, topo.server, &serve)?;
+    let daemon = Daemon::start(&[])?;
+    let pool = script(IDLE_POOL)?;
+    let client = topo.ns.spawn(topo.client, &format!("python3 {} {} 9002 20 10", pool.display(), topo.server_v4))?;
+    // All 20 are idle (ages 0.3 s apart) by about 6 s: restart the server.
+    std::thread::sleep(Duration::from_secs(8));
+    drop(server);
+    let _server = start_server(&topo.ns, topo.server, &serve)?;
+    let out = client.wait_with_output()?;
+    let results = String::from_utf8_lossy(&out.stdout).to_string();
+    ensure!(
+        results.contains("eof") || results.contains("error"),
+        "the reuses after the restart should fail: {results}"
+    );
+    let rows = settle(&daemon)?;
+    let r = row(&rows, &format!("{}:9002", topo.server_v4))?;
+    eprintln!(
+        "MEASURED restart row: peer_restarts {}, restart_failures {}, failures_window {}, peer_closes {}, point {:?}, interval [{}, {:?}], verdict {}, recommended {:?}, last_change {:?}",
+        r.peer_restarts,
+        r.restart_failures,
+        r.failures_window,
+        r.peer_closes_window,
+        r.path_idle_timeout_seconds,
+        r.path_idle_timeout_lower_seconds,
+        r.path_idle_timeout_upper_seconds,
+        r.verdict.as_str(),
+        r.recommended_pool_idle_timeout_seconds,
+        r.last_change
+    );
+    assert_eq!(r.peer_restarts, 1, "{r:#?}");
+    assert_eq!(r.path_idle_timeout_seconds, None, "no point estimate from a restart: {r:#?}");
+    assert_eq!(r.path_idle_timeout_upper_seconds, None, "no timeout evidence from a restart: {r:#?}");
+    assert_eq!(r.restart_failures, r.failures_window, "every failure is explained by the restart: {r:#?}");
+    assert!(r.last_change.is_none(), "{r:#?}");
+    assert_ne!(r.verdict, Verdict::Mismatch, "{r:#?}");
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, None);
+    Ok(())
 }
