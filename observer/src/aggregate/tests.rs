@@ -457,7 +457,12 @@ mod properties {
             }
             if gaps.iter().any(|&g| g >= t) {
                 prop_assert_eq!(r.verdict, Verdict::Mismatch);
-                prop_assert!(r.path_idle_timeout_upper_seconds.is_some_and(|u| u >= t));
+                // A stray failure below every success-free failure cannot
+                // be told apart from the timeout; without one the upper
+                // bound holds the truth.
+                if stray.is_none() {
+                    prop_assert!(r.path_idle_timeout_upper_seconds.is_some_and(|u| u >= t));
+                }
             }
             prop_assert!(r.path_idle_timeout_lower_seconds < t);
         }

@@ -271,7 +271,7 @@ pub fn check(hops: &[Hop]) -> Report {
                     "{} closes idle connections after {inner_idle}, but {} keeps them idle up to {outer_idle}: {} can write a request onto a connection {} already closed",
                     inner.name, outer.name, outer.name, inner.name
                 ),
-                format!("raise {}'s idle timeout above {outer_idle}, or lower {}'s below {inner_idle}", inner.name, outer.name),
+                idle_fix(outer, outer_idle, inner, inner_idle),
             ));
         }
     }
@@ -370,23 +370,162 @@ pub fn check(hops: &[Hop]) -> Report {
     Report { hops: hops.to_vec(), violations: out, notes: Vec::new() }
 }
 
-/// Compare declared idle timeouts of hops with an `address` to what the
-/// daemon measured for that destination (client role).
+/// The fix of a reversed idle step, with the seeds' margin: the outer hop
+/// at most 0.8 x the inner hop's idle timeout (a fix one second below the
+/// inner hop's timeout is the very race), or the inner hop raised so that
+/// the outer one sits at 0.8 x it.
+fn idle_fix(outer: &Hop, outer_idle: Limit, inner: &Hop, inner_idle: Limit) -> String {
+    let Some(i) = inner_idle.secs() else {
+        return format!("give {} an idle timeout", outer.name);
+    };
+    let lower = fmt_secs(i * POOL_FRACTION);
+    match outer_idle.secs() {
+        Some(o) => format!(
+            "lower {}'s idle timeout to at most {lower} (0.8 x {}'s {}), or raise {}'s to at least {} (so {}'s {} is 0.8 x it)",
+            outer.name,
+            inner.name,
+            fmt_secs(i),
+            inner.name,
+            fmt_secs(o / POOL_FRACTION),
+            outer.name,
+            fmt_secs(o)
+        ),
+        None => format!(
+            "give {} an idle timeout of at most {lower} (0.8 x {}'s {})",
+            outer.name,
+            inner.name,
+            fmt_secs(i)
+        ),
+    }
+}
+
+/// Declared and measured agree within 5% (at least 50 ms) of measurement
+/// and timer slack.
+fn close_enough(declared: f64, measured: f64) -> bool {
+    (declared - measured).abs() <= (declared * 0.05).max(0.05)
+}
+
+/// Compare what hops with an `address` declare to what the daemon measured
+/// for that destination (client role): the idle timeout, the pool margin
+/// in front of it, the request deadline, and the observed deadline pair.
 pub fn compare_observed(report: &mut Report, rows: &[DestinationRow]) {
+    compare_idle(report, rows);
+    compare_deadlines(report, rows);
+}
+
+fn observed_row<'a>(rows: &'a [DestinationRow], dest: &str) -> Option<&'a DestinationRow> {
+    rows.iter().find(|r| r.destination == dest && r.role == crate::event::Role::Client)
+}
+
+fn compare_deadlines(report: &mut Report, rows: &[DestinationRow]) {
+    let mut found = Vec::new();
+    for (i, hop) in report.hops.iter().enumerate() {
+        let Some(addr) = hop.address else { continue };
+        let dest = addr.to_string();
+        let Some(row) = observed_row(rows, &dest) else { continue };
+        if let (Some(Limit::Seconds(d)), Some(m)) = (hop.deadline, row.peer_request_deadline_seconds) {
+            if !close_enough(d, m) {
+                found.push(Violation {
+                    rule: "observed_deadline",
+                    hop: hop.name.clone(),
+                    message: format!(
+                        "{} is declared with a deadline of {}, but it aborted requests after {} ({dest})",
+                        hop.name,
+                        fmt_secs(d),
+                        fmt_secs(m)
+                    ),
+                    fix: format!(
+                        "correct the path file (or the hop's configuration): {} gives up after {}",
+                        hop.name,
+                        fmt_secs(m)
+                    ),
+                });
+            }
+        }
+        if let (Some(ours), Some(peer)) = (row.request_timeout_seconds, row.peer_request_deadline_seconds) {
+            if ours < peer && !close_enough(ours, peer) {
+                let client = report.hops[..i].iter().rev().find(|h| h.client).map_or("our client", |h| h.name.as_str());
+                found.push(Violation {
+                    rule: "observed_deadline_staircase",
+                    hop: hop.name.clone(),
+                    message: format!(
+                        "{client} gives up on requests to {dest} after {}, before {}'s own deadline of {}: {} keeps working for a response nobody will read",
+                        fmt_secs(ours),
+                        hop.name,
+                        fmt_secs(peer),
+                        hop.name
+                    ),
+                    fix: format!(
+                        "lower {}'s deadline below {} (deadlines fall inward), or raise {client}'s request timeout above {}",
+                        hop.name,
+                        fmt_secs(ours),
+                        fmt_secs(peer)
+                    ),
+                });
+            }
+        }
+    }
+    report.violations.extend(found);
+}
+
+fn compare_idle(report: &mut Report, rows: &[DestinationRow]) {
+    let mut margin = Vec::new();
     for hop in &report.hops {
         let Some(addr) = hop.address else { continue };
         let dest = addr.to_string();
-        let Some(row) = rows.iter().find(|r| r.destination == dest && r.role == crate::event::Role::Client) else {
+        let Some(row) = observed_row(rows, &dest) else {
             report.notes.push(format!("{}: no evidence measured for {dest} yet", hop.name));
             continue;
         };
-        let Some(declared) = hop.idle_timeout else { continue };
         let (lower, upper, point) =
             (row.path_idle_timeout_lower_seconds, row.path_idle_timeout_upper_seconds, row.path_idle_timeout_seconds);
         let measured = point.map_or_else(
             || format!("[{}, {}]", fmt_secs(lower), upper.map_or_else(|| "?".to_owned(), fmt_secs)),
             |p| format!("{} [{}, {}]", fmt_secs(p), fmt_secs(lower), upper.map_or_else(|| "?".to_owned(), fmt_secs)),
         );
+        // The pools in front must keep the margin to what was measured:
+        // flagged only when the measured timeout (the point, else the upper
+        // bound it cannot exceed) proves the pool too long; the number comes
+        // from proof (the point, else the largest idle age proven to survive).
+        if let Some(bound) = point.or(upper) {
+            // A pool the declared values already flag is not flagged twice.
+            let flagged = |name: &str| {
+                report.violations.iter().chain(margin.iter()).any(|v| v.hop == name && v.rule.ends_with("pool_margin"))
+            };
+            let late: Vec<&Hop> = report
+                .hops
+                .iter()
+                .filter(|h| h.client && !flagged(&h.name))
+                .filter(|h| h.pool_idle().is_some_and(|p| p.secs().is_none_or(|p| p > bound * POOL_FRACTION + 1e-9)))
+                .collect();
+            let safe = point.or((lower > 0.0).then_some(lower));
+            for pool in late {
+                let fix = safe.map_or_else(
+                    || format!(
+                        "lower {}'s pool idle timeout below {} (reuses fail from there); no safe number yet: no reuse survived and no peer closes measured the timeout",
+                        pool.name,
+                        fmt_secs(bound)
+                    ),
+                    |m| format!(
+                        "set {}'s pool idle timeout to at most {} (0.8 x the measured {}), with a maximum connection lifetime",
+                        pool.name,
+                        fmt_secs(m * POOL_FRACTION),
+                        fmt_secs(m)
+                    ),
+                );
+                margin.push(Violation {
+                    rule: "observed_pool_margin",
+                    hop: pool.name.clone(),
+                    message: format!(
+                        "{} keeps idle connections {}, but the path to {dest} was measured at {measured}",
+                        pool.name,
+                        cell(pool.pool_idle())
+                    ),
+                    fix,
+                });
+            }
+        }
+        let Some(declared) = hop.idle_timeout else { continue };
         // 5% (at least 50 ms) of measurement and timer slack.
         let agrees = match declared {
             Limit::Seconds(d) => {
@@ -411,6 +550,7 @@ pub fn compare_observed(report: &mut Report, rows: &[DestinationRow]) {
             });
         }
     }
+    report.violations.extend(margin);
 }
 
 fn cell(l: Option<Limit>) -> String {

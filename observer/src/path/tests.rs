@@ -118,6 +118,52 @@ fn observed_disagreement_is_flagged() {
     assert!(r.notes.iter().any(|n| n.contains("no evidence")));
 }
 
+fn with_deadlines(mut r: DestinationRow, peer: Option<f64>, ours: Option<f64>) -> DestinationRow {
+    r.peer_request_deadline_seconds = peer;
+    r.request_timeout_seconds = ours;
+    r
+}
+
+const OBSERVED_PATH: &str = "[[hop]]\nname = \"client pool\"\nclient = true\nidle_timeout = \"300s\"\ndeadline = \"30s\"\n\n[[hop]]\nname = \"partner\"\nidle_timeout = \"400s\"\ndeadline = \"10s\"\naddress = \"203.0.113.10:443\"\n";
+
+#[test]
+fn observed_pool_margin_names_a_number() {
+    let hops = parse(OBSERVED_PATH).unwrap();
+    let mut r = check(&hops);
+    assert!(r.violations.is_empty(), "{}", render(&r));
+    compare_observed(&mut r, &[row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0))]);
+    let got = rules(&r);
+    assert!(got.contains(&("observed_pool_margin", "client pool")), "{got:?}");
+    let v = r.violations.iter().find(|v| v.rule == "observed_pool_margin").unwrap();
+    assert!(v.fix.contains("at most 280 s"), "{}", v.fix);
+}
+
+#[test]
+fn observed_deadlines_are_checked() {
+    let hops = parse(OBSERVED_PATH).unwrap();
+    let mut r = check(&hops);
+    let measured = with_deadlines(row("203.0.113.10:443", 5.0, None, None), Some(3.0), Some(2.0));
+    compare_observed(&mut r, &[measured]);
+    let got = rules(&r);
+    assert!(got.contains(&("observed_deadline", "partner")), "declared 10 s, aborts after 3 s: {got:?}");
+    assert!(got.contains(&("observed_deadline_staircase", "partner")), "we give up at 2 s before its 3 s: {got:?}");
+    let v = r.violations.iter().find(|v| v.rule == "observed_deadline_staircase").unwrap();
+    assert!(v.message.contains("client pool gives up"), "{}", v.message);
+    // Agreeing values raise nothing.
+    let mut r = check(&hops);
+    let measured = with_deadlines(row("203.0.113.10:443", 5.0, None, None), Some(10.02), Some(30.0));
+    compare_observed(&mut r, &[measured]);
+    assert!(r.violations.is_empty(), "{}", render(&r));
+}
+
+#[test]
+fn idle_fixes_keep_the_margin() {
+    let src = "[[hop]]\nname = \"client pool\"\nclient = true\nidle_timeout = \"300s\"\n\n[[hop]]\nname = \"nat\"\nidle_timeout = \"240s\"\n";
+    let r = check(&parse(src).unwrap());
+    let v = r.violations.iter().find(|v| v.rule == "idle_staircase").expect("a reversed step");
+    assert!(v.fix.contains("to at most 192 s"), "no fix one second from the race: {}", v.fix);
+}
+
 #[test]
 fn catalog_lists_kinds_with_sources() {
     let all = render_catalog(None).unwrap();
