@@ -4,6 +4,7 @@
 use std::{
     fs::File,
     io::{BufWriter, Write},
+    os::unix::fs::OpenOptionsExt as _,
     sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
@@ -70,6 +71,7 @@ struct Sinks {
     shared: Arc<Shared>,
     store: Option<Writer>,
     store_dropped: u64,
+    volume: store::Volume,
 }
 
 impl Sinks {
@@ -108,9 +110,19 @@ impl Sinks {
                 );
             }
         }
-        if ev.kind != EventKind::Closed {
-            if let Some(w) = &self.store {
-                let _ = w.send(Record::Event(ev.clone()));
+        if let Some(w) = &self.store {
+            match ev.kind {
+                EventKind::Closed => {}
+                // Counted per minute in memory: a connection storm sends one
+                // record per destination and minute, not one per connection.
+                EventKind::Established => {
+                    for r in self.volume.add(ev) {
+                        let _ = w.send(r);
+                    }
+                }
+                _ => {
+                    let _ = w.send(Record::Event(ev.clone()));
+                }
             }
         }
         let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
@@ -216,6 +228,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
             File::options()
                 .create(true)
                 .append(true)
+                .mode(0o600)
                 .open(path)
                 .with_context(|| format!("opening recording {}", path.display()))?,
         )),
@@ -235,6 +248,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         shared: Arc::clone(&shared),
         store: Some(writer),
         store_dropped: 0,
+        volume: store::Volume::default(),
     };
     info!(
         "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
@@ -285,6 +299,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     drop(probes);
     sinks.report_store_losses();
     if let Some(w) = sinks.store.take() {
+        for r in sinks.volume.flush() {
+            let _ = w.send(r);
+        }
         w.finish();
     }
     info!("probes detached, evidence stored; exiting");

@@ -8,10 +8,17 @@
 //! - WAL mode: a crash or `kill -9` loses at most the batch being written;
 //!   the database itself stays consistent.
 //! - Bounded: records older than the retention are deleted, and the oldest
-//!   records go first while the database is above its size limit; pruning
-//!   runs in the writer thread every minute.
+//!   tenth of every table goes while the database is above its size limit;
+//!   pruning runs in the writer thread every minute.
+//! - Connection counts are aggregated per minute in memory ([`Volume`]) and
+//!   written as one record per destination and minute, so a storm of new
+//!   connections never pushes evidence out of the writer's queue.
+//! - One stored row that does not decode is skipped with a warning.
+//! - The directory is created 0700 and the database files 0600.
 
 use std::{
+    collections::HashMap,
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicU64, Ordering},
@@ -27,7 +34,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use crate::{
     aggregate::{destination_of, Change},
-    event::{clock_ns, EventKind, SockEvent},
+    event::{clock_ns, EventKind, Role, SockEvent},
 };
 
 /// Name of the database file in the data directory.
@@ -71,6 +78,52 @@ impl Default for Limits {
 pub enum Record {
     Event(SockEvent),
     Change(Change),
+    /// New connections to one destination in one minute.
+    Volume {
+        minute: u64,
+        destination: String,
+        role: Role,
+        connections: u64,
+    },
+}
+
+/// Per-minute connection counts, aggregated in memory before they reach
+/// the writer: one record per destination and minute.
+#[derive(Debug, Default)]
+pub struct Volume {
+    minute: u64,
+    counts: HashMap<(String, Role), u64>,
+}
+
+impl Volume {
+    /// Destinations counted per minute; the rest are counted as `other`.
+    pub const MAX_KEYS: usize = 4096;
+
+    /// Count an `established` event; returns the previous minute's records
+    /// once a new minute starts.
+    pub fn add(&mut self, ev: &SockEvent) -> Vec<Record> {
+        let Some((addr, role)) = destination_of(ev) else { return Vec::new() };
+        let minute = ev.ts_unix_ns / 60_000_000_000;
+        let out = if minute > self.minute { self.flush() } else { Vec::new() };
+        self.minute = self.minute.max(minute);
+        let key = (addr.to_string(), role);
+        let key = if self.counts.contains_key(&key) || self.counts.len() < Self::MAX_KEYS {
+            key
+        } else {
+            ("other".to_owned(), role)
+        };
+        *self.counts.entry(key).or_default() += 1;
+        out
+    }
+
+    /// The records of the minute counted so far.
+    pub fn flush(&mut self) -> Vec<Record> {
+        let minute = self.minute;
+        self.counts
+            .drain()
+            .map(|((destination, role), connections)| Record::Volume { minute, destination, role, connections })
+            .collect()
+    }
 }
 
 /// What a prune did.
@@ -101,8 +154,18 @@ fn is_evidence(ev: &SockEvent) -> bool {
 impl Store {
     /// Open (or create) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::CreateDir { path: dir.to_path_buf(), source })?;
+        let dir_err = |source| StoreError::CreateDir { path: dir.to_path_buf(), source };
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
+        // Evidence names peers and processes: private to the daemon's user.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
         let path = dir.join(DB_FILE);
+        let open_err = |source: std::io::Error| StoreError::Open {
+            path: path.clone(),
+            source: rusqlite::Error::ToSqlConversionFailure(Box::new(source)),
+        };
+        // SQLite gives its -wal and -shm files the database file's mode.
+        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(open_err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(open_err)?;
         let conn = Connection::open(&path).map_err(|source| StoreError::Open { path: path.clone(), source })?;
         let setup = || -> rusqlite::Result<()> {
             conn.busy_timeout(Duration::from_secs(5))?;
@@ -163,8 +226,8 @@ impl Store {
                 "INSERT INTO evidence (ts_unix_ns, destination, role, kind, event) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
             let mut vol_stmt = tx.prepare_cached(
-                "INSERT INTO volume (minute, destination, role, connections) VALUES (?1, ?2, ?3, 1)
-                 ON CONFLICT (minute, destination, role) DO UPDATE SET connections = connections + 1",
+                "INSERT INTO volume (minute, destination, role, connections) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (minute, destination, role) DO UPDATE SET connections = connections + ?4",
             )?;
             let mut ch_stmt =
                 tx.prepare_cached("INSERT INTO changes (ts_unix_ns, destination, change) VALUES (?1, ?2, ?3)")?;
@@ -183,8 +246,16 @@ impl Store {
                             ])?;
                             n += 1;
                         } else if ev.kind == EventKind::Established {
-                            vol_stmt.execute(params![ts / 60_000_000_000, addr.to_string(), role.as_str()])?;
+                            vol_stmt.execute(params![ts / 60_000_000_000, addr.to_string(), role.as_str(), 1])?;
                         }
+                    }
+                    Record::Volume { minute, destination, role, connections } => {
+                        vol_stmt.execute(params![
+                            i64::try_from(*minute).unwrap_or(i64::MAX),
+                            destination,
+                            role.as_str(),
+                            i64::try_from(*connections).unwrap_or(i64::MAX)
+                        ])?;
                     }
                     Record::Change(c) => {
                         let ts = i64::try_from(c.ts_unix_ns).unwrap_or(i64::MAX);
@@ -202,8 +273,20 @@ impl Store {
     pub fn events(&self, destination: Option<&str>, since_ns: u64) -> Result<Vec<SockEvent>, StoreError> {
         let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
         let mut out = Vec::new();
+        let mut bad = 0u64;
         let mut push = |json: String| -> Result<(), StoreError> {
-            out.push(serde_json::from_str(&json)?);
+            match serde_json::from_str(&json) {
+                Ok(ev) => out.push(ev),
+                Err(e) => {
+                    if bad == 0 {
+                        warn!(
+                            "evidence store {}: skipping a stored event that does not decode: {e}",
+                            self.path.display()
+                        );
+                    }
+                    bad += 1;
+                }
+            }
             Ok(())
         };
         if let Some(d) = destination {
@@ -220,6 +303,9 @@ impl Store {
                 push(row?)?;
             }
         }
+        if bad > 1 {
+            warn!("evidence store {}: skipped {bad} stored events that do not decode", self.path.display());
+        }
         Ok(out)
     }
 
@@ -232,7 +318,12 @@ impl Store {
         let rows = stmt.query_map(params![destination, since], |r| r.get::<_, String>(0))?;
         let mut out = Vec::new();
         for r in rows {
-            out.push(serde_json::from_str(&r?)?);
+            match serde_json::from_str(&r?) {
+                Ok(c) => out.push(c),
+                Err(e) => {
+                    warn!("evidence store {}: skipping a stored change that does not decode: {e}", self.path.display());
+                }
+            }
         }
         Ok(out)
     }
@@ -278,16 +369,29 @@ impl Store {
         // Oldest tenth at a time until under the limit.
         let mut rounds = 0;
         while self.size_bytes()? > limits.max_bytes && rounds < 64 {
-            let total = self.count()?;
-            if total == 0 {
+            // Every table counts toward the limit: the oldest tenth of each.
+            let mut deleted = 0;
+            for (table, order) in
+                [("evidence", "ts_unix_ns, id"), ("changes", "ts_unix_ns, id"), ("volume", "minute, destination, role")]
+            {
+                let total: i64 = self.conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?;
+                if total == 0 {
+                    continue;
+                }
+                let n = self.conn.execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} ORDER BY {order} LIMIT ?1)"
+                    ),
+                    [(total / 10).max(1)],
+                )?;
+                if table == "evidence" {
+                    pruned.by_size += n as u64;
+                }
+                deleted += n;
+            }
+            if deleted == 0 {
                 break;
             }
-            let chunk = (total / 10).max(1);
-            let n = self.conn.execute(
-                "DELETE FROM evidence WHERE id IN (SELECT id FROM evidence ORDER BY ts_unix_ns, id LIMIT ?1)",
-                [i64::try_from(chunk).unwrap_or(i64::MAX)],
-            )?;
-            pruned.by_size += n as u64;
             self.compact()?;
             rounds += 1;
         }

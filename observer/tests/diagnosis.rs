@@ -13,12 +13,12 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use common::{
-    gaps, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING, OBSERVER,
-    RECONNECTING_CLIENT,
+    gaps, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING, IDLE_POOL,
+    OBSERVER, RECONNECTING_CLIENT,
 };
 use observer::{
-    aggregate::{DestinationRow, FailureMode, Verdict, VerdictEvidence},
-    event::Role,
+    aggregate::{Aggregator, Config, DestinationRow, FailureMode, Verdict, VerdictEvidence},
+    event::{EventKind, Outcome, Role, SockEvent},
 };
 
 fn wait_all(children: Vec<Child>) -> Result<()> {
@@ -69,7 +69,44 @@ fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &st
     }
     // Server-side rows see the same traffic; compare everything.
     assert_eq!(live, offline, "observer analyze differs from the live daemon");
+    for r in live.iter().filter(|r| r.role == Role::Client && r.verdict == Verdict::Mismatch) {
+        let n = time_to_diagnosis(recording, &r.destination)?;
+        eprintln!(
+            "MEASURED time to diagnosis for {}: {n} failed reuses before the verdict was mismatch and held",
+            r.destination
+        );
+    }
     Ok(())
+}
+
+/// Failed reuses the pool suffered until the destination's verdict became
+/// `mismatch` and then held to the end, replaying the recording event by
+/// event as the live daemon saw it.
+fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
+    let text = std::fs::read_to_string(recording)?;
+    let mut agg = Aggregator::new(Config::default());
+    let (mut failures, mut at) = (0, None);
+    for line in text.lines() {
+        let e: SockEvent = serde_json::from_str(line)?;
+        agg.ingest(&e);
+        if e.kind == EventKind::Reuse
+            && e.role == Role::Client
+            && e.remote.to_string() == dest
+            && e.outcome.is_some_and(Outcome::is_failure)
+        {
+            failures += 1;
+        }
+        let right = agg
+            .rows(e.ts_unix_ns)
+            .iter()
+            .any(|r| r.destination == dest && r.role == Role::Client && r.verdict == Verdict::Mismatch);
+        match (right, at) {
+            (true, None) => at = Some(failures),
+            (false, Some(_)) => at = None,
+            _ => {}
+        }
+    }
+    at.with_context(|| format!("{dest} was never diagnosed"))
 }
 
 fn summary(name: &str, t: f64, r: &DestinationRow) {
@@ -266,30 +303,6 @@ fn silent_drop_path_diagnosed() -> Result<()> {
     routed_scenario("ddrop", "drop", true, 3.0, FailureMode::SilentDrop)
 }
 
-/// 20 pooled connections, last used 0.3 s apart: `python3 POOL HOST PORT N
-/// WAIT` prints `ready` once all are idle, reuses each after WAIT s and
-/// prints one result per connection.
-const IDLE_POOL: &str = r#"
-import socket, sys, time
-host, port, n, wait = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-socks = []
-for k in range(n):
-    s = socket.create_connection((host, port), timeout=5)
-    s.sendall(b"hi"); s.recv(100)
-    socks.append(s)
-    time.sleep(0.3)
-print("ready", flush=True)
-time.sleep(wait)
-res = []
-for s in socks:
-    try:
-        s.sendall(b"again")
-        res.append("ok" if s.recv(100) else "eof")
-    except OSError:
-        res.append("error")
-print(" ".join(res), flush=True)
-"#;
-
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
@@ -299,7 +312,8 @@ fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
     let server = start_server(&topo.ns, topo.server, &serve)?;
     let daemon = Daemon::start(&[])?;
     let pool = script(IDLE_POOL)?;
-    let client = topo.ns.spawn(topo.client, &format!("python3 {} {} 9002 20 10", pool.display(), topo.server_v4))?;
+    let client =
+        topo.ns.spawn(topo.client, &format!("python3 {} {} 9002 20 10 0.3", pool.display(), topo.server_v4))?;
     // All 20 are idle (ages 0.3 s apart) by about 6 s: restart the server.
     std::thread::sleep(Duration::from_secs(8));
     drop(server);

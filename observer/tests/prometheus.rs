@@ -1,5 +1,8 @@
 //! End to end with a real Prometheus (root): run the FIN scenario (nginx,
-//! `keepalive_timeout 2s`) under the daemon, let a Prometheus on loopback
+//! `keepalive_timeout 2s`, whose server row shows clients reusing past its
+//! idle timeout), requests a server kills at 2 s beside requests we give up
+//! on at 1 s (the deadline panels), and a backend restart under six idle
+//! pooled connections under the daemon, let a Prometheus on loopback
 //! scrape it every second, then evaluate every PromQL expression of
 //! `dashboards/*.json` through Prometheus' HTTP API and check each returns
 //! data without errors, and that the path idle timeout brackets 2 s.
@@ -13,8 +16,24 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{gaps, script, start_nginx, Daemon, Killed, Topology, HTTP_RECONNECTING};
+use common::{
+    gaps, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING, IDLE_POOL,
+    KILLING_SERVER, ONE_REQUEST_CLIENT,
+};
 use serde_json::Value;
+
+/// Three connections a pool closes after 1.5 s idle: `python3 POOL_CLOSER HOST PORT`.
+const POOL_CLOSER: &str = r#"
+import socket, sys, threading, time
+def closer():
+    s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+    s.sendall(b"hi"); s.recv(100)
+    time.sleep(1.5)
+    s.close()
+ts = [threading.Thread(target=closer) for _ in range(3)]
+for t in ts: t.start()
+for t in ts: t.join()
+"#;
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
@@ -65,6 +84,7 @@ fn scalar(v: &Value) -> Option<f64> {
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+#[allow(clippy::too_many_lines, reason = "one scenario, then every panel")]
 fn dashboards_query_real_prometheus() -> Result<()> {
     let topo = Topology::pair("prom")?;
     let dir = tempfile::tempdir()?;
@@ -92,6 +112,29 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     for g in gaps(2.0, 4) {
         children.push(topo.ns.spawn(topo.client, &format!("python3 {} {} 8080 {g}", http.display(), topo.server_v4))?);
     }
+    // Deadlines: the server kills requests at 2 s; some clients give up at 1 s.
+    let killing = script(KILLING_SERVER)?;
+    let _killer =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9003 2", killing.display(), topo.server_v4))?;
+    let one = script(ONE_REQUEST_CLIENT)?;
+    for timeout in ["10", "1"] {
+        children.push(
+            topo.ns.spawn(topo.client, &format!("python3 {} {} 9003 3 {timeout}", one.display(), topo.server_v4))?,
+        );
+    }
+    // A restart: six pooled connections idle 1.5 to 4 s when the server dies.
+    let echo = script(ECHO_SERVER)?;
+    let serve = format!("python3 -u {} {} 9004", echo.display(), topo.server_v4);
+    let backend = start_server(&topo.ns, topo.server, &serve)?;
+    let pool = script(IDLE_POOL)?;
+    children.push(topo.ns.spawn(topo.client, &format!("python3 {} {} 9004 6 3 0.5", pool.display(), topo.server_v4))?);
+    std::thread::sleep(Duration::from_secs(4));
+    drop(backend);
+    let _backend = start_server(&topo.ns, topo.server, &serve)?;
+    // A pool with its own 1.5 s idle timeout (the pool gauge).
+    let _echo = start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9005", echo.display(), topo.server_v4))?;
+    let closer = script(POOL_CLOSER)?;
+    children.push(topo.ns.spawn(topo.client, &format!("python3 {} {} 9005", closer.display(), topo.server_v4))?);
     for c in children {
         let out = c.wait_with_output()?;
         ensure!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
@@ -99,9 +142,12 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     // Wait until Prometheus has scraped the scenario's results a few times.
     let deadline = Instant::now() + Duration::from_mins(1);
     loop {
-        let ok = query(&prom_addr, "count(observer_path_idle_timeout_seconds{bound=\"point\"})")
-            .ok()
-            .and_then(|v| scalar(&v));
+        let ok = query(
+            &prom_addr,
+            "count(observer_path_idle_timeout_seconds{bound=\"point\"}) * count(observer_peer_restarts_total) * count(observer_request_timeout_seconds)",
+        )
+        .ok()
+        .and_then(|v| scalar(&v));
         let scrapes = query(&prom_addr, "count_over_time(up{job=\"observer\"}[1m])").ok().and_then(|v| scalar(&v));
         if ok.is_some_and(|n| n >= 1.0) && scrapes.is_some_and(|n| n >= 5.0) {
             break;

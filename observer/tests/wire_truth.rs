@@ -8,7 +8,9 @@ mod common;
 use std::{net::SocketAddr, path::PathBuf, sync::OnceLock, time::Duration};
 
 use anyhow::{ensure, Context as _, Result};
-use common::{script, sh, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER};
+use common::{
+    script, sh, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, KILLING_SERVER, ONE_REQUEST_CLIENT,
+};
 use observer::event::{EventKind, How, Outcome, Role, SockEvent};
 
 /// Events of one socket, by its local address.
@@ -178,24 +180,6 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
     Ok(())
 }
 
-/// A server that reads a request and closes `delay` seconds later without
-/// answering (a worker killed at its request timeout):
-/// `python3 KILLING_SERVER HOST PORT DELAY`.
-const KILLING_SERVER: &str = r#"
-import socket, sys, threading, time
-host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(64)
-print("ready", flush=True)
-def serve(c):
-    c.recv(4096)
-    time.sleep(delay)
-    c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
 /// A server that answers each request `delay` seconds late:
 /// `python3 SLOW_SERVER HOST PORT DELAY`.
 const SLOW_SERVER: &str = r#"
@@ -221,24 +205,6 @@ def serve(c):
 while True:
     c, _ = s.accept()
     threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
-/// Fresh connections, one request each, read with a timeout; prints
-/// `ip port` and then `ok`/`eof`/`timeout` per connection:
-/// `python3 ONE_REQUEST_CLIENT HOST PORT COUNT READ_TIMEOUT`.
-const ONE_REQUEST_CLIENT: &str = r#"
-import socket, sys
-host, port, count, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-for _ in range(count):
-    s = socket.create_connection((host, port), timeout=5)
-    s.settimeout(timeout)
-    s.sendall(b"request")
-    try:
-        r = "ok" if s.recv(100) else "eof"
-    except socket.timeout:
-        r = "timeout"
-    print(s.getsockname()[0], s.getsockname()[1], flush=True)
-    s.close()
 "#;
 
 /// One request per fresh connection to a server that gives up after (or

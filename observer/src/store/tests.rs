@@ -143,3 +143,92 @@ fn schema_mismatch_is_a_clear_error() {
     let Err(e) = Store::open(dir.path()) else { panic!("must fail") };
     assert!(e.to_string().contains("schema version 99"), "{e}");
 }
+
+#[test]
+fn connection_storms_become_one_record_per_minute() {
+    let mut v = Volume::default();
+    let mut out = Vec::new();
+    for k in 0..100_000u64 {
+        out.extend(v.add(&ev(T0 + k * 1_000_000, EventKind::Established, 0.0, None)));
+    }
+    // 100 s of connections at 1 kHz: one record for each finished minute.
+    out.extend(v.flush());
+    let minutes: Vec<u64> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::Volume { minute, connections, .. } => Some(*minute * 1_000_000 + *connections),
+            _ => None,
+        })
+        .collect();
+    assert!(minutes.len() <= 3, "{} records", minutes.len());
+    let total: u64 = out
+        .iter()
+        .map(|r| match r {
+            Record::Volume { connections, .. } => *connections,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(total, 100_000);
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    store.insert(&out).unwrap();
+    let vol: u64 = store.volume("10.0.0.2:443", 0).unwrap().iter().map(|(_, c)| c).sum();
+    assert_eq!(vol, 100_000);
+}
+
+#[test]
+fn a_bad_row_is_skipped_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    store.insert(&scenario()).unwrap();
+    store
+        .conn
+        .execute(
+            "INSERT INTO evidence (ts_unix_ns, destination, role, kind, event) VALUES (?1, '10.0.0.2:443', 'client', 'reuse', '{not json')",
+            [i64::try_from(T0).unwrap()],
+        )
+        .unwrap();
+    store
+        .conn
+        .execute("INSERT INTO changes (ts_unix_ns, destination, change) VALUES (1, '10.0.0.2:443', 'garbage')", [])
+        .unwrap();
+    let events = store.events(None, 0).unwrap();
+    assert_eq!(events.len(), 45, "every good row, the bad one skipped");
+    assert!(store.changes("10.0.0.2:443", 0).unwrap().is_empty());
+}
+
+#[test]
+fn files_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut store = Store::open(&data).unwrap();
+    store.insert(&scenario()).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&data.join(DB_FILE)), 0o600);
+    let wal = data.join(DB_FILE).with_extension("sqlite-wal");
+    assert!(wal.exists());
+    assert_eq!(mode(&wal), 0o600, "SQLite gives the WAL the database file's mode");
+}
+
+#[test]
+fn every_table_counts_toward_the_size_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    // Volume only: 30,000 destination-minutes and no evidence at all.
+    let batch: Vec<Record> = (0..30_000u64)
+        .map(|k| Record::Volume {
+            minute: T0 / (60 * S) + k / 100,
+            destination: format!("10.{}.{}.1:443", k % 100, k / 1000),
+            role: Role::Client,
+            connections: 1,
+        })
+        .collect();
+    store.insert(&batch).unwrap();
+    store.compact().unwrap();
+    let before = store.size_bytes().unwrap();
+    let limit = 256 * 1024;
+    assert!(before > limit, "the test needs more than the limit ({before})");
+    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    assert!(store.size_bytes().unwrap() <= limit);
+}

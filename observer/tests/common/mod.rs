@@ -561,3 +561,63 @@ pub fn start_nginx_with(
     }
     Ok(nginx)
 }
+
+/// A server that reads a request and closes `delay` seconds later without
+/// answering (a worker killed at its request timeout):
+/// `python3 KILLING_SERVER HOST PORT DELAY`.
+pub const KILLING_SERVER: &str = r#"
+import socket, sys, threading, time
+host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    c.recv(4096)
+    time.sleep(delay)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Fresh connections, one request each, read with a timeout; prints
+/// `ip port` and then `ok`/`eof`/`timeout` per connection:
+/// `python3 ONE_REQUEST_CLIENT HOST PORT COUNT READ_TIMEOUT`.
+pub const ONE_REQUEST_CLIENT: &str = r#"
+import socket, sys
+host, port, count, timeout = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+for _ in range(count):
+    s = socket.create_connection((host, port), timeout=5)
+    s.settimeout(timeout)
+    s.sendall(b"request")
+    try:
+        r = "ok" if s.recv(100) else "eof"
+    except socket.timeout:
+        r = "timeout"
+    print(s.getsockname()[0], s.getsockname()[1], flush=True)
+    s.close()
+"#;
+
+/// Pooled connections, last used SPACING s apart: `python3 IDLE_POOL HOST
+/// PORT N WAIT SPACING` prints `ready` once all are idle, reuses each after
+/// WAIT s and prints one result per connection.
+pub const IDLE_POOL: &str = r#"
+import socket, sys, time
+host, port, n, wait, spacing = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+socks = []
+for k in range(n):
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(b"hi"); s.recv(100)
+    socks.append(s)
+    time.sleep(spacing)
+print("ready", flush=True)
+time.sleep(wait)
+res = []
+for s in socks:
+    try:
+        s.sendall(b"again")
+        res.append("ok" if s.recv(100) else "eof")
+    except OSError:
+        res.append("error")
+print(" ".join(res), flush=True)
+"#;

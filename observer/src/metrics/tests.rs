@@ -1,0 +1,133 @@
+use super::*;
+use crate::{
+    aggregate::{Aggregator, Config},
+    event::{How, Outcome, Role},
+};
+
+fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> SockEvent {
+    let mut e = SockEvent::new(
+        1_700_000_000_000_000_000,
+        kind,
+        Role::Client,
+        "10.0.0.1:40000".parse().unwrap(),
+        remote.parse().unwrap(),
+        idle,
+    );
+    e.comm = "curl".into();
+    e.outcome = outcome;
+    e.elapsed_seconds = outcome.map(|_| 0.001);
+    e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+    e
+}
+
+fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
+    agg.ingest(e);
+    let label = agg.label_of(e);
+    m.observe(e, label.as_deref());
+}
+
+#[test]
+fn exposition_lines_for_known_events() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:443";
+    feed(&m, &mut agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
+    feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+    for idle in [60.0, 60.1, 59.9] {
+        feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
+    }
+    feed(&m, &mut agg, &ev(EventKind::Established, 0.0, None, d));
+    m.lost(reason::RING_BUFFER_FULL, 3);
+    m.reuses_unresolved(2);
+    m.set_tracked_sockets(42);
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    for line in [
+        "# TYPE observer_reuse_idle_seconds histogram",
+        "# UNIT observer_reuse_idle_seconds seconds",
+        r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="30.0",destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="15.0",destination="10.0.0.2:443",role="client",outcome="ok"} 0"#,
+        r#"observer_reuse_idle_seconds_bucket{le="75.0",destination="10.0.0.2:443",role="client",outcome="reset"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="60.0",destination="10.0.0.2:443",role="client",outcome="reset"} 0"#,
+        r#"observer_peer_idle_close_seconds_count{destination="10.0.0.2:443",role="client",how="fin"} 3"#,
+        r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="lower"} 30.0"#,
+        r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="upper"} 59.9"#,
+        r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="point"} 60.0"#,
+        r#"observer_recommended_pool_idle_timeout_seconds{destination="10.0.0.2:443",role="client"} 48.0"#,
+        r#"observer_mismatch{destination="10.0.0.2:443",role="client",failure_mode="fin"} 1"#,
+        r#"observer_at_risk_idle_sockets{destination="10.0.0.2:443",role="client"} 0"#,
+        r#"observer_events_total{kind="reuse"} 2"#,
+        r#"observer_events_total{kind="peer_close_while_idle"} 3"#,
+        r#"observer_events_total{kind="established"} 1"#,
+        r#"observer_events_lost_total{reason="ring_buffer_full"} 3"#,
+        r#"observer_events_lost_total{reason="socket_table_full"} 0"#,
+        "observer_tracked_sockets 42",
+        "observer_reuses_unresolved_total 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
+    }
+    assert!(!text.contains("observer_pool_idle_timeout_seconds{"), "no pool evidence, no gauge:\n{text}");
+    for b in ["1.0", "350.0", "1200.0", "3600.0", "+Inf"] {
+        assert!(text.contains(&format!("le=\"{b}\"")), "bucket {b}");
+    }
+}
+
+#[test]
+fn cardinality_cap_holds_with_1200_destinations() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
+    for k in 0..1200u32 {
+        let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
+        feed(&m, &mut agg, &ev(EventKind::Reuse, 2.0, Some(Outcome::Ok), &remote));
+    }
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    let dests: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("observer_reuse_idle_seconds_count{"))
+        .filter_map(|l| l.split("destination=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(dests.len(), 1001, "1000 destinations plus other");
+    assert!(dests.contains("other"));
+    assert!(text.contains(r#"observer_reuse_idle_seconds_count{destination="other",role="client",outcome="ok"} 200"#));
+}
+
+#[test]
+fn deadlines_server_rows_and_forgetting() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config { window_ns: 60_000_000_000, ..Config::default() });
+    let d = "10.0.0.3:80";
+    for k in 0..3u32 {
+        let mut a = ev(EventKind::RequestAborted, 0.0, None, d);
+        a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+        feed(&m, &mut agg, &a);
+    }
+    let mut late = ev(EventKind::LateReuse, 2.0, None, "10.0.0.9:5000");
+    late.role = Role::Server;
+    late.local = "10.0.0.1:8080".parse().unwrap();
+    late.elapsed_seconds = Some(1.0);
+    feed(&m, &mut agg, &late);
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    for line in [
+        r#"observer_peer_request_deadline_seconds{destination="10.0.0.3:80",role="client"} 3.001"#,
+        r#"observer_late_reuses_total{destination="10.0.0.1:8080",role="server"} 1"#,
+        r#"observer_client_max_reuse_idle_seconds{destination="10.0.0.1:8080",role="server"} 3.0"#,
+        r#"observer_mismatch{destination="10.0.0.1:8080",role="server",failure_mode="none"} 1"#,
+        "observer_destinations_evicted_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
+    }
+    // Two minutes later both rows have left the 60 s window.
+    let rows = agg.rows(agg.latest_ns() + 120_000_000_000);
+    assert!(rows.is_empty());
+    m.forget(&agg.take_gone());
+    m.set_estimates(&rows);
+    let text = m.encode();
+    assert!(!text.contains("10.0.0.1:8080"), "{text}");
+    assert!(text.lines().any(|l| l == "observer_destinations_evicted_total 2"), "{text}");
+}

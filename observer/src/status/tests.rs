@@ -1,0 +1,59 @@
+use super::*;
+
+const RECORDING: &str = r#"{"ts_unix_ns":1700000000000000000,"kind":"reuse","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":1.5,"outcome":"ok","elapsed_seconds":0.001,"retransmits":0,"safe_to_retry":false,"how":null,"request_outstanding":false,"peer_closed_first":false,"preexisting":false,"sock_id":1}
+{"ts_unix_ns":1700000002000000000,"kind":"peer_close_while_idle","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":2.0,"how":"fin"}
+
+{"ts_unix_ns":1700000003000000000,"kind":"reuse","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":2.5,"outcome":"reset","elapsed_seconds":0.001,"retransmits":0,"safe_to_retry":true,"how":"rst"}
+"#;
+
+#[test]
+fn analyze_a_recording() {
+    let events = read_recording(RECORDING.as_bytes()).unwrap();
+    assert_eq!(events.len(), 3);
+    let rows = analyze(&events, Config::default());
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    assert_eq!(r.destination, "10.0.0.2:80");
+    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (1.5, Some(2.0)));
+    assert_eq!(r.verdict.as_str(), "mismatch");
+    assert_eq!(r.failure_mode.as_str(), "fin");
+    let table = render_table(&rows);
+    assert!(table.contains("10.0.0.2:80"), "{table}");
+    assert!(table.contains("[1.500, 2.000s]"), "{table}");
+    assert!(table.contains("mismatch"), "{table}");
+    assert!(table.contains("1.200s"), "0.8 x the 1.5 s proven to survive: {table}");
+}
+
+#[test]
+fn malformed_recording_names_the_line() {
+    let bad = format!("{}\n{{\"kind\": 3}}\n", RECORDING.lines().next().unwrap());
+    let err = read_recording(bad.as_bytes()).unwrap_err().to_string();
+    assert!(err.starts_with("line 2:"), "{err}");
+    let err = read_recording("not json\n".as_bytes()).unwrap_err().to_string();
+    assert!(err.contains("line 1") && err.contains("observer run --record"), "{err}");
+}
+
+#[test]
+fn status_json_has_the_documented_fields() {
+    let rows = analyze(&read_recording(RECORDING.as_bytes()).unwrap(), Config::default());
+    let v = serde_json::to_value(&rows).unwrap();
+    let obj = v[0].as_object().unwrap();
+    for f in [
+        "destination",
+        "role",
+        "failure_mode",
+        "path_idle_timeout_seconds",
+        "path_idle_timeout_lower_seconds",
+        "path_idle_timeout_upper_seconds",
+        "pool_idle_timeout_seconds",
+        "verdict",
+        "recommended_pool_idle_timeout_seconds",
+        "reuses",
+        "failures",
+        "at_risk_idle_sockets",
+    ] {
+        assert!(obj.contains_key(f), "missing {f}");
+    }
+    assert!(obj["path_idle_timeout_seconds"].is_null());
+    assert_eq!(obj["recommended_pool_idle_timeout_seconds"].as_f64(), Some(1.2));
+}

@@ -1,0 +1,328 @@
+//! End-to-end tests of the verdict rules on real traffic (root, real
+//! kernel): evidence that survives a flood of successes, expiry with a
+//! small `--window`, and observed request deadlines checked by
+//! `observer path check --observed`.
+#![allow(clippy::float_cmp, reason = "unchanged bounds are the same stored observations")]
+
+mod common;
+
+use std::{process::Command, time::Duration};
+
+use anyhow::{ensure, Context as _, Result};
+use common::{
+    script, start_nginx, start_server, Daemon, Topology, HTTP_RECONNECTING, KILLING_SERVER, OBSERVER,
+    ONE_REQUEST_CLIENT,
+};
+use observer::{
+    aggregate::{DestinationRow, Verdict},
+    event::Role,
+};
+
+/// `python3 HTTP_LOAD HOST PORT CONNS COUNT GAP`: CONNS keep-alive
+/// connections in parallel, COUNT requests each, GAP s apart; prints the
+/// number of answered requests.
+const HTTP_LOAD: &str = r#"
+import http.client, sys, threading, time
+host, port, conns, count, gap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
+done = []
+def run():
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    n = 0
+    for _ in range(count):
+        c.request("GET", "/")
+        r = c.getresponse()
+        r.read()
+        n += 1
+        time.sleep(gap)
+    c.close()
+    done.append(n)
+ts = [threading.Thread(target=run) for _ in range(conns)]
+for t in ts: t.start()
+for t in ts: t.join()
+print(sum(done), flush=True)
+"#;
+
+fn client_row(rows: &[DestinationRow], dest: &str) -> Result<DestinationRow> {
+    rows.iter()
+        .find(|r| r.destination == dest && r.role == Role::Client)
+        .cloned()
+        .with_context(|| format!("no client row for {dest}: {rows:#?}"))
+}
+
+fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
+    // Held peer closes become evidence after 1 s; let the last events drain.
+    std::thread::sleep(Duration::from_millis(1500));
+    daemon.status()
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
+    let topo = Topology::pair("vburst")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = start_nginx(&topo, dir.path(), 3)?;
+    // Reuses count from 50 ms of silence, so the flood below is reuses.
+    let daemon = Daemon::start(&["--min-idle", "50ms"])?;
+    let dest = format!("{}:8080", topo.server_v4);
+    // The burst: 8 pools reuse once at 2 s (fine) and once at 3.5 s, after
+    // nginx's 3 s keep-alive closed the connection.
+    let http = script(HTTP_RECONNECTING)?;
+    let burst: Vec<_> = (0..8)
+        .map(|_| topo.ns.spawn(topo.client, &format!("python3 {} {} 8080 2.0,3.5", http.display(), topo.server_v4)))
+        .collect::<Result<_>>()?;
+    for c in burst {
+        let out = c.wait_with_output()?;
+        ensure!(out.status.success(), "burst client: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let before = client_row(&settle(&daemon)?, &dest)?;
+    ensure!(before.failures_window >= 8 && before.verdict == Verdict::Mismatch, "the burst: {before:#?}");
+    // The flood: 40 connections x 260 requests, 60 ms apart.
+    let load = script(HTTP_LOAD)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 40 260 0.06", load.display(), topo.server_v4))?;
+    ensure!(out.trim() == "10400", "answered: {out}");
+    let after = client_row(&settle(&daemon)?, &dest)?;
+    eprintln!(
+        "MEASURED burst then flood: before [{}, {:?}] point {:?} failures {} verdict {}; after [{}, {:?}] point {:?} failures {} reuses {} verdict {} evidence_bytes {}",
+        before.path_idle_timeout_lower_seconds,
+        before.path_idle_timeout_upper_seconds,
+        before.path_idle_timeout_seconds,
+        before.failures_window,
+        before.verdict.as_str(),
+        after.path_idle_timeout_lower_seconds,
+        after.path_idle_timeout_upper_seconds,
+        after.path_idle_timeout_seconds,
+        after.failures_window,
+        after.reuses_window,
+        after.verdict.as_str(),
+        after.evidence_bytes
+    );
+    assert!(after.reuses_window >= before.reuses_window + 10_000, "{after:#?}");
+    assert_eq!(after.failures_window, before.failures_window, "no failure evicted");
+    assert_eq!(after.path_idle_timeout_upper_seconds, before.path_idle_timeout_upper_seconds);
+    assert_eq!(after.path_idle_timeout_lower_seconds, before.path_idle_timeout_lower_seconds);
+    assert_eq!(after.path_idle_timeout_seconds, before.path_idle_timeout_seconds);
+    assert_eq!(after.verdict, Verdict::Mismatch);
+    assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
+    assert!(after.evidence_bytes <= observer::evidence::MAX_BYTES, "{} bytes", after.evidence_bytes);
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn rows_and_gauges_expire_with_a_small_window() -> Result<()> {
+    let topo = Topology::pair("vwin")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = start_nginx(&topo, dir.path(), 2)?;
+    let daemon = Daemon::start(&["--window", "6s"])?;
+    let dest = format!("{}:8080", topo.server_v4);
+    let http = script(HTTP_RECONNECTING)?;
+    // Reuses at 1.2 s (fine) and 2.5 s (after nginx's 2 s close).
+    topo.ns.exec(topo.client, &format!("python3 {} {} 8080 1.2,2.5,2.5,2.5", http.display(), topo.server_v4))?;
+    let rows = settle(&daemon)?;
+    let row = client_row(&rows, &dest)?;
+    ensure!(row.path_idle_timeout_upper_seconds.is_some(), "{row:#?}");
+    let addr = daemon.http_addr()?;
+    let metrics = || -> Result<String> {
+        Ok(String::from_utf8(observer::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?)
+    };
+    let text = metrics()?;
+    let gauge = format!("observer_path_idle_timeout_seconds{{destination=\"{dest}\"");
+    ensure!(text.contains(&gauge), "{text}");
+    // 6 s window plus one slice (0.5 s) and the last events' age.
+    std::thread::sleep(Duration::from_secs(8));
+    let rows = daemon.status()?;
+    assert!(rows.iter().all(|r| r.destination != dest), "the row expired: {rows:#?}");
+    let text = metrics()?;
+    assert!(!text.contains(&gauge), "the gauges went with the row:\n{text}");
+    assert!(!text.contains(&format!("destination=\"{dest}\"")), "and every series of the row:\n{text}");
+    let evicted = text
+        .lines()
+        .find_map(|l| l.strip_prefix("observer_destinations_evicted_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .context("observer_destinations_evicted_total")?;
+    assert!(evicted >= 1.0, "{evicted}");
+    eprintln!("MEASURED small window: row and its series gone 8 s after the last event; evicted_total {evicted}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn observed_deadlines_and_the_staircase() -> Result<()> {
+    let topo = Topology::pair("vdead")?;
+    let killing = script(KILLING_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9003 3", killing.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(ONE_REQUEST_CLIENT)?;
+    // Patient clients see the server give up at 3 s; impatient ones give
+    // up themselves at 2 s.
+    topo.ns.exec(topo.client, &format!("python3 {} {} 9003 3 10", client.display(), topo.server_v4))?;
+    topo.ns.exec(topo.client, &format!("python3 {} {} 9003 3 2", client.display(), topo.server_v4))?;
+    let dest = format!("{}:9003", topo.server_v4);
+    let row = client_row(&settle(&daemon)?, &dest)?;
+    eprintln!(
+        "MEASURED deadlines: peer_request_deadline {:?} ({} aborted), request_timeout {:?} ({} timed out), verdict {}",
+        row.peer_request_deadline_seconds,
+        row.requests_aborted_window,
+        row.request_timeout_seconds,
+        row.request_timeouts_window,
+        row.verdict.as_str()
+    );
+    let peer = row.peer_request_deadline_seconds.context("the server's 3 s deadline")?;
+    let ours = row.request_timeout_seconds.context("our 2 s read timeout")?;
+    assert!((peer - 3.0).abs() < common::tolerance(0.1), "{peer}");
+    assert!((ours - 2.0).abs() < common::tolerance(0.1), "{ours}");
+    assert_ne!(row.verdict, Verdict::Mismatch, "deadlines are no idle evidence: {row:#?}");
+    // The path file declares the partner's deadline as 10 s.
+    let dir = tempfile::tempdir()?;
+    let f = dir.path().join("path.toml");
+    std::fs::write(
+        &f,
+        format!("[[hop]]\nname = \"client\"\nclient = true\ndeadline = \"30s\"\n\n[[hop]]\nname = \"partner\"\ndeadline = \"10s\"\naddress = \"{dest}\"\n"),
+    )?;
+    let out = Command::new(OBSERVER)
+        .args(["path", "check", "--observed", "--addr", &daemon.http_addr()?])
+        .arg(&f)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(text.contains("[observed_deadline]") && text.contains("aborted requests after 3"), "{text}");
+    assert!(text.contains("[observed_deadline_staircase]") && text.contains("client gives up"), "{text}");
+    eprintln!("MEASURED path --observed deadlines:\n{text}");
+    Ok(())
+}
+
+/// An echo server that resets a connection (`SO_LINGER` 0) whose request
+/// contains `reset`: `python3 STRAY_SERVER HOST PORT`.
+const STRAY_SERVER: &str = r#"
+import socket, struct, sys, threading
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    while True:
+        try:
+            d = c.recv(4096)
+        except OSError:
+            break
+        if not d:
+            break
+        if b"reset" in d:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// One destination, three clients: a pool reusing after 2, 2.5 and 3 s
+/// (fine), a pool that closes its idle connections after 1.5 s (three of
+/// them), and one stray reset on a reuse after 1.1 s:
+/// `python3 HEALTHY_POOLS HOST PORT`.
+const HEALTHY_POOLS: &str = r#"
+import socket, sys, threading, time
+host, port = sys.argv[1], int(sys.argv[2])
+def conn():
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(b"hello"); s.recv(100)
+    return s
+def reuser():
+    s = conn()
+    for gap in (2.0, 2.5, 3.0, 2.2, 2.8):
+        time.sleep(gap)
+        s.sendall(b"again"); assert s.recv(100)
+    s.close()
+def closer():
+    s = conn()
+    time.sleep(1.5)
+    s.close()
+ts = [threading.Thread(target=reuser)] + [threading.Thread(target=closer) for _ in range(3)]
+for t in ts: t.start()
+for t in ts: t.join()
+s = conn()
+time.sleep(1.1)
+s.sendall(b"reset")
+try:
+    print("stray:", "eof" if not s.recv(100) else "ok", flush=True)
+except ConnectionResetError:
+    print("stray: reset", flush=True)
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_stray_reset_keeps_an_ok_verdict() -> Result<()> {
+    let topo = Topology::pair("vstray")?;
+    let server = script(STRAY_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9004", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let pools = script(HEALTHY_POOLS)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9004", pools.display(), topo.server_v4))?;
+    ensure!(out.contains("stray: reset"), "the stray reuse must be reset: {out}");
+    let dest = format!("{}:9004", topo.server_v4);
+    let row = client_row(&settle(&daemon)?, &dest)?;
+    eprintln!(
+        "MEASURED stray reset: interval [{}, {:?}] outliers {} pool {:?} failures {} verdict {} evidence {:?}",
+        row.path_idle_timeout_lower_seconds,
+        row.path_idle_timeout_upper_seconds,
+        row.path_outliers,
+        row.pool_idle_timeout_seconds,
+        row.failures_window,
+        row.verdict.as_str(),
+        row.evidence
+    );
+    assert_eq!(row.failures_window, 1, "{row:#?}");
+    assert_eq!(row.path_outliers, 1, "{row:#?}");
+    assert_eq!(row.verdict, Verdict::Ok, "{row:#?}");
+    Ok(())
+}
+
+/// `python3 HTTP_IDLE HOST PORT N WAIT`: N keep-alive connections, one
+/// request each 0.1 s apart, then idle for WAIT s (the peer closes them).
+const HTTP_IDLE: &str = r#"
+import http.client, sys, time
+host, port, n, wait = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+cs = []
+for _ in range(n):
+    c = http.client.HTTPConnection(host, port, timeout=5)
+    c.request("GET", "/"); c.getresponse().read()
+    cs.append(c)
+    time.sleep(0.1)
+time.sleep(wait)
+"#;
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn an_l4_balancer_over_two_keepalive_timeouts_is_mixed_paths() -> Result<()> {
+    let topo = Topology::pair("vmix")?;
+    let (d2, d5) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let _short = common::start_nginx_with(&topo, d2.path(), 2, 8081, "")?;
+    let _long = common::start_nginx_with(&topo, d5.path(), 5, 8082, "")?;
+    // The balancer: port 8080 goes round-robin to the 2 s and the 5 s backend.
+    let rules = "table ip lb { chain pre { type nat hook prerouting priority dstnat; policy accept; tcp dport 8080 redirect to numgen inc mod 2 map { 0 : 8081, 1 : 8082 } } }";
+    topo.ns.exec(topo.server, &format!("nft '{rules}'"))?;
+    let daemon = Daemon::start(&[])?;
+    let idle = script(HTTP_IDLE)?;
+    topo.ns.exec(topo.client, &format!("python3 {} {} 8080 10 6.5", idle.display(), topo.server_v4))?;
+    let dest = format!("{}:8080", topo.server_v4);
+    let row = client_row(&settle(&daemon)?, &dest)?;
+    let paths: Vec<(f64, f64)> = row.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
+    eprintln!(
+        "MEASURED mixed paths: {paths:?}, point {:?}, verdict {} ({:?}), recommended {:?}",
+        row.path_idle_timeout_seconds,
+        row.verdict.as_str(),
+        row.evidence,
+        row.recommended_pool_idle_timeout_seconds
+    );
+    ensure!(paths.len() == 2, "{row:#?}");
+    assert!((paths[0].0 - 2.0).abs() < common::tolerance(0.1), "{paths:?}");
+    assert!((paths[1].0 - 5.0).abs() < common::tolerance(0.1), "{paths:?}");
+    assert!((paths[0].1 - 0.5).abs() < 0.01 && (paths[1].1 - 0.5).abs() < 0.01, "{paths:?}");
+    let rec = row.recommended_pool_idle_timeout_seconds.context("a number from the smallest")?;
+    assert!((rec - 1.6).abs() < common::tolerance(0.08), "{rec}");
+    assert_eq!(row.verdict, Verdict::Mismatch);
+    Ok(())
+}
