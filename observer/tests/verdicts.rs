@@ -302,8 +302,12 @@ fn an_l4_balancer_over_two_keepalive_timeouts_is_mixed_paths() -> Result<()> {
     let _short = common::start_nginx_with(&topo, d2.path(), 2, 8081, "")?;
     let _long = common::start_nginx_with(&topo, d5.path(), 5, 8082, "")?;
     // The balancer: port 8080 goes round-robin to the 2 s and the 5 s backend.
-    let rules = "table ip lb { chain pre { type nat hook prerouting priority dstnat; policy accept; tcp dport 8080 redirect to numgen inc mod 2 map { 0 : 8081, 1 : 8082 } } }";
-    topo.ns.exec(topo.server, &format!("nft '{rules}'"))?;
+    let rules = d2.path().join("lb.nft");
+    std::fs::write(
+        &rules,
+        "table ip lb {\n  chain pre {\n    type nat hook prerouting priority dstnat; policy accept;\n    tcp dport 8080 redirect to numgen inc mod 2 map { 0 : 8081, 1 : 8082 }\n  }\n}\n",
+    )?;
+    topo.ns.exec(topo.server, &format!("nft -f {}", rules.display()))?;
     let daemon = Daemon::start(&[])?;
     let idle = script(HTTP_IDLE)?;
     topo.ns.exec(topo.client, &format!("python3 {} {} 8080 10 6.5", idle.display(), topo.server_v4))?;
