@@ -1,6 +1,6 @@
 //! Command-line interface (clap derive). Every flag is documented in the README.
 
-use std::{path::PathBuf, time::Duration};
+use std::{fmt::Write as _, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
 
@@ -138,6 +138,47 @@ pub struct AnalyzeArgs {
     pub max_destinations: usize,
 }
 
+impl RunArgs {
+    /// The effective settings as a configuration file would write them.
+    #[must_use]
+    pub fn to_toml(&self) -> String {
+        let d = |x: Duration| format!("\"{}\"", humantime::format_duration(x));
+        let q = |x: &str| format!("{x:?}");
+        let mut lines = vec![
+            ("log-format", q(if self.log_format == LogFormat::Json { "json" } else { "text" })),
+            ("connections", self.connections.to_string()),
+            ("min-idle", d(self.min_idle)),
+            ("stall-after", d(self.stall_after)),
+            ("answer-within", d(self.answer_within)),
+            ("ring-buffer", self.ring_buffer.to_string()),
+            ("metrics-addr", q(&self.metrics_addr)),
+            ("allowed-host", format!("[{}]", self.allowed_hosts.iter().map(|h| q(h)).collect::<Vec<_>>().join(", "))),
+            ("window", d(self.window)),
+            ("max-destinations", self.max_destinations.to_string()),
+            ("data-dir", q(&self.data_dir.display().to_string())),
+            ("retention", d(self.retention)),
+            ("max-store-bytes", self.max_store_bytes.to_string()),
+        ];
+        if let Some(e) = self.events {
+            lines.insert(1, ("events", q(if e == EventsFormat::Json { "json" } else { "text" })));
+        }
+        if let Some(r) = &self.record {
+            lines.push(("record", q(&r.display().to_string())));
+        }
+        lines.iter().fold(String::new(), |mut out, (k, v)| {
+            let _ = writeln!(out, "{k} = {v}");
+            out
+        })
+    }
+}
+
+/// How the daemon writes its log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
 /// How `--events` prints events.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum EventsFormat {
@@ -170,50 +211,66 @@ fn parse_size(s: &str) -> Result<u32, String> {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
+    /// Read `run` settings from this TOML file (keys are the flags' long
+    /// names); flags and `OBSERVER_*` variables take precedence over it.
+    #[arg(long, env = "OBSERVER_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Log lines as text, or as one JSON object per line.
+    #[arg(long, value_enum, default_value = "text", env = "OBSERVER_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Print the effective settings (after flags, `OBSERVER_*` variables,
+    /// the configuration file and defaults) as TOML and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// Print each reuse outcome, peer close and local close (`text`, or `json` lines).
-    #[arg(long, value_enum, num_args = 0..=1, require_equals = true, default_missing_value = "text")]
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "text", env = "OBSERVER_EVENTS")]
     pub events: Option<EventsFormat>,
     /// Also print connection establish/close events with `--events`.
-    #[arg(long)]
+    #[arg(long, env = "OBSERVER_CONNECTIONS")]
     pub connections: bool,
     /// A write after at least this much silence is a reuse.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = parse_duration, default_value = "1s", env = "OBSERVER_MIN_IDLE")]
     pub min_idle: Duration,
     /// A reuse whose bytes were retransmitted and stay unacknowledged this
     /// long, until the socket ends, is a stall.
-    #[arg(long, value_parser = parse_duration, default_value = "1s")]
+    #[arg(long, value_parser = parse_duration, default_value = "1s", env = "OBSERVER_STALL_AFTER")]
     pub stall_after: Duration,
     /// A request with no answer within this bound is dropped as unresolved
     /// (counted) and never attributed to a later close.
-    #[arg(long, value_parser = parse_duration, default_value = "5m")]
+    #[arg(long, value_parser = parse_duration, default_value = "5m", env = "OBSERVER_ANSWER_WITHIN")]
     pub answer_within: Duration,
     /// Ignored since per-socket state moved to socket-local storage (no
     /// table to size); accepted so existing command lines keep working.
     #[arg(long, hide = true)]
     pub max_sockets: Option<u32>,
     /// Size of the kernel-to-userspace ring buffer (power of two, >= 4096).
-    #[arg(long, value_parser = parse_size, default_value = "1MiB")]
+    #[arg(long, value_parser = parse_size, default_value = "1MiB", env = "OBSERVER_RING_BUFFER")]
     pub ring_buffer: u32,
     /// Append every event to this file as JSON lines.
-    #[arg(long)]
+    #[arg(long, env = "OBSERVER_RECORD")]
     pub record: Option<PathBuf>,
-    /// Serve `GET /api/v1/destinations` and `GET /metrics` here.
-    #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
+    /// Serve `GET /api/v1/destinations`, `GET /metrics` and `GET /healthz` here.
+    #[arg(long, default_value = DEFAULT_METRICS_ADDR, env = "OBSERVER_METRICS_ADDR")]
     pub metrics_addr: String,
+    /// A host name the HTTP endpoint answers to besides IP addresses,
+    /// `localhost` and this machine's name (repeatable); other `Host`
+    /// headers get 421.
+    #[arg(long = "allowed-host", value_name = "NAME", env = "OBSERVER_ALLOWED_HOSTS", value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
     /// Evidence window of the per-destination estimates.
-    #[arg(long, value_parser = parse_duration, default_value = "24h")]
+    #[arg(long, value_parser = parse_duration, default_value = "24h", env = "OBSERVER_WINDOW")]
     pub window: Duration,
     /// Destinations with their own row and metric labels; the rest are pooled as `other`.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, env = "OBSERVER_MAX_DESTINATIONS")]
     pub max_destinations: usize,
     /// Directory of the evidence store.
-    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "OBSERVER_DATA_DIR")]
     pub data_dir: PathBuf,
     /// Stored evidence older than this is deleted.
-    #[arg(long, value_parser = parse_duration, default_value = "14days")]
+    #[arg(long, value_parser = parse_duration, default_value = "14days", env = "OBSERVER_RETENTION")]
     pub retention: Duration,
     /// The evidence store is kept below this size.
-    #[arg(long, value_parser = parse_size64, default_value = "256MiB")]
+    #[arg(long, value_parser = parse_size64, default_value = "256MiB", env = "OBSERVER_MAX_STORE_BYTES")]
     pub max_store_bytes: u64,
     /// Attach empty programs beside the hot-path probes (benchmark baseline).
     #[arg(long, hide = true)]

@@ -5,7 +5,10 @@ use std::{
     fs::File,
     io::{BufWriter, Write},
     os::unix::fs::OpenOptionsExt as _,
-    sync::{Arc, Mutex, PoisonError},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
     time::Duration,
 };
 
@@ -29,10 +32,46 @@ use crate::{
 /// How often the at-risk view is refreshed from the kernel's socket table.
 const SOCKET_REFRESH: Duration = Duration::from_secs(5);
 
+/// The daemon's health, as `GET /healthz` reports it.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The probes are attached.
+    pub attached: AtomicBool,
+    /// The ring-buffer reader's last pass (`CLOCK_BOOTTIME` ns).
+    pub heartbeat_ns: AtomicU64,
+    /// Events read so far.
+    pub events: AtomicU64,
+}
+
+/// The reader passes at least once a second (its tick); three missed
+/// passes mean events no longer flow.
+const HEALTHY_WITHIN_NS: u64 = 3_000_000_000;
+
+impl Health {
+    /// `(healthy, JSON body)`.
+    #[must_use]
+    pub fn report(&self, now_ns: u64) -> (bool, String) {
+        let attached = self.attached.load(Ordering::Relaxed);
+        let beat = self.heartbeat_ns.load(Ordering::Relaxed);
+        let age = now_ns.saturating_sub(beat);
+        let flowing = beat > 0 && age <= HEALTHY_WITHIN_NS;
+        #[allow(clippy::cast_precision_loss, reason = "an age in seconds")]
+        let body = serde_json::json!({
+            "status": if attached && flowing { "ok" } else { "unavailable" },
+            "probes_attached": attached,
+            "events_flowing": flowing,
+            "events": self.events.load(Ordering::Relaxed),
+            "last_read_age_seconds": (beat > 0).then(|| age as f64 / 1e9),
+        });
+        (attached && flowing, format!("{body}\n"))
+    }
+}
+
 /// State the HTTP endpoint reads.
 pub struct Shared {
     pub aggregator: Mutex<Aggregator>,
     pub metrics: Metrics,
+    pub health: Health,
 }
 
 impl Handler for Shared {
@@ -56,8 +95,16 @@ impl Handler for Shared {
                 self.metrics.set_estimates(&rows);
                 Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
             }
-            "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics\n"),
-            _ => Response::text(404, "not found; try /api/v1/destinations or /metrics\n"),
+            "/healthz" => {
+                let (ok, body) = self.health.report(clock_ns(libc::CLOCK_BOOTTIME));
+                Response {
+                    status: if ok { 200 } else { 503 },
+                    content_type: "application/json",
+                    body: body.into_bytes(),
+                }
+            }
+            "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics, GET /healthz\n"),
+            _ => Response::text(404, "not found; try /api/v1/destinations, /metrics or /healthz\n"),
         }
     }
 }
@@ -76,6 +123,7 @@ struct Sinks {
 
 impl Sinks {
     fn handle(&mut self, ev: &SockEvent) -> Result<()> {
+        self.shared.health.events.fetch_add(1, Ordering::Relaxed);
         if let Some(rec) = self.record.as_mut() {
             writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
         }
@@ -214,6 +262,29 @@ fn refresh_sockets(probes: &Probes, shared: &Shared) {
     }
 }
 
+/// The running kernel's release (`uname -r`).
+fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned())
+}
+
+/// Serve HTTP on a thread and runtime of its own: a scrape (which computes
+/// the table) never delays the ring-buffer reader's runtime.
+fn spawn_http(listener: std::net::TcpListener, shared: Arc<Shared>, limits: http::Limits) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("the HTTP runtime")?;
+    std::thread::Builder::new()
+        .name("observer-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => http::serve(l, shared as Arc<dyn Handler>, limits).await,
+                    Err(e) => error!("the HTTP listener: {e}"),
+                }
+            });
+        })
+        .context("starting the HTTP thread")?;
+    Ok(())
+}
+
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     // Before the store or the listen socket: a missing capability is named
@@ -234,12 +305,22 @@ pub async fn run(args: RunArgs) -> Result<()> {
         )),
         None => None,
     };
-    let shared = Arc::new(Shared { aggregator: Mutex::new(aggregator), metrics: Metrics::new() });
-    let listener = tokio::net::TcpListener::bind(&args.metrics_addr)
-        .await
+    let shared =
+        Arc::new(Shared { aggregator: Mutex::new(aggregator), metrics: Metrics::new(), health: Health::default() });
+    shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
+    shared.health.attached.store(true, Ordering::Relaxed);
+    let listener = std::net::TcpListener::bind(&args.metrics_addr)
         .with_context(|| format!("listening on --metrics-addr {}; pick a free address", args.metrics_addr))?;
-    info!("serving http://{}/api/v1/destinations and /metrics", listener.local_addr().context("local address")?);
-    tokio::spawn(http::serve(listener, Arc::clone(&shared) as Arc<dyn Handler>));
+    listener.set_nonblocking(true).context("the HTTP listener")?;
+    info!(
+        "serving http://{}/api/v1/destinations, /metrics and /healthz",
+        listener.local_addr().context("local address")?
+    );
+    spawn_http(
+        listener,
+        Arc::clone(&shared),
+        http::Limits { allowed_hosts: args.allowed_hosts.clone(), ..http::Limits::default() },
+    )?;
     let mut sinks = Sinks {
         print: args.events,
         connections: args.connections,
@@ -309,6 +390,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
 }
 
 fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
+    sinks.shared.health.heartbeat_ns.store(clock_ns(libc::CLOCK_BOOTTIME), Ordering::Relaxed);
     let mut result = Ok(());
     probes.drain(|ev| match ev {
         Ok(ev) => {
@@ -318,6 +400,7 @@ fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
         }
         Err(e) => {
             sinks.decode_errors += 1;
+            sinks.shared.metrics.undecodable();
             error!("undecodable event ({} so far): {e}", sinks.decode_errors);
         }
     });

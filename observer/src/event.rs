@@ -475,7 +475,7 @@ impl fmt::Display for SockEvent {
             self.kind.as_str(),
             self.role.as_str(),
             self.pid,
-            if self.comm.is_empty() { "?" } else { &self.comm },
+            if self.comm.is_empty() { "?".to_owned() } else { printable(&self.comm) },
             self.local,
             self.remote,
             self.idle_seconds,
@@ -512,6 +512,14 @@ impl fmt::Display for SockEvent {
         }
         Ok(())
     }
+}
+
+/// A process name as it may be printed: control characters (which a
+/// process can put in its own name to reach a terminal) become `\u{..}`
+/// escapes.
+#[must_use]
+pub fn printable(name: &str) -> String {
+    name.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
 }
 
 #[cfg(test)]

@@ -1,6 +1,15 @@
-//! The daemon's HTTP endpoint: `GET /api/v1/destinations` (JSON table) and
-//! `GET /metrics` (Prometheus). A deliberately small HTTP/1.1 server: GET
-//! only, one request per connection, bounded request size and time.
+//! The daemon's HTTP endpoint: `GET /api/v1/destinations` (JSON table),
+//! `GET /metrics` (Prometheus) and `GET /healthz`. A deliberately small
+//! HTTP/1.1 server: GET only, one request per connection, and bounded in
+//! every way a client could use against it:
+//! - at most [`Limits::max_connections`] connections at once (the rest are
+//!   closed at accept);
+//! - the whole request head within [`Limits::head_deadline`] (not per read:
+//!   a client trickling one byte at a time is closed when it runs out);
+//! - at most [`MAX_REQUEST`] bytes of head;
+//! - a `Host` header that is an IP literal, `localhost`, this machine's
+//!   name or an `--allowed-host`, else 421 (DNS rebinding: a web page on a
+//!   name the attacker controls cannot read the table).
 
 use std::{sync::Arc, time::Duration};
 
@@ -8,12 +17,29 @@ use log::debug;
 use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::{TcpListener, TcpStream},
+    sync::Semaphore,
 };
 
 /// Longest request head accepted.
-const MAX_REQUEST: usize = 16 * 1024;
-/// Time a client gets to send its request.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
+pub const MAX_REQUEST: usize = 16 * 1024;
+
+/// What the server allows a client.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Connections served at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Time for the whole request head.
+    pub head_deadline: Duration,
+    /// Host names accepted besides IP literals, `localhost` and this
+    /// machine's name (lower case, without port).
+    pub allowed_hosts: Vec<String>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_connections: 1024, head_deadline: Duration::from_secs(5), allowed_hosts: Vec::new() }
+    }
+}
 
 /// A response: status, content type, body.
 pub struct Response {
@@ -39,16 +65,50 @@ pub trait Handler: Send + Sync + 'static {
     fn get(&self, path: &str) -> Response;
 }
 
+/// This machine's name, lower case.
+fn hostname() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    Some(name.trim().to_ascii_lowercase()).filter(|n| !n.is_empty())
+}
+
+/// Is `host` (a `Host` header value) one we answer?
+#[must_use]
+pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let h = host.trim().to_ascii_lowercase();
+    // Strip the port: `[v6]:port`, `name:port`, `v4:port`.
+    let name = if let Some(rest) = h.strip_prefix('[') {
+        rest.split(']').next().unwrap_or_default().to_owned()
+    } else if h.matches(':').count() == 1 {
+        h.split(':').next().unwrap_or_default().to_owned()
+    } else {
+        h.clone()
+    };
+    let name = name.trim_end_matches('.');
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name == "localhost"
+        || hostname().is_some_and(|m| m == name || m.split('.').next() == Some(name))
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
 /// Accept connections forever.
-pub async fn serve(listener: TcpListener, handler: Arc<dyn Handler>) {
+pub async fn serve(listener: TcpListener, handler: Arc<dyn Handler>, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let limits = Arc::new(limits);
     loop {
         match listener.accept().await {
             Ok((stream, peer)) => {
+                let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                    debug!("http {peer}: connection limit reached, closed");
+                    drop(stream);
+                    continue;
+                };
                 let handler = Arc::clone(&handler);
+                let limits = Arc::clone(&limits);
                 tokio::spawn(async move {
-                    if let Err(e) = handle(stream, handler.as_ref()).await {
+                    if let Err(e) = handle(stream, handler.as_ref(), &limits).await {
                         debug!("http {peer}: {e}");
                     }
+                    drop(permit);
                 });
             }
             Err(e) => {
@@ -65,38 +125,61 @@ fn reason(status: u16) -> &'static str {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        421 => "Misdirected Request",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Error",
     }
 }
 
-async fn handle(mut stream: TcpStream, handler: &dyn Handler) -> std::io::Result<()> {
+/// Read the request head, all of it within the deadline.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
     let mut buf = Vec::with_capacity(1024);
     let mut chunk = [0u8; 2048];
-    let head_end = loop {
-        let n = tokio::time::timeout(READ_TIMEOUT, stream.read(&mut chunk))
-            .await
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request timed out"))??;
+    loop {
+        let n = stream.read(&mut chunk).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         buf.extend_from_slice(&chunk[..n]);
         if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break p;
+            buf.truncate(p);
+            return Ok(Some(buf));
         }
         if buf.len() > MAX_REQUEST {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "request head too large"));
+        }
+    }
+}
+
+async fn handle(mut stream: TcpStream, handler: &dyn Handler, limits: &Limits) -> std::io::Result<()> {
+    let head = match tokio::time::timeout(limits.head_deadline, read_head(&mut stream)).await {
+        Err(_) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request head deadline passed")),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
             return write(&mut stream, &Response::text(431, "request too large\n")).await;
         }
+        Ok(Err(e)) => return Err(e),
+        Ok(Ok(None)) => return Ok(()),
+        Ok(Ok(Some(h))) => h,
     };
-    let head = String::from_utf8_lossy(&buf[..head_end]);
-    let mut parts = head.lines().next().unwrap_or_default().split_whitespace();
+    let head = String::from_utf8_lossy(&head);
+    let mut lines = head.lines();
+    let mut parts = lines.next().unwrap_or_default().split_whitespace();
     let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-    let response = if method == "GET" {
+    let host = lines.find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.trim().eq_ignore_ascii_case("host").then(|| v.trim().to_owned())
+    });
+    let response = if host.as_deref().is_some_and(|h| !host_allowed(h, &limits.allowed_hosts)) {
+        Response::text(421, "unknown Host; use an IP address, localhost, or run with --allowed-host NAME\n")
+    } else if method == "GET" {
         handler.get(target.split('?').next().unwrap_or_default())
     } else {
         Response::text(405, "only GET is served\n")
     };
-    write(&mut stream, &response).await
+    tokio::time::timeout(limits.head_deadline, write(&mut stream, &response))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "response write deadline passed"))?
 }
 
 async fn write(stream: &mut TcpStream, r: &Response) -> std::io::Result<()> {

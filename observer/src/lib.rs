@@ -9,6 +9,7 @@ pub mod bench;
 pub mod bpf;
 pub mod btf;
 pub mod cli;
+pub mod config;
 pub mod daemon;
 pub mod estimate;
 pub mod event;

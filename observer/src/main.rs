@@ -6,7 +6,10 @@ use anyhow::{Context as _, Result};
 use clap::Parser as _;
 use observer::{
     aggregate::{Config, DestinationRow},
-    cli::{AnalyzeArgs, Cli, Command, DebugCommand, PathCommand, PathFormat, ReportArgs, ReportFormat, StatusArgs},
+    cli::{
+        AnalyzeArgs, Cli, Command, DebugCommand, LogFormat, PathCommand, PathFormat, ReportArgs, ReportFormat,
+        StatusArgs,
+    },
     event::clock_ns,
     http, path, report, status,
     store::{Record, Store},
@@ -77,10 +80,31 @@ fn path_cmd(cmd: &PathCommand) -> ExitCode {
     }
 }
 
+/// Logs go to standard error: text lines, or one JSON object per line
+/// (`{"ts", "level", "message"}`) with `--log-format json`.
+fn init_logging(json: bool) {
+    let mut b = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    b.format_target(false);
+    if json {
+        b.format(|buf, record| {
+            use std::io::Write as _;
+            let line = serde_json::json!({
+                "ts": buf.timestamp_millis().to_string(),
+                "level": record.level().as_str(),
+                "message": record.args().to_string(),
+            });
+            writeln!(buf, "{line}")
+        });
+    }
+    b.init();
+}
+
 fn real_main() -> Result<ExitCode> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).format_target(false).init();
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(observer::config::expand(std::env::args_os().collect())?);
+    let json_logs = matches!(&cli.command, Command::Run(a) if a.log_format == LogFormat::Json);
+    init_logging(json_logs);
     match cli.command {
+        Command::Run(args) if args.print_config => print!("{}", args.to_toml()),
         Command::Run(args) => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
             rt.block_on(observer::daemon::run(args))?;
@@ -150,7 +174,18 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
         ReportFormat::Json => serde_json::to_string_pretty(&r)? + "\n",
     };
     match &args.output {
-        Some(path) => std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?,
+        Some(path) => {
+            use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+            // The report names peers and processes: private to its writer.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
         None => print!("{text}"),
     }
     Ok(())

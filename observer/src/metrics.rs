@@ -11,7 +11,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
-use std::sync::atomic::AtomicU64;
+use std::{fmt::Write as _, sync::atomic::AtomicU64};
 
 use crate::{
     aggregate::{DestinationRow, Verdict},
@@ -53,6 +53,13 @@ struct MismatchLabels {
     destination: String,
     role: String,
     failure_mode: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    probe_set: String,
+    kernel: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -102,6 +109,8 @@ pub struct Metrics {
     late_reuses: Family<DestLabels, Counter>,
     restarts: Family<DestLabels, Counter>,
     evicted: Counter,
+    build_info: Family<BuildLabels, Gauge>,
+    undecodable: Counter,
     events: Family<KindLabels, Counter>,
     lost: Family<ReasonLabels, Counter>,
     unresolved: Counter,
@@ -136,6 +145,8 @@ impl Metrics {
             late_reuses: Family::default(),
             restarts: Family::default(),
             evicted: Counter::default(),
+            build_info: Family::default(),
+            undecodable: Counter::default(),
             events: Family::default(),
             lost: Family::default(),
             unresolved: Counter::default(),
@@ -232,6 +243,16 @@ impl Metrics {
             "Destination rows removed because their evidence left the window",
             m.evicted.clone(),
         );
+        registry.register(
+            "observer_build_info",
+            "1, labelled with the observer version, the probe set in use and the kernel release",
+            m.build_info.clone(),
+        );
+        registry.register(
+            "observer_records_undecodable",
+            "Ring-buffer records that did not decode as events (a kernel/userspace mismatch; logged)",
+            m.undecodable.clone(),
+        );
         registry.register("observer_events", "Events received from the kernel, by kind", m.events.clone());
         registry.register("observer_events_lost", "Events or sockets lost, by reason", m.lost.clone());
         registry.register(
@@ -274,6 +295,23 @@ impl Metrics {
             }
             _ => {}
         }
+    }
+
+    /// Set `observer_build_info`.
+    pub fn set_build_info(&self, version: &str, probe_set: &str, kernel: &str) {
+        self.build_info.clear();
+        self.build_info
+            .get_or_create(&BuildLabels {
+                version: version.to_owned(),
+                probe_set: probe_set.to_owned(),
+                kernel: kernel.to_owned(),
+            })
+            .set(1);
+    }
+
+    /// Count a record that did not decode.
+    pub fn undecodable(&self) {
+        self.undecodable.inc();
     }
 
     /// Count a peer restart.
@@ -390,18 +428,48 @@ impl Metrics {
         }
     }
 
-    /// The exposition (`OpenMetrics` text).
+    /// The exposition in the Prometheus text format (0.0.4), which every
+    /// Prometheus and `promtool check metrics` read. prometheus-client
+    /// writes `OpenMetrics`, whose counter families are named without
+    /// `_total`; here HELP and TYPE name the samples (`..._total`), and the
+    /// `OpenMetrics`-only lines (`# UNIT`, `# EOF`) are left out.
     #[must_use]
     pub fn encode(&self) -> String {
-        let mut out = String::new();
+        let mut open = String::new();
         // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode(&mut open, &self.registry);
+        let counters: std::collections::HashSet<&str> = open
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+            .collect();
+        let mut out = String::with_capacity(open.len());
+        for line in open.lines() {
+            if line.starts_with("# UNIT ") || line == "# EOF" {
+                continue;
+            }
+            let meta = ["# HELP ", "# TYPE "].iter().find_map(|p| line.strip_prefix(p).map(|rest| (*p, rest)));
+            match meta {
+                Some((p, rest)) => {
+                    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                    if counters.contains(name) {
+                        let _ = writeln!(out, "{p}{name}_total {tail}");
+                    } else {
+                        out.push_str(line);
+                        out.push('\n');
+                    }
+                }
+                None => {
+                    out.push_str(line);
+                    out.push('\n');
+                }
+            }
+        }
         out
     }
 }
 
 /// Content type of [`Metrics::encode`].
-pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,8 @@
 //! `keepalive_timeout 2s`, whose server row shows clients reusing past its
 //! idle timeout), requests a server kills at 2 s beside requests we give up
 //! on at 1 s (the deadline panels), and a backend restart under six idle
-//! pooled connections under the daemon, let a Prometheus on loopback
+//! pooled connections under the daemon, let a Prometheus on loopback (with
+//! the fleet rules of `deploy/prometheus` loaded)
 //! scrape it every second, then evaluate every PromQL expression of
 //! `dashboards/*.json` through Prometheus' HTTP API and check each returns
 //! data without errors, and that the path idle timeout brackets 2 s.
@@ -95,7 +96,10 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     let config = dir.path().join("prometheus.yml");
     std::fs::write(
         &config,
-        format!("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [\"{target}\"]\n"),
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [\"{target}\"]\n",
+            rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/observer-rules.yml").display()
+        ),
     )?;
     let _prom = Killed(
         Command::new("prometheus")
@@ -144,7 +148,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     loop {
         let ok = query(
             &prom_addr,
-            "count(observer_path_idle_timeout_seconds{bound=\"point\"}) * count(observer_peer_restarts_total) * count(observer_request_timeout_seconds)",
+            "count(observer_path_idle_timeout_seconds{bound=\"point\"}) * count(observer_peer_restarts_total) * count(observer_request_timeout_seconds) * count(destination:observer_path_idle_timeout_point_seconds:min) * count(destination:observer_reuse_failures:sum_rate5m)",
         )
         .ok()
         .and_then(|v| scalar(&v));

@@ -82,6 +82,7 @@ const TEST_PACKAGES: &[&str] = &[
     "prometheus",
     "chromium",
     "golang-go",
+    "systemd",
 ];
 /// Debian packages the benchmarks use.
 const BENCH_PACKAGES: &[&str] = &["bpftrace"];

@@ -22,6 +22,16 @@ fn events_flag_forms() {
     };
     assert_eq!(a.events, Some(EventsFormat::Json));
     assert_eq!(a.ring_buffer, 4096);
+    let Command::Run(a) =
+        Cli::try_parse_from(["observer", "run", "--events", "json", "--connections"]).unwrap().command
+    else {
+        panic!("run")
+    };
+    assert_eq!((a.events, a.connections), (Some(EventsFormat::Json), true), "the space form works too");
+    let Command::Run(a) = Cli::try_parse_from(["observer", "run", "--events", "--connections"]).unwrap().command else {
+        panic!("run")
+    };
+    assert_eq!(a.events, Some(EventsFormat::Text));
 }
 
 #[test]

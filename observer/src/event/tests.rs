@@ -105,3 +105,19 @@ fn text_line_has_the_fields_a_human_needs() {
     assert!(s.contains("safe_to_retry=true"), "{s}");
     assert!(s.contains("10.0.0.1:43210 -> 10.0.0.2:80"), "{s}");
 }
+
+#[test]
+fn process_names_cannot_reach_the_terminal() {
+    let mut e = SockEvent::new(
+        1,
+        EventKind::Reuse,
+        Role::Client,
+        "10.0.0.1:1".parse().unwrap(),
+        "10.0.0.2:2".parse().unwrap(),
+        2.0,
+    );
+    e.comm = "evil\u{1b}[2Jname".into();
+    let line = e.to_string();
+    assert!(!line.contains('\u{1b}'), "{line:?}");
+    assert!(line.contains("evil\\u{1b}[2Jname"), "{line}");
+}

@@ -1,3 +1,5 @@
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
 use super::*;
 
 struct Fixed;
@@ -15,7 +17,7 @@ impl Handler for Fixed {
 async fn serves_and_client_reads() {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap().to_string();
-    tokio::spawn(serve(l, Arc::new(Fixed)));
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits::default()));
     let a = addr.clone();
     let body = tokio::task::spawn_blocking(move || get(&a, "/x?y=1")).await.unwrap().unwrap();
     assert_eq!(body, b"[1]");
@@ -27,4 +29,91 @@ async fn serves_and_client_reads() {
 fn unreachable_daemon_names_the_fix() {
     let err = get("127.0.0.1:1", "/api/v1/destinations").unwrap_err();
     assert!(err.contains("observer run"), "{err}");
+}
+
+async fn raw(addr: &str, request: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(request.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_host_names_get_421() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let limits = Limits { allowed_hosts: vec!["observer.internal".into()], ..Limits::default() };
+    tokio::spawn(serve(l, Arc::new(Fixed), limits));
+    for (host, status) in [
+        ("attacker.example:9477", "421"),
+        ("127.0.0.1:9477", "200"),
+        ("[::1]:9477", "200"),
+        ("localhost", "200"),
+        ("LOCALHOST:1", "200"),
+        ("observer.internal:9477", "200"),
+        ("10.1.2.3", "200"),
+    ] {
+        let r = raw(&addr, &format!("GET /x HTTP/1.1\r\nHost: {host}\r\n\r\n")).await;
+        assert!(r.starts_with(&format!("HTTP/1.1 {status}")), "{host}: {r}");
+    }
+    assert!(host_allowed("localhost.", &[]));
+    assert!(!host_allowed("localhost.attacker.example", &[]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_are_closed_at_accept() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits { max_connections: 4, ..Limits::default() }));
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let mut s = TcpStream::connect(&addr).await.unwrap();
+        s.write_all(b"G").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = TcpStream::connect(&addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf)).await.expect("closed, not held");
+    assert!(matches!(n, Ok(0) | Err(_)), "{n:?}");
+    drop(held);
+}
+
+/// 500 clients trickling one header byte a second: every one is closed
+/// within the head deadline, and a real request still gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tricklers_are_closed_within_the_bound_and_others_still_answered() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let deadline = Duration::from_secs(2);
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits { head_deadline: deadline, ..Limits::default() }));
+    let started = tokio::time::Instant::now();
+    let mut tricklers = Vec::new();
+    for _ in 0..500 {
+        let addr = addr.clone();
+        tricklers.push(tokio::spawn(async move {
+            let mut s = TcpStream::connect(&addr).await.unwrap();
+            let mut buf = [0u8; 64];
+            for b in b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: yes\r\n".iter().cycle() {
+                if s.write_all(&[*b]).await.is_err() {
+                    break;
+                }
+                if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_secs(1), s.read(&mut buf)).await {
+                    break;
+                }
+            }
+            tokio::time::Instant::now()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let r = raw(&addr, "GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("[1]"), "{r}");
+    let mut latest = started;
+    for t in tricklers {
+        latest = latest.max(t.await.unwrap());
+    }
+    let took = latest - started;
+    // The deadline, plus the trickler's one-second read that notices.
+    assert!(took <= deadline + Duration::from_millis(1500), "the last trickler was closed after {took:?}");
 }

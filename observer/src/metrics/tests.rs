@@ -45,7 +45,8 @@ fn exposition_lines_for_known_events() {
     let text = m.encode();
     for line in [
         "# TYPE observer_reuse_idle_seconds histogram",
-        "# UNIT observer_reuse_idle_seconds seconds",
+        "# HELP observer_events_total Events received from the kernel, by kind.",
+        "# TYPE observer_events_total counter",
         r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
         r#"observer_reuse_idle_seconds_bucket{le="30.0",destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
         r#"observer_reuse_idle_seconds_bucket{le="15.0",destination="10.0.0.2:443",role="client",outcome="ok"} 0"#,
@@ -130,4 +131,39 @@ fn deadlines_server_rows_and_forgetting() {
     let text = m.encode();
     assert!(!text.contains("10.0.0.1:8080"), "{text}");
     assert!(text.lines().any(|l| l == "observer_destinations_evicted_total 2"), "{text}");
+}
+
+/// Every exported metric passes `promtool check metrics` (HELP text,
+/// naming, units), with every family present.
+#[test]
+fn promtool_accepts_every_metric() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:443";
+    feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+    for idle in [60.0, 60.1, 59.9] {
+        feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
+    }
+    m.set_build_info("0.1.0", "tp_btf", "6.18.0");
+    m.undecodable();
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = child.expect("promtool (Debian package `prometheus`; `cargo xtask test` installs it)");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
+    for line in [
+        "observer_build_info{version=\"0.1.0\",probe_set=\"tp_btf\",kernel=\"6.18.0\"} 1",
+        "observer_records_undecodable_total 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
 }

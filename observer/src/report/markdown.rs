@@ -4,6 +4,12 @@ use std::fmt::Write as _;
 
 use super::{fmt_secs, opt_secs, opt_time, utc, Report};
 
+/// A value safe inside a Markdown table cell: `|` escaped, control
+/// characters shown as escapes.
+fn cell(s: &str) -> String {
+    crate::event::printable(s).replace('|', "\\|")
+}
+
 /// Markdown: the same content, plots as tables.
 #[must_use]
 #[allow(clippy::too_many_lines, reason = "the report's sections one after another")]
@@ -50,7 +56,8 @@ pub fn markdown(r: &Report) -> String {
         "| Longest idle age at which our pool reused a socket | {} |",
         opt_secs(o.pool_max_reuse_idle_seconds)
     );
-    let _ = writeln!(m, "| Processes talking to the destination | {} |", o.processes.join(", "));
+    let procs: Vec<String> = o.processes.iter().map(|p| cell(p)).collect();
+    let _ = writeln!(m, "| Processes talking to the destination | {} |", procs.join(", "));
     let _ = writeln!(m, "| Verdict | {} |", o.verdict);
     let _ = writeln!(
         m,
@@ -97,7 +104,15 @@ pub fn markdown(r: &Report) -> String {
         let _ = writeln!(
             m,
             "| {} | {} | {} | {} ({}) | {:.3} s | {} | {} | {} |",
-            x.time_utc, x.local, x.remote, x.process, x.pid, x.idle_seconds, x.outcome, x.retransmits, x.safe_to_retry
+            x.time_utc,
+            x.local,
+            x.remote,
+            cell(&x.process),
+            x.pid,
+            x.idle_seconds,
+            x.outcome,
+            x.retransmits,
+            x.safe_to_retry
         );
     }
     let _ =

@@ -159,3 +159,18 @@ fn no_evidence_is_a_clear_error() {
     let e = build(&input_from_recording(events, "10.9.9.9:1".parse().unwrap(), 1)).unwrap_err();
     assert!(e.to_string().contains("no evidence for 10.9.9.9:1"), "{e}");
 }
+
+#[test]
+fn markdown_cells_escape_process_names() {
+    let mut r = fin_report();
+    r.our_side.processes = vec!["pipe|name".into(), "bell\u{7}".into()];
+    if let Some(s) = r.samples.rows.first_mut() {
+        s.process = "x|y".into();
+    }
+    let md = markdown(&r);
+    assert!(md.contains("pipe\\|name") && !md.contains("pipe|name"), "{md}");
+    assert!(!md.contains('\u{7}'), "control characters are escaped");
+    if !r.samples.rows.is_empty() {
+        assert!(md.contains("x\\|y"), "{md}");
+    }
+}

@@ -1,0 +1,56 @@
+//! `observer run` settings precedence, end to end through the binary:
+//! flag > `OBSERVER_*` environment variable > `--config` file > default,
+//! read back with `--print-config`. No root needed (nothing is loaded).
+
+use std::process::Command;
+
+use anyhow::{ensure, Result};
+
+const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
+
+fn effective(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
+    let mut cmd = Command::new(OBSERVER);
+    cmd.arg("run").args(args).arg("--print-config");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output()?;
+    ensure!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8(out.stdout)?)
+}
+
+#[test]
+fn flag_over_env_over_file_over_default() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let f = dir.path().join("observer.toml");
+    std::fs::write(&f, "window = \"2h\"\nmin-idle = \"3s\"\nretention = \"7days\"\n")?;
+    let f = f.to_str().unwrap_or_default();
+    let out = effective(&["--config", f], &[])?;
+    ensure!(out.contains("window = \"2h\"") && out.contains("min-idle = \"3s\""), "file: {out}");
+    ensure!(out.contains("max-destinations = 1000"), "default: {out}");
+    let out = effective(&["--config", f], &[("OBSERVER_WINDOW", "5m")])?;
+    ensure!(out.contains("window = \"5m\""), "env over file: {out}");
+    let out = effective(&["--config", f, "--window", "30m"], &[("OBSERVER_WINDOW", "5m")])?;
+    ensure!(out.contains("window = \"30m\""), "flag over env: {out}");
+    let out = effective(&[], &[("OBSERVER_CONFIG", f), ("OBSERVER_RETENTION", "1day")])?;
+    ensure!(out.contains("retention = \"1day\"") && out.contains("min-idle = \"3s\""), "OBSERVER_CONFIG: {out}");
+    Ok(())
+}
+
+/// Files observer writes name peers and processes: a report written with
+/// `-o` is 0600 (as are the store and a `--record` file).
+#[test]
+fn a_report_file_is_private() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("report.html");
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fin-nginx-2s.jsonl");
+    let st = Command::new(OBSERVER)
+        .args(["report", "--destination", "10.201.1.1:8080", "--recording", fixture, "-o"])
+        .arg(&out)
+        .output()?;
+    ensure!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
+    let mode = std::fs::metadata(&out)?.permissions().mode() & 0o777;
+    ensure!(mode == 0o600, "report written with mode {mode:o}");
+    Ok(())
+}
