@@ -435,3 +435,6 @@ fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metri
         Err(e) => warn!("reading kernel counters: {e}"),
     }
 }
+
+#[cfg(test)]
+mod tests;

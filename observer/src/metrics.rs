@@ -438,31 +438,20 @@ impl Metrics {
         let mut open = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut open, &self.registry);
-        let counters: std::collections::HashSet<&str> = open
-            .lines()
-            .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
-            .collect();
+        let counters: std::collections::HashSet<&str> =
+            open.lines().filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter")).collect();
         let mut out = String::with_capacity(open.len());
         for line in open.lines() {
             if line.starts_with("# UNIT ") || line == "# EOF" {
                 continue;
             }
             let meta = ["# HELP ", "# TYPE "].iter().find_map(|p| line.strip_prefix(p).map(|rest| (*p, rest)));
-            match meta {
-                Some((p, rest)) => {
-                    let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
-                    if counters.contains(name) {
-                        let _ = writeln!(out, "{p}{name}_total {tail}");
-                    } else {
-                        out.push_str(line);
-                        out.push('\n');
-                    }
-                }
-                None => {
-                    out.push_str(line);
-                    out.push('\n');
-                }
-            }
+            let renamed = meta.and_then(|(p, rest)| {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
+            });
+            out.push_str(renamed.as_deref().unwrap_or(line));
+            out.push('\n');
         }
         out
     }

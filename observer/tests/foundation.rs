@@ -120,6 +120,26 @@ fn daemon_exits_zero_on_sigint() -> Result<()> {
     Ok(())
 }
 
+/// `GET /healthz` is 200 with the probes attached and the reader passing;
+/// `observer_build_info` names the version, probe set and kernel.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn healthz_and_build_info() -> Result<()> {
+    let daemon = Daemon::start(&[])?;
+    let addr = daemon.http_addr()?;
+    let body = observer::http::get(&addr, "/healthz").map_err(anyhow::Error::msg)?;
+    let v: serde_json::Value = serde_json::from_slice(&body)?;
+    assert_eq!(v["status"], "ok", "{v}");
+    assert_eq!(v["probes_attached"], true, "{v}");
+    let metrics = String::from_utf8(observer::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
+    let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("observer_build_info")?;
+    assert!(info.contains(&format!("kernel=\"{}\"", kernel.trim())) && info.ends_with(" 1"), "{info}");
+    assert!(info.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))), "{info}");
+    eprintln!("MEASURED healthz: {v}; {info}");
+    Ok(())
+}
+
 /// `setpriv` arguments: user nobody, only the given capabilities (ambient,
 /// so they survive the exec), nothing else in the bounding set.
 fn as_nobody_with(caps: &str) -> Vec<String> {
