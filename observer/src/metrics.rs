@@ -11,7 +11,7 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Registry, Unit},
 };
-use std::{fmt::Write as _, sync::atomic::AtomicU64};
+use std::sync::atomic::AtomicU64;
 
 use crate::{
     aggregate::{DestinationRow, Verdict},
