@@ -69,6 +69,12 @@ pub enum DebugCommand {
         #[arg(long)]
         data_dir: PathBuf,
     },
+    /// Write shell completions (bash, zsh, fish) and man pages for every
+    /// subcommand into a directory (`cargo xtask dist`).
+    Docs {
+        #[arg(long)]
+        out_dir: PathBuf,
+    },
     /// Measure decoding plus aggregation on synthetic kernel records (benchmarks); prints JSON.
     BenchPipeline {
         #[arg(long, default_value_t = 2_000_000)]

@@ -80,6 +80,21 @@ fn path_cmd(cmd: &PathCommand) -> ExitCode {
     }
 }
 
+/// Shell completions and man pages from the clap definitions.
+fn write_docs(out_dir: &std::path::Path) -> Result<()> {
+    use clap::CommandFactory as _;
+    let (completions, man) = (out_dir.join("completions"), out_dir.join("man"));
+    for d in [&completions, &man] {
+        std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    for shell in [clap_complete::Shell::Bash, clap_complete::Shell::Zsh, clap_complete::Shell::Fish] {
+        clap_complete::generate_to(shell, &mut Cli::command(), "observer", &completions)
+            .with_context(|| format!("writing {shell} completions"))?;
+    }
+    clap_mangen::generate_to(Cli::command(), &man).context("writing the man pages")?;
+    Ok(())
+}
+
 /// Logs go to standard error: text lines, or one JSON object per line
 /// (`{"ts", "level", "message"}`) with `--log-format json`.
 fn init_logging(json: bool) {
@@ -114,6 +129,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Path(cmd) => return Ok(path_cmd(&cmd)),
         Command::Report(args) => report_cmd(&args)?,
         Command::Debug(DebugCommand::WriteEvidence { data_dir }) => debug_write_evidence(&data_dir)?,
+        Command::Debug(DebugCommand::Docs { out_dir }) => write_docs(&out_dir)?,
         Command::Debug(DebugCommand::BenchPipeline { events, destinations }) => {
             println!("{}", serde_json::to_string(&observer::bench::pipeline(events, destinations))?);
         }

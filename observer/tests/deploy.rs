@@ -54,3 +54,57 @@ fn the_fleet_rules_pass_promtool() -> Result<()> {
     ensure!(said.contains("SUCCESS"), "{said}");
     Ok(())
 }
+
+/// `observer debug docs` (what `cargo xtask dist` ships): completions for
+/// bash, zsh and fish and a man page per subcommand, from the clap
+/// definitions.
+#[test]
+fn completions_and_man_pages_come_from_the_cli() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    run(Command::new(env!("CARGO_BIN_EXE_observer")).args(["debug", "docs", "--out-dir"]).arg(dir.path()))?;
+    let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).with_context(|| p.to_owned());
+    let bash = read("completions/observer.bash")?;
+    ensure!(bash.contains("--min-idle") && bash.contains("--config"), "bash completions lack run's flags");
+    ensure!(read("completions/_observer")?.contains("--print-config"), "zsh");
+    ensure!(read("completions/observer.fish")?.contains("allowed-host"), "fish");
+    let man = read("man/observer-run.1")?;
+    ensure!(man.starts_with(".ie") || man.contains(".TH observer-run"), "not a man page:\n{man}");
+    ensure!(man.contains("min\\-idle"), "the run page documents its flags");
+    for page in ["observer.1", "observer-status.1", "observer-analyze.1", "observer-report.1", "observer-path-check.1"]
+    {
+        ensure!(dir.path().join("man").join(page).exists(), "no {page}");
+    }
+    ensure!(!dir.path().join("man/observer-debug.1").exists(), "internal tools get no page");
+    Ok(())
+}
+
+fn kubernetes_validate() -> Result<PathBuf> {
+    let out = Command::new("python3")
+        .args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"])
+        .output()
+        .context("python3")?;
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubernetes-validate"))
+}
+
+/// The DaemonSet validates against the Kubernetes schemas (strict: no
+/// unknown fields), runs with capabilities rather than privileged, and a
+/// broken copy is rejected by the same check.
+#[test]
+fn the_daemonset_validates_strictly() -> Result<()> {
+    let manifest = deploy().join("kubernetes/daemonset.yaml");
+    let tool = kubernetes_validate()?;
+    let said = run(Command::new(&tool).arg("--strict").arg(&manifest))?;
+    ensure!(said.contains("passed for resource daemonset/observer"), "{said}");
+    let text = std::fs::read_to_string(&manifest)?;
+    for needle in
+        ["privileged: false", "add: [\"BPF\", \"PERFMON\"]", "drop: [\"ALL\"]", "path: /healthz", "hostNetwork: false"]
+    {
+        ensure!(text.contains(needle), "the manifest lacks `{needle}`");
+    }
+    let dir = tempfile::tempdir()?;
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(&broken, text.replace("readOnlyRootFilesystem", "readOnlyRootFilesytem"))?;
+    let out = Command::new(&tool).arg("--strict").arg(&broken).output()?;
+    ensure!(!out.status.success(), "a misspelt field passed validation");
+    Ok(())
+}

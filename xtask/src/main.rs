@@ -4,7 +4,7 @@
 //! what is missing, printing what it did.
 
 use std::{
-    env,
+    env, fs,
     path::{Path, PathBuf},
     process::{Command, ExitCode},
     time::Instant,
@@ -46,6 +46,10 @@ enum Task {
     },
     /// `cargo fmt --check` and clippy for the host crates and the eBPF crate.
     Lint,
+    /// Build the release binary and lay out what a package ships in
+    /// target/dist: the binary, shell completions, man pages, the systemd
+    /// unit, the fleet Prometheus rules and the dashboards.
+    Dist,
     /// Measure what observer costs the host; writes BENCHMARKS.md and target/bench/results.json.
     Bench {
         /// A few seconds of each measurement, no report (CI).
@@ -84,6 +88,8 @@ const TEST_PACKAGES: &[&str] = &[
     "golang-go",
     "systemd",
 ];
+/// Validates `deploy/kubernetes/*.yaml` against the Kubernetes schemas, offline.
+const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 /// Debian packages the benchmarks use.
 const BENCH_PACKAGES: &[&str] = &["bpftrace"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -96,6 +102,7 @@ fn main() -> ExitCode {
         Task::Run { args } => run(&args),
         Task::Test { kernel, args } => test(&kernel, &args),
         Task::Lint => lint(),
+        Task::Dist => dist(),
         Task::Bench { report_only: true, .. } => bench::report_only(),
         Task::Bench { smoke, .. } => bench_task(smoke),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
@@ -215,6 +222,15 @@ fn setup(with_test_tools: bool) -> Result<String> {
     };
     if with_test_tools {
         apt_install(TEST_PACKAGES)?;
+        // Offline schema validation of the Kubernetes manifest (PyPI).
+        let scripts =
+            output_ok(Command::new("python3").args(["-c", "import sysconfig; print(sysconfig.get_path('scripts'))"]))
+                .map(|d| PathBuf::from(d.trim()))
+                .context("python3")?;
+        if output_ok(Command::new(scripts.join("kubernetes-validate")).arg("--version")).is_none() {
+            println!("setup: installing {KUBERNETES_VALIDATE} from PyPI");
+            status(Command::new("python3").args(["-m", "pip", "install", "-q", KUBERNETES_VALIDATE]))?;
+        }
     }
     println!("setup: done in {:.1}s (eBPF toolchain: {toolchain})", started.elapsed().as_secs_f64());
     Ok(toolchain)
@@ -238,6 +254,32 @@ fn run(args: &[String]) -> Result<()> {
     if !st.success() {
         bail!("observer exited with {st}");
     }
+    Ok(())
+}
+
+fn dist() -> Result<()> {
+    let toolchain = setup(false)?;
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    let root = workspace_root();
+    let out = root.join("target/dist");
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(out.join("bin"))?;
+    fs::copy(root.join("target/release/observer"), out.join("bin/observer"))?;
+    status(Command::new(out.join("bin/observer")).args(["debug", "docs", "--out-dir"]).arg(&out))?;
+    for (from, to) in [
+        ("deploy/systemd/observer.service", "systemd/observer.service"),
+        ("deploy/prometheus/observer-rules.yml", "prometheus/observer-rules.yml"),
+        ("dashboards/observer.json", "dashboards/observer.json"),
+        ("dashboards/fleet.json", "dashboards/fleet.json"),
+        ("examples/observer.toml", "examples/observer.toml"),
+    ] {
+        let dst = out.join(to);
+        if let Some(dir) = dst.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::copy(root.join(from), &dst).with_context(|| format!("copying {from}"))?;
+    }
+    println!("dist: {} (bin, completions, man, systemd, prometheus, dashboards, examples)", out.display());
     Ok(())
 }
 
