@@ -195,23 +195,28 @@ async fn write(stream: &mut TcpStream, r: &Response) -> std::io::Result<()> {
     stream.shutdown().await
 }
 
-/// Blocking GET for the CLI (`observer status`): returns the body of a 200.
+/// Largest response body [`get`] reads (a scrape of the largest table is a
+/// few MB).
+const MAX_BODY: u64 = 256 * 1024 * 1024;
+
+/// Blocking GET for the CLI (`observer status`, `path check --observed`)
+/// and the tests: returns the body of a 200 (ureq: chunked bodies, status
+/// handling and timeouts done right).
 pub fn get(addr: &str, path: &str) -> Result<Vec<u8>, String> {
-    use std::io::{Read as _, Write as _};
-    let mut s = std::net::TcpStream::connect(addr).map_err(|e| {
-        format!("cannot reach the observer daemon at {addr}: {e}; is `observer run` running (see --metrics-addr)?")
-    })?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| e.to_string())?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| format!("reading from {addr}: {e}"))?;
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").ok_or_else(|| format!("{addr} sent no HTTP response"))?;
-    let head = String::from_utf8_lossy(&raw[..end]);
-    let status = head.split_whitespace().nth(1).unwrap_or_default();
-    if status != "200" {
-        return Err(format!("{addr}{path} answered {}", head.lines().next().unwrap_or_default()));
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(10))).build().into();
+    let url = format!("http://{addr}{path}");
+    match agent.get(&url).call() {
+        Ok(mut r) => {
+            r.body_mut().with_config().limit(MAX_BODY).read_to_vec().map_err(|e| format!("reading {url}: {e}"))
+        }
+        Err(ureq::Error::StatusCode(code)) => Err(format!("{addr}{path} answered {code}")),
+        Err(ureq::Error::Io(e)) => Err(format!(
+            "cannot reach the observer daemon at {addr}: {e}; is `observer run` running (see --metrics-addr)?"
+        )),
+        Err(e) => Err(format!(
+            "cannot reach the observer daemon at {addr}: {e}; is `observer run` running (see --metrics-addr)?"
+        )),
     }
-    Ok(raw[end + 4..].to_vec())
 }
 
 #[cfg(test)]

@@ -86,7 +86,7 @@ fn kubernetes_validate() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubernetes-validate"))
 }
 
-/// The DaemonSet validates against the Kubernetes schemas (strict: no
+/// The `DaemonSet` validates against the Kubernetes schemas (strict: no
 /// unknown fields), runs with capabilities rather than privileged, and a
 /// broken copy is rejected by the same check.
 #[test]

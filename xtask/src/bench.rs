@@ -265,11 +265,8 @@ impl Drop for Observer {
 }
 
 fn http_get(addr: &str, path: &str) -> Result<String> {
-    let mut s = TcpStream::connect(addr)?;
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")?;
-    let mut body = String::new();
-    s.read_to_string(&mut body)?;
-    Ok(body.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default())
+    let mut r = ureq::get(format!("http://{addr}{path}")).call().with_context(|| format!("GET {addr}{path}"))?;
+    Ok(r.body_mut().with_config().limit(256 * 1024 * 1024).read_to_string()?)
 }
 
 /// Sum of a metric's samples whose line contains `filter`.
@@ -493,6 +490,9 @@ fn pipeline_phase(plan: &Plan) -> Result<Value> {
     )
 }
 
+/// Clients scraping in a loop in the last ring-buffer level.
+const SCRAPERS: usize = 10;
+
 #[allow(clippy::cast_precision_loss, reason = "rates")]
 fn ringbuf_phase(plan: &Plan) -> Result<Value> {
     let mut levels = Vec::new();
@@ -502,14 +502,36 @@ fn ringbuf_phase(plan: &Plan) -> Result<Value> {
     } else {
         &[Some(25_000.0), Some(50_000.0), Some(100_000.0), Some(200_000.0), None]
     };
-    for &target in offered {
+    // The last level runs again with 10 clients scraping /metrics and the
+    // table in a loop: a scrape must never cost ring-buffer events.
+    let runs: Vec<(Option<f64>, usize)> =
+        offered.iter().map(|&t| (t, 0)).chain(std::iter::once((Some(50_000.0), SCRAPERS))).collect();
+    for (target, scrapers) in runs {
         // min-idle 0: every request is a reuse, so each round trip is two
         // events (the client's and the server's reuse).
         let o = Observer::start(&["--min-idle", "0s"], &tmp("ring"))?;
         let before = o.metrics()?;
         let start = Instant::now();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let storm: Vec<_> = (0..scrapers)
+            .map(|k| {
+                let (addr, stop) = (o.http.clone(), std::sync::Arc::clone(&stop));
+                thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let path = if k % 2 == 0 { "/metrics" } else { "/api/v1/destinations" };
+                        if http_get(&addr, path).is_ok() {
+                            n += 1;
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
         let c = 4;
         paced_pingpong(c, plan.duration, target.map(|t| t / 2.0 / c as f64))?;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let scrapes: u64 = storm.into_iter().map(|h| h.join().unwrap_or(0)).sum();
         thread::sleep(Duration::from_millis(1500));
         let after = o.metrics()?;
         let secs = start.elapsed().as_secs_f64() - 1.5;
@@ -520,10 +542,13 @@ fn ringbuf_phase(plan: &Plan) -> Result<Value> {
             - metric_sum(&before, "observer_events_lost_total", "store_backlog");
         o.stop()?;
         println!(
-            "bench: ring buffer offered {target:?}/s: {:.0} events/s delivered, {lost} lost, {backlog} not stored",
+            "bench: ring buffer offered {target:?}/s with {scrapers} scrapers ({scrapes} scrapes): {:.0} events/s delivered, {lost} lost, {backlog} not stored",
             ev / secs
         );
-        levels.push(json!({"offered_events_per_second": target, "events_per_second": ev / secs, "ring_buffer_lost": lost, "store_backlog_dropped": backlog}));
+        if scrapers > 0 {
+            ensure!(lost == 0.0, "{scrapers} clients scraping in a loop cost {lost} ring-buffer events");
+        }
+        levels.push(json!({"offered_events_per_second": target, "scrapers": scrapers, "scrapes": scrapes, "events_per_second": ev / secs, "ring_buffer_lost": lost, "store_backlog_dropped": backlog}));
     }
     let best = levels
         .iter()
@@ -887,13 +912,15 @@ fn markdown(r: &Value) -> String {
         pl["scrape_after_run"]["series"],
         pl["scrape_after_run"]["bytes"]
     );
-    let _ = writeln!(s, "### 5. Ring buffer (1 MiB)\n\n| offered events/s | delivered events/s | lost (ring buffer full) | not stored (store backlog) |\n|---|---|---|---|");
+    let _ = writeln!(s, "### 5. Ring buffer (1 MiB)\n\n| offered events/s | clients scraping in a loop (scrapes) | delivered events/s | lost (ring buffer full) | not stored (store backlog) |\n|---|---|---|---|---|");
     for l in rb["levels"].as_array().into_iter().flatten() {
         let offered =
             l["offered_events_per_second"].as_f64().map_or_else(|| "unpaced".to_owned(), |o| format!("{o:.0}"));
         let _ = writeln!(
             s,
-            "| {offered} | {} | {} | {} |",
+            "| {offered} | {} ({}) | {} | {} | {} |",
+            l["scrapers"].as_u64().unwrap_or(0),
+            l["scrapes"].as_u64().unwrap_or(0),
             int(&l["events_per_second"]),
             int(&l["ring_buffer_lost"]),
             int(&l["store_backlog_dropped"])
