@@ -114,6 +114,8 @@ async fn tricklers_are_closed_within_the_bound_and_others_still_answered() {
         latest = latest.max(t.await.unwrap());
     }
     let took = latest - started;
-    // The deadline, plus the trickler's one-second read that notices.
-    assert!(took <= deadline + Duration::from_millis(1500), "the last trickler was closed after {took:?}");
+    // The deadline, plus the trickler's one-second read that notices and
+    // the time 500 connections wait to be accepted on a busy machine: the
+    // bound is seconds, where a per-read timeout allowed hours.
+    assert!(took <= deadline + Duration::from_secs(4), "the last trickler was closed after {took:?}");
 }
