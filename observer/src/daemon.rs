@@ -206,7 +206,10 @@ fn open_store(args: &RunArgs, aggregator: &mut Aggregator) -> Result<Writer> {
     for ev in &events {
         aggregator.ingest(ev);
     }
+    // Replayed history is not news: no log lines or counters for it.
     aggregator.take_changes();
+    aggregator.take_restarts();
+    aggregator.take_gone();
     info!("evidence store {}: rebuilt the estimates from {} stored records", store.path().display(), events.len());
     let limits = store::Limits { retention_ns: nanos(args.retention), max_bytes: args.max_store_bytes };
     Writer::start(store, limits, store::QUEUE).context("starting the evidence store writer")
