@@ -312,14 +312,16 @@ fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
     let server = start_server(&topo.ns, topo.server, &serve)?;
     let daemon = Daemon::start(&[])?;
     let pool = script(IDLE_POOL)?;
-    let client =
+    let mut client =
         topo.ns.spawn(topo.client, &format!("python3 {} {} 9002 20 10 0.3", pool.display(), topo.server_v4))?;
-    // All 20 are idle (ages 0.3 s apart) by about 6 s: restart the server.
-    std::thread::sleep(Duration::from_secs(8));
+    let lines = common::lines_of(&mut client)?;
+    // Once all 20 are idle (ages 0.3 s apart), restart the server.
+    common::wait_line(&lines, "ready", 30.0)?;
+    std::thread::sleep(Duration::from_secs(1));
     drop(server);
     let _server = start_server(&topo.ns, topo.server, &serve)?;
-    let out = client.wait_with_output()?;
-    let results = String::from_utf8_lossy(&out.stdout).to_string();
+    let results = common::wait_line(&lines, " ", 30.0)?;
+    let _ = client.wait();
     ensure!(
         results.contains("eof") || results.contains("error"),
         "the reuses after the restart should fail: {results}"

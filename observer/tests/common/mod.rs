@@ -400,7 +400,7 @@ fn wait_ready(mut child: Child, cmd: &str) -> Result<Killed> {
             }
         }
     });
-    if rx.recv_timeout(Duration::from_secs(10)).is_err() {
+    if rx.recv_timeout(Duration::from_secs_f64(tolerance(10.0))).is_err() {
         let _ = child.kill();
         let out = child.wait_with_output()?;
         bail!("server `{cmd}` did not get ready: {}", String::from_utf8_lossy(&out.stderr));
@@ -621,3 +621,30 @@ for s in socks:
         res.append("error")
 print(" ".join(res), flush=True)
 "#;
+
+/// The lines a child prints, as they come (its stdout is taken).
+pub fn lines_of(child: &mut Child) -> Result<mpsc::Receiver<String>> {
+    let out = child.stdout.take().context("the child's stdout")?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    Ok(rx)
+}
+
+/// Wait (up to `secs` x the time slack) for a line containing `needle`.
+pub fn wait_line(rx: &mpsc::Receiver<String>, needle: &str, secs: f64) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs_f64(tolerance(secs));
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains(needle) => return Ok(l),
+            Ok(_) => {}
+            Err(_) => bail!("no line with `{needle}` within {:.0} s", tolerance(secs)),
+        }
+    }
+}
