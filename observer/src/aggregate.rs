@@ -64,6 +64,8 @@ pub const CHANGE_SPREAD_NS: u64 = 5_000_000_000;
 pub const RESTART_SPAN_NS: u64 = 1_000_000_000;
 /// Sockets a restart closes at least.
 pub const RESTART_MIN_SOCKETS: usize = 4;
+/// Peer closes held per destination at most (a storm is judged early).
+const MAX_PENDING: usize = 4096;
 const HOUR_NS: u64 = 3_600_000_000_000;
 
 /// Settings of the aggregation.
@@ -347,6 +349,8 @@ pub struct Aggregator {
     restarts: Vec<Restart>,
     evicted: u64,
     gone: Vec<(String, Role)>,
+    /// Event time of the last sweep.
+    last_tick_ns: u64,
 }
 
 impl Aggregator {
@@ -360,6 +364,7 @@ impl Aggregator {
             restarts: Vec::new(),
             evicted: 0,
             gone: Vec::new(),
+            last_tick_ns: 0,
         }
     }
 
@@ -396,8 +401,10 @@ impl Aggregator {
             return key;
         }
         let own = |d: &HashMap<DestKey, DestState>| d.keys().filter(|k| k.dest != Destination::Other).count();
-        if own(&self.dests) >= self.config.max_destinations {
-            // Dead rows make room before anything lands in `other`.
+        if own(&self.dests) >= self.config.max_destinations && self.latest_ns >= self.last_tick_ns + RESTART_SPAN_NS {
+            // Dead rows make room before anything lands in `other` (at most
+            // once a second: a flood of new destinations past the cap must
+            // not sweep the table on every event).
             self.tick(self.latest_ns);
         }
         if own(&self.dests) < self.config.max_destinations {
@@ -427,6 +434,13 @@ impl Aggregator {
             }
         }
         if matches!(o.obs, Observation::PeerIdleClose { .. }) {
+            if st.pending.len() >= MAX_PENDING {
+                // A storm of closes: judge the oldest span now.
+                let first = st.pending[0].ts_ns;
+                let (changes, restart) = st.flush(first + RESTART_SPAN_NS + 1, key);
+                self.changes.extend(changes);
+                self.restarts.extend(restart);
+            }
             let at = st.pending.partition_point(|p| p.ts_ns <= o.ts_ns);
             st.pending.insert(at, o);
         } else if let Some(c) = st.commit(&o, key) {
@@ -438,6 +452,7 @@ impl Aggregator {
     /// evidence and drop rows that have none left.
     pub fn tick(&mut self, now_ns: u64) {
         let now = now_ns.max(self.latest_ns);
+        self.last_tick_ns = now;
         let mut gone = Vec::new();
         for (key, st) in &mut self.dests {
             let (changes, restart) = st.flush(now, *key);

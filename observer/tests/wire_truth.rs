@@ -444,10 +444,12 @@ fn one_lost_segment_answered_late_is_ok_not_stall() -> Result<()> {
     let stdout = child.stdout.take().context("client stdout")?;
     let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
     ensure!(lines.next().transpose()?.as_deref() == Some("ready"), "client did not get ready");
-    // Drop the reuse's data segments (not pure ACKs) for 0.7 s around the
-    // write at +2 s: the first transmission and the first retransmission
-    // are lost, a later retransmission gets through and is answered.
-    std::thread::sleep(Duration::from_millis(1500));
+    let ready = std::time::Instant::now();
+    // Drop the reuse's data segments (not pure ACKs) from now (the socket
+    // is idle: nothing to drop) until 0.7 s after the write at +2 s: the
+    // first transmission and the first retransmission are lost, a later
+    // retransmission gets through and is answered. The rule goes in at
+    // once, not just before the write: under emulation `nft` takes long.
     topo.ns.exec(
         router,
         &format!(
@@ -455,7 +457,7 @@ fn one_lost_segment_answered_late_is_ok_not_stall() -> Result<()> {
             topo.server_v4
         ),
     )?;
-    std::thread::sleep(Duration::from_millis(1200));
+    std::thread::sleep(Duration::from_millis(2700).saturating_sub(ready.elapsed()));
     topo.ns.exec(router, "nft flush chain inet observer_test forward_filter")?;
     let line = lines.next().transpose()?.context("client result")?;
     let _ = child.wait();

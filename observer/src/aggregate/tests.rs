@@ -468,3 +468,18 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn a_storm_of_peer_closes_is_judged_early_and_stays_bounded() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.14:80";
+    for k in 0..10_000u32 {
+        let idle = 1.0 + f64::from(k % 100) * 0.5;
+        agg.ingest(&at_sock(peer_close(100.0 + f64::from(k) * 0.00005, d, idle), 50_000 + u64::from(k)));
+    }
+    let held: usize = agg.dests.values().map(|st| st.pending.len()).max().unwrap_or(0);
+    assert!(held <= MAX_PENDING, "{held} closes held");
+    let rows = table(&mut agg);
+    assert!(agg.take_restarts().len() >= 2, "each full span of spread-out closes is a restart");
+    assert_eq!(row(&rows, d).path_point_evidence, 0, "none of it is timeout evidence");
+}
