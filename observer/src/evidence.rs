@@ -201,6 +201,20 @@ pub struct Counts {
     pub timeouts: u64,
 }
 
+impl Counts {
+    fn add(&mut self, o: &Self) {
+        self.reuses += o.reuses;
+        self.failures += o.failures;
+        self.peer_closes += o.peer_closes;
+        self.keepalive += o.keepalive;
+        self.late_reuses += o.late_reuses;
+        self.restarts += o.restarts;
+        self.restart_failures += o.restart_failures;
+        self.aborted += o.aborted;
+        self.timeouts += o.timeouts;
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 struct Slice {
     start_ns: u64,
@@ -274,17 +288,7 @@ impl Slice {
         for b in &other.bins {
             self.absorb(*b);
         }
-        let c = &other.counts;
-        let m = &mut self.counts;
-        m.reuses += c.reuses;
-        m.failures += c.failures;
-        m.peer_closes += c.peer_closes;
-        m.keepalive += c.keepalive;
-        m.late_reuses += c.late_reuses;
-        m.restarts += c.restarts;
-        m.restart_failures += c.restart_failures;
-        m.aborted += c.aborted;
-        m.timeouts += c.timeouts;
+        self.counts.add(&other.counts);
         self.min_keepalive_idle = min_positive(self.min_keepalive_idle, other.min_keepalive_idle);
         self.max_reuse_idle = max_opt(self.max_reuse_idle, other.max_reuse_idle);
         for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
@@ -589,16 +593,7 @@ impl Evidence {
     pub fn counts(&self) -> Counts {
         let mut c = Counts::default();
         for s in &self.slices {
-            let x = &s.counts;
-            c.reuses += x.reuses;
-            c.failures += x.failures;
-            c.peer_closes += x.peer_closes;
-            c.keepalive += x.keepalive;
-            c.late_reuses += x.late_reuses;
-            c.restarts += x.restarts;
-            c.restart_failures += x.restart_failures;
-            c.aborted += x.aborted;
-            c.timeouts += x.timeouts;
+            c.add(&s.counts);
         }
         c
     }

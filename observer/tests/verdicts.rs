@@ -192,33 +192,7 @@ fn observed_deadlines_and_the_staircase() -> Result<()> {
     Ok(())
 }
 
-/// An echo server that resets a connection (`SO_LINGER` 0) whose request
-/// contains `reset`: `python3 STRAY_SERVER HOST PORT`.
-const STRAY_SERVER: &str = r#"
-import socket, struct, sys, threading
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(64)
-print("ready", flush=True)
-def serve(c):
-    while True:
-        try:
-            d = c.recv(4096)
-        except OSError:
-            break
-        if not d:
-            break
-        if b"reset" in d:
-            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            break
-        c.sendall(d)
-    c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
-/// One destination, three clients: a pool reusing after 2, 2.5 and 3 s
+/// One destination (`ECHO_SERVER`), three clients: a pool reusing after 2, 2.5 and 3 s
 /// (fine), a pool that closes its idle connections after 1.5 s (three of
 /// them), and one stray reset on a reuse after 1.1 s:
 /// `python3 HEALTHY_POOLS HOST PORT`.
@@ -255,7 +229,7 @@ except ConnectionResetError:
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_stray_reset_keeps_an_ok_verdict() -> Result<()> {
     let topo = Topology::pair("vstray")?;
-    let server = script(STRAY_SERVER)?;
+    let server = script(common::ECHO_SERVER)?;
     let _srv =
         start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9004", server.display(), topo.server_v4))?;
     let daemon = Daemon::start(&[])?;

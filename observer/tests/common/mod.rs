@@ -349,9 +349,10 @@ pub fn script(body: &str) -> Result<tempfile::TempPath> {
     Ok(f.into_temp_path())
 }
 
-/// A TCP echo server: `python3 ECHO_SERVER HOST PORT`; prints `ready`.
+/// A TCP echo server: `python3 ECHO_SERVER HOST PORT`; prints `ready`. A
+/// request that is exactly `reset` is answered with an RST (a stray reset).
 pub const ECHO_SERVER: &str = r#"
-import socket, sys, threading
+import socket, struct, sys, threading
 host, port = sys.argv[1], int(sys.argv[2])
 fam = socket.AF_INET6 if ":" in host else socket.AF_INET
 s = socket.socket(fam)
@@ -366,6 +367,10 @@ def serve(c):
         except OSError:
             break
         if not d:
+            break
+        if d == b"reset":
+            # A stray reset: abort this one connection (SO_LINGER 0).
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             break
         c.sendall(d)
     c.close()
