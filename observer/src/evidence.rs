@@ -337,8 +337,6 @@ pub struct Evidence {
     late: VecDeque<Timed>,
     minutes: VecDeque<Minute>,
     epoch: u32,
-    /// Dead evidence from this time on belongs to the current epoch.
-    epoch_dead_from_ns: u64,
     split: bool,
 }
 
@@ -363,7 +361,6 @@ impl Evidence {
             late: VecDeque::new(),
             minutes: VecDeque::new(),
             epoch: 0,
-            epoch_dead_from_ns: 0,
             split: false,
         }
     }
@@ -485,7 +482,6 @@ impl Evidence {
     /// `dead_from_ns` on.
     pub fn new_epoch(&mut self, dead_from_ns: u64) {
         self.epoch += 1;
-        self.epoch_dead_from_ns = dead_from_ns;
         self.split = true;
         for d in self.dead.iter_mut().filter(|d| d.ts_ns >= dead_from_ns) {
             d.epoch = self.epoch;
@@ -522,18 +518,6 @@ impl Evidence {
             && self.aborted.is_empty()
             && self.timeouts.is_empty()
             && self.late.is_empty()
-    }
-
-    /// Newest observation time.
-    #[must_use]
-    pub fn last_ns(&self) -> u64 {
-        self.slices.back().map_or(0, |s| s.end_ns)
-    }
-
-    /// Current epoch number.
-    #[must_use]
-    pub const fn epoch(&self) -> u32 {
-        self.epoch
     }
 
     /// Alive evidence of the current epoch as `(age, count)`; keep-alive
