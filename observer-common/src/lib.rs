@@ -190,10 +190,16 @@ pub struct Offsets {
     pub copied_seq: u64,
     /// `tcp_sock.keepalive_time` (jiffies; 0 = the sysctl default).
     pub keepalive_time: u64,
+    /// `sock_common.skc_net` (the `struct net *` inside `possible_net_t`);
+    /// 0 = a kernel without network namespaces (every event reads netns 0).
+    pub skc_net: u64,
+    /// `net.ns.inum`: the namespace's inode number, as `/proc/PID/ns/net`
+    /// shows it.
+    pub net_ns_inum: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 18;
+pub const OFFSETS_COUNT: usize = 20;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.
@@ -235,10 +241,17 @@ pub struct Event {
     pub pad: [u8; 5],
     /// Command name of `tgid`, NUL padded.
     pub comm: [u8; 16],
+    /// cgroup v2 id (the cgroup directory's inode) of `tgid` at its last
+    /// request write, or first write; 0 = no write seen yet.
+    pub cgroup_id: u64,
+    /// Inode of the socket's network namespace (`/proc/PID/ns/net`).
+    pub netns: u32,
+    /// Explicit padding, always zero.
+    pub pad2: u32,
 }
 
 /// Size of [`Event`] on the wire.
-pub const EVENT_SIZE: usize = 112;
+pub const EVENT_SIZE: usize = 128;
 const _: () = assert!(core::mem::size_of::<Event>() == EVENT_SIZE);
 const _: () = assert!(core::mem::align_of::<Event>() == 8);
 
@@ -265,6 +278,9 @@ impl Event {
         flags: 0,
         pad: [0; 5],
         comm: [0; 16],
+        cgroup_id: 0,
+        netns: 0,
+        pad2: 0,
     };
 }
 
@@ -317,6 +333,11 @@ pub struct SockState {
     /// `flags::PREEXISTING` and the probes' own `st::*` bits.
     pub flags: u8,
     pub comm: [u8; 16],
+    /// cgroup v2 id of `tgid` when it was recorded.
+    pub cgroup_id: u64,
+    /// Inode of the socket's network namespace.
+    pub netns: u32,
+    pub pad: u32,
 }
 
 impl SockState {
@@ -346,11 +367,14 @@ impl SockState {
         role: 0,
         flags: 0,
         comm: [0; 16],
+        cgroup_id: 0,
+        netns: 0,
+        pad: 0,
     };
 }
 
 /// Size of [`SockState`] in socket-local storage.
-pub const SOCK_STATE_SIZE: usize = 160;
+pub const SOCK_STATE_SIZE: usize = 176;
 const _: () = assert!(core::mem::size_of::<SockState>() == SOCK_STATE_SIZE);
 
 /// One socket as the `iter/tcp` program writes it (the at-risk view).
@@ -369,10 +393,15 @@ pub struct SockRecord {
     pub family: u16,
     pub role: u8,
     pub flags: u8,
+    /// Inode of the socket's network namespace.
+    pub netns: u32,
+    pub pad: u32,
+    /// cgroup v2 id of the socket's recorded process (0 = none yet).
+    pub cgroup_id: u64,
 }
 
 /// Size of [`SockRecord`].
-pub const SOCK_RECORD_SIZE: usize = 64;
+pub const SOCK_RECORD_SIZE: usize = 80;
 const _: () = assert!(core::mem::size_of::<SockRecord>() == SOCK_RECORD_SIZE);
 
 /// Key of the table of connections our server side closed idle (for
@@ -433,6 +462,8 @@ mod tests {
         assert_eq!(offset_of!(Event, kind), 86);
         assert_eq!(offset_of!(Event, flags), 90);
         assert_eq!(offset_of!(Event, comm), 96);
+        assert_eq!(offset_of!(Event, cgroup_id), 112);
+        assert_eq!(offset_of!(Event, netns), 120);
         assert_eq!(core::mem::size_of::<Event>(), EVENT_SIZE);
     }
 
@@ -446,6 +477,8 @@ mod tests {
         assert_eq!(offset_of!(SockState, role), 142);
         assert_eq!(offset_of!(SockState, flags), 143);
         assert_eq!(offset_of!(SockState, comm), 144);
+        assert_eq!(offset_of!(SockState, cgroup_id), 160);
+        assert_eq!(offset_of!(SockState, netns), 168);
         assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
     }
 
@@ -453,6 +486,8 @@ mod tests {
     fn records_and_keys_have_no_padding() {
         assert_eq!(offset_of!(SockRecord, saddr), 24);
         assert_eq!(offset_of!(SockRecord, flags), 63);
+        assert_eq!(offset_of!(SockRecord, netns), 64);
+        assert_eq!(offset_of!(SockRecord, cgroup_id), 72);
         assert_eq!(offset_of!(TupleKey, pad), 38);
         assert_eq!(core::mem::size_of::<ClosedIdle>(), 16);
     }

@@ -25,7 +25,8 @@ use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel, generated::bpf_sk_storage_get,
+        bpf_probe_read_kernel,
+        generated::{bpf_get_current_cgroup_id, bpf_sk_storage_get},
     },
     macros::{btf_map, map},
     maps::{LruHashMap, PerCpuArray, RingBuf},
@@ -95,6 +96,8 @@ static OFFSETS: Offsets = Offsets {
     rcv_nxt: 0,
     copied_seq: 0,
     keepalive_time: 0,
+    skc_net: 0,
+    net_ns_inum: 0,
 };
 
 /// A write of at most this many bytes immediately followed by our close
@@ -280,8 +283,22 @@ pub fn init(sk: *const c_void, st: &mut SockState) -> bool {
     st.family = family;
     st.dport = u16::from_be(field(sk, &raw const OFFSETS.skc_dport));
     st.sport = field(sk, &raw const OFFSETS.skc_num);
+    st.netns = netns(sk);
     st.id = next_id();
     true
+}
+
+/// Inode of the socket's network namespace (`sk->__sk_common.skc_net.net->ns.inum`).
+#[inline(always)]
+fn netns(sk: *const c_void) -> u32 {
+    if global(&raw const OFFSETS.skc_net) == 0 {
+        return 0;
+    }
+    let net: u64 = field(sk, &raw const OFFSETS.skc_net);
+    if net == 0 {
+        return 0;
+    }
+    field(net as *const c_void, &raw const OFFSETS.net_ns_inum)
 }
 
 /// State of a socket first seen after it was established: its role is
@@ -330,6 +347,8 @@ pub fn tracks_requests(st: &SockState) -> bool {
 pub fn set_process(st: &mut SockState) {
     st.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
     st.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    // SAFETY: a helper with no arguments, allowed in tracing programs.
+    st.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
 }
 
 /// Emit one event built from the socket's state. The record is written in
@@ -358,6 +377,8 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     e.role = st.role;
     e.tgid = st.tgid;
     e.comm = st.comm;
+    e.cgroup_id = st.cgroup_id;
+    e.netns = st.netns;
     e.flags = st.flags & flags::PREEXISTING;
     if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED {
         let (on, jiffies) = keepalive(sk);

@@ -1,6 +1,7 @@
 //! `tp_btf/inet_sock_set_state` (4.16+; args `sk`, `oldstate`,
 //! `newstate`): establishment (role), the peer's FIN (`ESTABLISHED ->
-//! CLOSE_WAIT`), our close, and the final `CLOSE`. Addresses come from
+//! CLOSE_WAIT`), our close, and the final `CLOSE`; `connect()` (`CLOSE ->
+//! SYN_SENT`) records the connecting process and its cgroup. Addresses come from
 //! `struct sock_common` at BTF offsets, once per connection.
 
 use core::ffi::c_void;
@@ -9,7 +10,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use observer_common::{how, tcp_state as S, IPPROTO_TCP};
 
 use crate::common::{
-    adopt, is_full_close, now, on_closed, on_established, on_local_close, on_peer_fin, sk_protocol, storage,
+    adopt, is_full_close, now, on_closed, on_established, on_local_close, on_peer_fin, set_process, sk_protocol,
+    storage,
 };
 
 #[btf_tracepoint(function = "inet_sock_set_state")]
@@ -21,7 +23,15 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         return 0;
     }
     let now = now();
-    if new == S::ESTABLISHED && (old == S::SYN_SENT || old == S::SYN_RECV) {
+    if old == S::CLOSE && new == S::SYN_SENT {
+        // `connect()` runs in the connecting process: record it (and its
+        // cgroup) now, so a pooled connection that is closed before its
+        // first write still has an owner. The addresses are not final yet;
+        // `on_established` fills them in.
+        if let Some(st) = storage(sk, true) {
+            set_process(st);
+        }
+    } else if new == S::ESTABLISHED && (old == S::SYN_SENT || old == S::SYN_RECV) {
         on_established(sk, old == S::SYN_SENT, now);
     } else if old == S::ESTABLISHED && new == S::CLOSE_WAIT {
         if let Some(st) = adopt(sk) {

@@ -47,6 +47,9 @@ pub extern "C" fn iter_tcp(ctx: *mut c_void) -> i32 {
             family: st.family,
             role: st.role,
             flags: st.flags,
+            netns: st.netns,
+            pad: 0,
+            cgroup_id: st.cgroup_id,
         };
         let seq = *ctx.meta;
         bpf_seq_write(seq.cast(), (&raw const rec).cast(), SOCK_RECORD_SIZE as u32);

@@ -46,8 +46,8 @@ use crate::{
 pub use crate::{
     evidence::IDLE_BUCKETS,
     table::{
-        Bucket, Change, DestKey, Destination, DestinationRow, FailureMode, LowerBasis, PathShare, Restart, Verdict,
-        VerdictEvidence,
+        Bucket, Change, DestKey, Destination, DestinationRow, FailureMode, LowerBasis, PathShare, ProcessOwner,
+        Restart, RowId, Verdict, VerdictEvidence,
     },
     verdict::RECOMMENDED_MAX_LIFETIME_SECONDS,
 };
@@ -75,17 +75,20 @@ pub struct Config {
     pub window_ns: u64,
     /// Destinations with their own row; the rest go to `other`.
     pub max_destinations: usize,
+    /// Inode of the host's network namespace: its sockets' rows carry
+    /// no `netns` (0: none known, every namespace is named).
+    pub host_netns: u32,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Self { window_ns: 24 * HOUR_NS, max_destinations: 1000 }
+        Self { window_ns: 24 * HOUR_NS, max_destinations: 1000, host_netns: 0 }
     }
 }
 
 /// The destination an event belongs to, if any.
 #[must_use]
-pub fn destination_of(ev: &SockEvent) -> Option<(SocketAddr, Role)> {
+pub const fn destination_of(ev: &SockEvent) -> Option<(SocketAddr, Role)> {
     match ev.role {
         Role::Client => Some((ev.remote, Role::Client)),
         Role::Server => Some((ev.local, Role::Server)),
@@ -111,7 +114,7 @@ struct DestState {
     pending: Vec<Observed>,
     restarts: VecDeque<Restart>,
     contradictions: Vec<Contradiction>,
-    processes: BTreeMap<String, u64>,
+    processes: BTreeMap<ProcessOwner, u64>,
     changes: VecDeque<Change>,
     first_failure_ns: Option<u64>,
     last_failure_ns: Option<u64>,
@@ -217,6 +220,7 @@ impl DestState {
             ts_unix_ns: o.ts_ns,
             destination: key.dest.to_string(),
             role: key.role,
+            netns: key.netns(),
             before_lower_seconds: before.lower,
             before_upper_seconds: before.upper,
             after_lower_seconds: after.lower,
@@ -332,6 +336,7 @@ fn restart_of(group: &[Observed], key: DestKey) -> Option<Restart> {
         ts_unix_ns: group[0].ts_ns,
         destination: key.dest.to_string(),
         role: key.role,
+        netns: key.netns(),
         sockets: sockets.len(),
         min_idle_seconds: min,
         max_idle_seconds: max,
@@ -348,7 +353,7 @@ pub struct Aggregator {
     changes: Vec<Change>,
     restarts: Vec<Restart>,
     evicted: u64,
-    gone: Vec<(String, Role)>,
+    gone: Vec<RowId>,
     /// Event time of the last sweep.
     last_tick_ns: u64,
 }
@@ -385,7 +390,7 @@ impl Aggregator {
     }
 
     /// Rows removed since the last call (their metric series can go).
-    pub fn take_gone(&mut self) -> Vec<(String, Role)> {
+    pub fn take_gone(&mut self) -> Vec<RowId> {
         std::mem::take(&mut self.gone)
     }
 
@@ -395,8 +400,17 @@ impl Aggregator {
         self.evicted
     }
 
-    fn slot(&mut self, addr: SocketAddr, role: Role) -> DestKey {
-        let key = DestKey { dest: Destination::Addr(addr), role };
+    /// The key's namespace part: 0 for the host's.
+    const fn netns_of(&self, netns: u32) -> u32 {
+        if netns == self.config.host_netns {
+            0
+        } else {
+            netns
+        }
+    }
+
+    fn slot(&mut self, addr: SocketAddr, role: Role, netns: u32) -> DestKey {
+        let key = DestKey { dest: Destination::Addr(addr), role, netns };
         if self.dests.contains_key(&key) {
             return key;
         }
@@ -410,7 +424,7 @@ impl Aggregator {
         if own(&self.dests) < self.config.max_destinations {
             key
         } else {
-            DestKey { dest: Destination::Other, role }
+            DestKey { dest: Destination::Other, role, netns: 0 }
         }
     }
 
@@ -419,7 +433,7 @@ impl Aggregator {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
         let Some((addr, role)) = destination_of(ev) else { return };
         let Some(o) = Observed::of(ev) else { return };
-        let key = self.slot(addr, role);
+        let key = self.slot(addr, role, self.netns_of(ev.netns));
         let now = self.latest_ns;
         let window = self.config.window_ns;
         let st = self.dests.entry(key).or_insert_with(|| DestState::new(window));
@@ -427,10 +441,16 @@ impl Aggregator {
         self.changes.extend(changes);
         self.restarts.extend(restart);
         if matches!(o.obs, Observation::Reuse { .. }) && !ev.comm.is_empty() {
-            if let Some(n) = st.processes.get_mut(&ev.comm) {
+            let who = ProcessOwner {
+                process: ev.comm.clone(),
+                container: ev.container.clone(),
+                pod: ev.pod.clone(),
+                unit: ev.unit.clone(),
+            };
+            if let Some(n) = st.processes.get_mut(&who) {
                 *n += 1;
             } else if st.processes.len() < MAX_PROCESSES {
-                st.processes.insert(ev.comm.clone(), 1);
+                st.processes.insert(who, 1);
             }
         }
         if matches!(o.obs, Observation::PeerIdleClose { .. }) {
@@ -467,7 +487,7 @@ impl Aggregator {
             self.dests.remove(&k);
             self.evicted += 1;
             if self.gone.len() < 4 * self.config.max_destinations.max(1) {
-                self.gone.push((k.dest.to_string(), k.role));
+                self.gone.push(k.id());
             }
         }
     }
@@ -486,15 +506,11 @@ impl Aggregator {
     /// The `destination` label of an evidence event already ingested: its
     /// address, or `other` past the cap. None for events of no destination.
     #[must_use]
-    pub fn label_of(&self, ev: &SockEvent) -> Option<String> {
+    pub fn label_of(&self, ev: &SockEvent) -> Option<RowId> {
         let (addr, role) = destination_of(ev)?;
-        if self.dests.contains_key(&DestKey { dest: Destination::Addr(addr), role }) {
-            Some(addr.to_string())
-        } else if self.dests.contains_key(&DestKey { dest: Destination::Other, role }) {
-            Some(Destination::Other.to_string())
-        } else {
-            None
-        }
+        let own = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
+        let other = DestKey { dest: Destination::Other, role, netns: 0 };
+        [own, other].into_iter().find(|k| self.dests.contains_key(k)).map(|k| k.id())
     }
 
     /// Replace the at-risk view with the current idle sockets.
@@ -523,8 +539,9 @@ impl Aggregator {
             if s.role != Role::Client {
                 continue;
             }
-            let own = DestKey { dest: Destination::Addr(s.remote), role: Role::Client };
-            let key = if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, ..own } };
+            let own = DestKey { dest: Destination::Addr(s.remote), role: Role::Client, netns: self.netns_of(s.netns) };
+            let key =
+                if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, netns: 0, ..own } };
             if let (Some(&th), Some(st)) = (thresholds.get(&key), self.dests.get_mut(&key)) {
                 if s.idle_seconds > th {
                     st.at_risk += 1;
@@ -538,7 +555,7 @@ impl Aggregator {
         self.tick(now_ns);
         let now = now_ns.max(self.latest_ns);
         let mut rows: Vec<DestinationRow> = self.dests.iter().map(|(k, st)| row(*k, st, now)).collect();
-        rows.sort_by(|a, b| (&a.destination, a.role).cmp(&(&b.destination, b.role)));
+        rows.sort_by(|a, b| (&a.destination, a.role, a.netns).cmp(&(&b.destination, b.role, b.netns)));
         rows
     }
 }
@@ -561,6 +578,7 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
     let mut r = DestinationRow {
         destination: key.dest.to_string(),
         role: key.role,
+        netns: key.netns(),
         failure_mode: FailureMode::None,
         path_idle_timeout_seconds: None,
         path_idle_timeout_lower_seconds: 0.0,
@@ -601,7 +619,14 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         at_risk_idle_sockets: st.at_risk,
         first_failure_unix_ns: st.first_failure_ns,
         last_failure_unix_ns: st.last_failure_ns,
-        processes: st.processes.keys().cloned().collect(),
+        processes: st
+            .processes
+            .keys()
+            .map(|p| p.process.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        owners: st.processes.keys().cloned().collect(),
         idle_buckets: buckets,
         last_change: st.changes.back().cloned(),
         evidence_bytes: ev.bytes(),

@@ -82,7 +82,7 @@ pub fn pipeline(n: usize, destinations: u32) -> PipelineResult {
     for chunk in raw.chunks_exact(EVENT_SIZE) {
         if let Ok(ev) = decode_bytes(chunk, clock) {
             agg.ingest(&ev);
-            metrics.observe(&ev, agg.label_of(&ev).as_deref());
+            metrics.observe(&ev, agg.label_of(&ev).as_ref());
             decoded += 1;
         }
     }

@@ -234,6 +234,16 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         rcv_nxt: btf.offset("tcp_sock", "rcv_nxt")?,
         copied_seq: btf.offset("tcp_sock", "copied_seq")?,
         keepalive_time: btf.offset("tcp_sock", "keepalive_time")?,
+        // Without CONFIG_NET_NS, `possible_net_t` is empty: every socket
+        // is in the one namespace, reported as 0.
+        skc_net: match btf.field("possible_net_t", "net") {
+            Ok(_) => skc("skc_net")?,
+            Err(_) => 0,
+        },
+        net_ns_inum: match btf.field("possible_net_t", "net") {
+            Ok(_) => btf.offset("net", "ns")? + btf.offset("ns_common", "inum")?,
+            Err(_) => 0,
+        },
     })
 }
 

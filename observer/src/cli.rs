@@ -171,6 +171,12 @@ impl RunArgs {
         if let Some(r) = &self.record {
             lines.push(("record", q(&r.display().to_string())));
         }
+        if let Some(c) = &self.cgroup {
+            lines.push(("cgroup", q(&c.display().to_string())));
+        }
+        if let Some(n) = &self.netns {
+            lines.push(("netns", q(&n.display().to_string())));
+        }
         lines.iter().fold(String::new(), |mut out, (k, v)| {
             let _ = writeln!(out, "{k} = {v}");
             out
@@ -278,6 +284,14 @@ pub struct RunArgs {
     /// The evidence store is kept below this size.
     #[arg(long, value_parser = parse_size64, default_value = "256MiB", env = "OBSERVER_MAX_STORE_BYTES")]
     pub max_store_bytes: u64,
+    /// Observe only sockets of processes in this cgroup v2 subtree (a path
+    /// below the cgroup2 mount, or relative to it: `/system.slice/app.service`).
+    #[arg(long, value_name = "PATH", env = "OBSERVER_CGROUP")]
+    pub cgroup: Option<PathBuf>,
+    /// Observe only sockets in this network namespace (`/run/netns/NAME`,
+    /// `/proc/PID/ns/net`).
+    #[arg(long, value_name = "PATH", env = "OBSERVER_NETNS")]
+    pub netns: Option<PathBuf>,
     /// Attach empty programs beside the hot-path probes (benchmark baseline).
     #[arg(long, hide = true)]
     pub bench_empty_probes: bool,

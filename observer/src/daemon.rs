@@ -26,6 +26,7 @@ use crate::{
     event::{clock_ns, EventKind, SockEvent},
     http::{self, Handler, Response},
     metrics::{self, Metrics},
+    owner::{self, Filter, Resolver},
     store::{self, Record, Store, Writer},
 };
 
@@ -119,18 +120,25 @@ struct Sinks {
     store: Option<Writer>,
     store_dropped: u64,
     volume: store::Volume,
+    owners: Resolver,
+    filter: Filter,
 }
 
 impl Sinks {
-    fn handle(&mut self, ev: &SockEvent) -> Result<()> {
+    fn handle(&mut self, mut ev: SockEvent) -> Result<()> {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
+        self.owners.enrich(&mut ev);
+        if !self.filter.keeps_event(&ev) {
+            return Ok(());
+        }
+        let ev = &ev;
         if let Some(rec) = self.record.as_mut() {
             writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
         }
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
             agg.ingest(ev);
-            self.shared.metrics.observe(ev, agg.label_of(ev).as_deref());
+            self.shared.metrics.observe(ev, agg.label_of(ev).as_ref());
             for r in agg.take_restarts() {
                 self.shared.metrics.restart(&r);
                 warn!(
@@ -199,10 +207,12 @@ impl Sinks {
 }
 
 /// Open the store and rebuild the estimates from what it holds.
-fn open_store(args: &RunArgs, aggregator: &mut Aggregator) -> Result<Writer> {
+fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> Result<Writer> {
     let store = Store::open(&args.data_dir).context("opening the evidence store")?;
     let since = clock_ns(libc::CLOCK_REALTIME).saturating_sub(nanos(args.window));
-    let events = store.events(None, since).context("reading stored evidence")?;
+    let mut events = store.events(None, since).context("reading stored evidence")?;
+    // A store shared with an unfiltered run holds sockets this run does not watch.
+    events.retain(|ev| filter.keeps_event(ev));
     for ev in &events {
         aggregator.ingest(ev);
     }
@@ -289,13 +299,36 @@ fn spawn_http(listener: std::net::TcpListener, shared: Arc<Shared>, limits: http
 }
 
 /// Run the daemon until SIGINT or SIGTERM.
+/// What this run observes (`--netns`, `--cgroup`), where the cgroup tree
+/// is, and the empty table keyed with the host's namespace.
+fn scope(args: &RunArgs) -> Result<(Filter, Option<std::path::PathBuf>, Aggregator)> {
+    let cgroup_root = owner::cgroup2_root();
+    let filter = Filter::new(args.netns.as_deref(), args.cgroup.as_deref(), cgroup_root.as_deref())?;
+    if !filter.is_empty() {
+        info!(
+            "observing only: netns={} cgroup={}",
+            filter.netns.map_or_else(|| "any".to_owned(), |n| n.to_string()),
+            filter.cgroup.as_deref().unwrap_or("any")
+        );
+    }
+    if cgroup_root.is_none() {
+        warn!("no cgroup v2 hierarchy is mounted: containers, pods and units stay unknown");
+    }
+    let host_netns = owner::host_netns();
+    let aggregator = Aggregator::new(aggregate::Config {
+        window_ns: nanos(args.window),
+        max_destinations: args.max_destinations,
+        host_netns,
+    });
+    Ok((filter, cgroup_root, aggregator))
+}
+
 pub async fn run(args: RunArgs) -> Result<()> {
     // Before the store or the listen socket: a missing capability is named
     // first, and nothing is created by a daemon that cannot start.
     bpf::check_capabilities().context("checking capabilities")?;
-    let mut aggregator =
-        Aggregator::new(aggregate::Config { window_ns: nanos(args.window), max_destinations: args.max_destinations });
-    let writer = open_store(&args, &mut aggregator)?;
+    let (filter, cgroup_root, mut aggregator) = scope(&args)?;
+    let writer = open_store(&args, &mut aggregator, &filter)?;
     let mut probes = bring_up(&args)?;
     let record = match &args.record {
         Some(path) => Some(BufWriter::new(
@@ -333,7 +366,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         store: Some(writer),
         store_dropped: 0,
         volume: store::Volume::default(),
+        owners: Resolver::new(cgroup_root),
+        filter,
     };
+    // One pass of the reader before the daemon says it runs: /healthz is
+    // 200 from the first request a supervisor makes after that line.
+    drain(&mut probes, &mut sinks)?;
     info!(
         "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
         probes.probe_set().name(),
@@ -397,7 +435,7 @@ fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
     let mut result = Ok(());
     probes.drain(|ev| match ev {
         Ok(ev) => {
-            if let Err(e) = sinks.handle(&ev) {
+            if let Err(e) = sinks.handle(ev) {
                 result = Err(e);
             }
         }

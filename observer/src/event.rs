@@ -205,6 +205,24 @@ pub struct SockEvent {
     /// Per-boot socket number (never a kernel address).
     #[serde(default)]
     pub sock_id: u64,
+    /// Inode of the socket's network namespace (`/proc/PID/ns/net`); 0 = unknown.
+    #[serde(default)]
+    pub netns: u32,
+    /// cgroup v2 id of the process that connected or wrote; 0 = none seen.
+    #[serde(default)]
+    pub cgroup_id: u64,
+    /// That cgroup's path below the cgroup v2 root, when resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// Container id, from the cgroup path's runtime convention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// Kubernetes pod uid, from a `kubepods` cgroup path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// systemd unit, from the cgroup path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
 }
 
 /// One tracked socket as the kernel's table shows it now (the at-risk view).
@@ -215,6 +233,10 @@ pub struct SocketView {
     pub role: Role,
     /// Seconds since the last payload either way.
     pub idle_seconds: f64,
+    /// Inode of the socket's network namespace.
+    pub netns: u32,
+    /// cgroup v2 id of the socket's process (0 = none seen).
+    pub cgroup_id: u64,
 }
 
 /// Decode a kernel socket record, with its idle age at `now_ns` (boot
@@ -232,7 +254,14 @@ pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
         role::SERVER => Role::Server,
         _ => guess_role(rec.sport, rec.dport),
     };
-    Some(SocketView { local, remote, role, idle_seconds: secs(now_ns.saturating_sub(rec.last_ns)) })
+    Some(SocketView {
+        local,
+        remote,
+        role,
+        idle_seconds: secs(now_ns.saturating_sub(rec.last_ns)),
+        netns: rec.netns,
+        cgroup_id: rec.cgroup_id,
+    })
 }
 
 /// Converts the kernel's boot-clock timestamps (`CLOCK_BOOTTIME`, which
@@ -403,6 +432,12 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         reuse: raw.flags & flags::REUSE != 0,
         bytes: raw.bytes,
         sock_id: raw.sock_id,
+        netns: raw.netns,
+        cgroup_id: raw.cgroup_id,
+        cgroup: None,
+        container: None,
+        pod: None,
+        unit: None,
     })
 }
 
@@ -441,6 +476,12 @@ impl SockEvent {
             reuse: false,
             bytes: 0,
             sock_id: 0,
+            netns: 0,
+            cgroup_id: 0,
+            cgroup: None,
+            container: None,
+            pod: None,
+            unit: None,
         }
     }
 
@@ -508,6 +549,17 @@ impl fmt::Display for SockEvent {
             match self.keepalive_idle_seconds {
                 Some(k) => write!(f, " keepalive={k:.0}s")?,
                 None => write!(f, " keepalive")?,
+            }
+        }
+        if let Some(c) = &self.container {
+            write!(f, " container={}", printable(c.get(..12).unwrap_or(c)))?;
+        }
+        if let Some(p) = &self.pod {
+            write!(f, " pod={}", printable(p))?;
+        }
+        if self.container.is_none() {
+            if let Some(u) = &self.unit {
+                write!(f, " unit={}", printable(u))?;
             }
         }
         Ok(())

@@ -16,6 +16,7 @@ pub mod event;
 pub mod evidence;
 pub mod http;
 pub mod metrics;
+pub mod owner;
 pub mod path;
 pub mod report;
 pub mod status;

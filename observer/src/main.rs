@@ -156,7 +156,10 @@ fn analyze_cmd(args: &AnalyzeArgs) -> Result<()> {
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
     let events = status::read_recording(file).with_context(|| format!("in {}", args.file.display()))?;
     let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
-    let rows = status::analyze(&events, Config { window_ns, max_destinations: args.max_destinations });
+    let rows = status::analyze(
+        &events,
+        Config { window_ns, max_destinations: args.max_destinations, host_netns: observer::owner::host_netns() },
+    );
     print_rows(&rows, args.json)
 }
 

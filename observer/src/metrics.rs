@@ -16,6 +16,7 @@ use std::sync::atomic::AtomicU64;
 use crate::{
     aggregate::{DestinationRow, Verdict},
     event::{EventKind, SockEvent},
+    table::{netns_label, RowId},
 };
 
 /// Histogram buckets (seconds): the idle timeouts that matter in practice.
@@ -25,6 +26,7 @@ pub const BUCKETS: &[f64] = crate::aggregate::IDLE_BUCKETS;
 struct ReuseLabels {
     destination: String,
     role: String,
+    netns: String,
     outcome: String,
 }
 
@@ -32,6 +34,7 @@ struct ReuseLabels {
 struct PeerLabels {
     destination: String,
     role: String,
+    netns: String,
     how: String,
 }
 
@@ -39,12 +42,14 @@ struct PeerLabels {
 struct DestLabels {
     destination: String,
     role: String,
+    netns: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BoundLabels {
     destination: String,
     role: String,
+    netns: String,
     bound: String,
 }
 
@@ -52,6 +57,7 @@ struct BoundLabels {
 struct MismatchLabels {
     destination: String,
     role: String,
+    netns: String,
     failure_mode: String,
 }
 
@@ -270,28 +276,31 @@ impl Metrics {
     /// Count and, for evidence events, observe one event. `destination` is
     /// the capped label from the aggregator (None for events that belong
     /// to no destination).
-    pub fn observe(&self, ev: &SockEvent, destination: Option<&str>) {
+    pub fn observe(&self, ev: &SockEvent, row: Option<&RowId>) {
         self.events.get_or_create(&KindLabels { kind: ev.kind.as_str().to_owned() }).inc();
-        let Some(destination) = destination else { return };
-        let role = ev.role.as_str().to_owned();
-        let destination = destination.to_owned();
+        let Some(row) = row else { return };
+        let role = row.role.as_str().to_owned();
+        let destination = row.destination.clone();
+        let netns = netns_label(row.netns);
         match ev.kind {
             EventKind::Reuse => {
                 if let Some(o) = ev.outcome {
                     self.reuse_idle
-                        .get_or_create(&ReuseLabels { destination, role, outcome: o.as_str().to_owned() })
+                        .get_or_create(&ReuseLabels { destination, role, netns, outcome: o.as_str().to_owned() })
                         .observe(ev.idle_seconds);
                 }
             }
             EventKind::PeerCloseWhileIdle => {
                 let how = ev.how.map_or("fin", |h| h.as_str()).to_owned();
-                self.peer_idle_close.get_or_create(&PeerLabels { destination, role, how }).observe(ev.idle_seconds);
+                self.peer_idle_close
+                    .get_or_create(&PeerLabels { destination, role, netns, how })
+                    .observe(ev.idle_seconds);
             }
             EventKind::LocalClose if ev.is_pool_idle_close() => {
-                self.local_idle_close.get_or_create(&DestLabels { destination, role }).observe(ev.idle_seconds);
+                self.local_idle_close.get_or_create(&DestLabels { destination, role, netns }).observe(ev.idle_seconds);
             }
             EventKind::LateReuse => {
-                self.late_reuses.get_or_create(&DestLabels { destination, role }).inc();
+                self.late_reuses.get_or_create(&DestLabels { destination, role, netns }).inc();
             }
             _ => {}
         }
@@ -317,21 +326,30 @@ impl Metrics {
     /// Count a peer restart.
     pub fn restart(&self, r: &crate::aggregate::Restart) {
         self.restarts
-            .get_or_create(&DestLabels { destination: r.destination.clone(), role: r.role.as_str().to_owned() })
+            .get_or_create(&DestLabels {
+                destination: r.destination.clone(),
+                role: r.role.as_str().to_owned(),
+                netns: netns_label(r.netns),
+            })
             .inc();
     }
 
     /// Forget the series of destinations whose rows left the table, so
     /// label sets stay bounded by the rows alive (pod churn would grow them
     /// without end otherwise).
-    pub fn forget(&self, gone: &[(String, crate::event::Role)]) {
+    pub fn forget(&self, gone: &[RowId]) {
         self.evicted.inc_by(gone.len() as u64);
-        for (destination, role) in gone {
-            let d = DestLabels { destination: destination.clone(), role: role.as_str().to_owned() };
+        for g in gone {
+            let d = DestLabels {
+                destination: g.destination.clone(),
+                role: g.role.as_str().to_owned(),
+                netns: netns_label(g.netns),
+            };
             for o in crate::event::Outcome::ALL {
                 self.reuse_idle.remove(&ReuseLabels {
                     destination: d.destination.clone(),
                     role: d.role.clone(),
+                    netns: d.netns.clone(),
                     outcome: o.as_str().to_owned(),
                 });
             }
@@ -339,6 +357,7 @@ impl Metrics {
                 self.peer_idle_close.remove(&PeerLabels {
                     destination: d.destination.clone(),
                     role: d.role.clone(),
+                    netns: d.netns.clone(),
                     how: how.to_owned(),
                 });
             }
@@ -377,10 +396,15 @@ impl Metrics {
         self.client_max_reuse.clear();
         self.mixed_paths.clear();
         for r in rows {
-            let d = || DestLabels { destination: r.destination.clone(), role: r.role.as_str().to_owned() };
+            let d = || DestLabels {
+                destination: r.destination.clone(),
+                role: r.role.as_str().to_owned(),
+                netns: netns_label(r.netns),
+            };
             let bound = |b: &str| BoundLabels {
                 destination: r.destination.clone(),
                 role: r.role.as_str().to_owned(),
+                netns: netns_label(r.netns),
                 bound: b.to_owned(),
             };
             let has_lower = r.path_lower_evidence > 0;
@@ -418,6 +442,7 @@ impl Metrics {
                     .get_or_create(&MismatchLabels {
                         destination: r.destination.clone(),
                         role: r.role.as_str().to_owned(),
+                        netns: netns_label(r.netns),
                         failure_mode: r.failure_mode.as_str().to_owned(),
                     })
                     .set(i64::from(r.verdict.is_mismatch()));
@@ -450,12 +475,23 @@ impl Metrics {
                 let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
                 counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
             });
-            out.push_str(renamed.as_deref().unwrap_or(line));
+            let line = renamed.as_deref().unwrap_or(line);
+            // The host's namespace has an empty `netns`, which Prometheus
+            // reads as no label: written so, the host's series look as
+            // they always did.
+            if line.contains(EMPTY_NETNS) {
+                out.push_str(&line.replace(EMPTY_NETNS, ""));
+            } else {
+                out.push_str(line);
+            }
             out.push('\n');
         }
         out
     }
 }
+
+/// The `netns` label of the host's namespace as prometheus-client writes it.
+const EMPTY_NETNS: &str = ",netns=\"\"";
 
 /// Content type of [`Metrics::encode`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

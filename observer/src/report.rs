@@ -397,8 +397,11 @@ fn findings(row: &DestinationRow) -> Vec<(String, String)> {
 
 /// Build the report.
 pub fn build(input: &Input) -> Result<Report, NoEvidence> {
-    let mut agg =
-        Aggregator::new(Config { window_ns: input.until_ns.saturating_sub(input.since_ns), max_destinations: 4 });
+    let mut agg = Aggregator::new(Config {
+        window_ns: input.until_ns.saturating_sub(input.since_ns),
+        max_destinations: 4,
+        host_netns: 0,
+    });
     for e in &input.events {
         agg.ingest(e);
     }

@@ -33,6 +33,44 @@ impl fmt::Display for Destination {
 pub struct DestKey {
     pub dest: Destination,
     pub role: Role,
+    /// The network namespace's inode; 0 for the host's (and for unknown),
+    /// so the same address in two pods makes two rows.
+    pub netns: u32,
+}
+
+impl DestKey {
+    /// `netns` as rows, changes and restarts carry it (null for the host's).
+    #[must_use]
+    pub const fn netns(&self) -> Option<u32> {
+        if self.netns == 0 {
+            None
+        } else {
+            Some(self.netns)
+        }
+    }
+
+    /// This key's identity as interfaces name it.
+    #[must_use]
+    pub fn id(&self) -> RowId {
+        RowId { destination: self.dest.to_string(), role: self.role, netns: self.netns() }
+    }
+}
+
+/// A row's identity as the interfaces name it: the `destination` text (an
+/// address or `other`), the role, and the network namespace (`None` for
+/// the host's), which is the metrics' `netns` label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RowId {
+    pub destination: String,
+    pub role: Role,
+    pub netns: Option<u32>,
+}
+
+/// The `netns` label value: empty for the host's namespace (Prometheus
+/// treats an empty label as absent), else the namespace's inode.
+#[must_use]
+pub fn netns_label(netns: Option<u32>) -> String {
+    netns.map(|n| n.to_string()).unwrap_or_default()
 }
 
 /// What the evidence says about how the path fails.
@@ -127,6 +165,9 @@ pub struct Change {
     pub ts_unix_ns: u64,
     pub destination: String,
     pub role: Role,
+    /// Network namespace inode (null: the host's).
+    #[serde(default)]
+    pub netns: Option<u32>,
     /// Interval before the change `[lower, upper]`.
     pub before_lower_seconds: Option<f64>,
     pub before_upper_seconds: Option<f64>,
@@ -141,6 +182,9 @@ pub struct Restart {
     pub ts_unix_ns: u64,
     pub destination: String,
     pub role: Role,
+    /// Network namespace inode (null: the host's).
+    #[serde(default)]
+    pub netns: Option<u32>,
     /// Connections the peer closed within the restart's span.
     pub sockets: usize,
     /// Their idle ages, smallest and largest.
@@ -173,6 +217,11 @@ pub struct Bucket {
 pub struct DestinationRow {
     pub destination: String,
     pub role: Role,
+    /// Inode of the network namespace the sockets are in (null: the host's,
+    /// the namespace of PID 1). The same address seen from two namespaces
+    /// (two pods) is two rows.
+    #[serde(default)]
+    pub netns: Option<u32>,
     pub failure_mode: FailureMode,
     /// Point estimate from a cluster of peer closes (the smallest, with
     /// mixed paths).
@@ -256,12 +305,29 @@ pub struct DestinationRow {
     pub first_failure_unix_ns: Option<u64>,
     pub last_failure_unix_ns: Option<u64>,
     pub processes: Vec<String>,
+    /// Who the reusing processes are: name, and container, pod and unit
+    /// where the cgroup path says (at most 16).
+    #[serde(default)]
+    pub owners: Vec<ProcessOwner>,
     pub idle_buckets: Vec<Bucket>,
     pub last_change: Option<Change>,
     /// Memory this row's evidence holds, bytes (bounded by
     /// [`crate::evidence::MAX_BYTES`]).
     #[serde(default)]
     pub evidence_bytes: usize,
+}
+
+/// One process that reused connections to a destination, with what its
+/// cgroup says about it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProcessOwner {
+    pub process: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
 }
 
 /// A unit enum's `snake_case` name, as the JSON spells it.

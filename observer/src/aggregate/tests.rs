@@ -182,6 +182,8 @@ fn at_risk_counts_idle_sockets_past_the_timeout() {
         remote: remote.parse().unwrap(),
         role: Role::Client,
         idle_seconds: idle,
+        netns: 0,
+        cgroup_id: 0,
     };
     agg.set_sockets(&[
         view(10.0, "10.0.0.2:443"),
@@ -308,7 +310,7 @@ fn rows_expire_with_the_window_and_are_counted() {
 
 #[test]
 fn dead_destinations_make_room_before_other() {
-    let mut agg = Aggregator::new(Config { window_ns: 60 * S, max_destinations: 10 });
+    let mut agg = Aggregator::new(Config { window_ns: 60 * S, max_destinations: 10, host_netns: 0 });
     for k in 0..10u32 {
         agg.ingest(&reuse(f64::from(k), &format!("10.1.0.{k}:80"), 2.0, Outcome::Ok));
     }
@@ -482,4 +484,40 @@ fn a_storm_of_peer_closes_is_judged_early_and_stays_bounded() {
     let rows = table(&mut agg);
     assert!(agg.take_restarts().len() >= 2, "each full span of spread-out closes is a restart");
     assert_eq!(row(&rows, d).path_point_evidence, 0, "none of it is timeout evidence");
+}
+
+#[test]
+fn one_address_in_two_namespaces_is_two_rows() {
+    let mut agg = Aggregator::new(Config { host_netns: 100, ..Config::default() });
+    let mut ts = 0.0;
+    let mut send = |agg: &mut Aggregator, netns: u32, idle: f64, outcome: Outcome, who: (&str, Option<&str>)| {
+        ts += idle;
+        let mut e = reuse(ts, "10.96.0.10:5432", idle, outcome);
+        e.netns = netns;
+        e.comm = who.0.into();
+        e.container = who.1.map(str::to_owned);
+        agg.ingest(&e);
+    };
+    // The host's pool survives 40 s; a pod's pool (same address, its own
+    // namespace and path) fails at 40 s.
+    for _ in 0..5 {
+        send(&mut agg, 100, 40.0, Outcome::Ok, ("app", None));
+        send(&mut agg, 4_026_532_999, 40.0, Outcome::Reset, ("api", Some("c0ffee")));
+    }
+    let label = {
+        let mut e = reuse(ts, "10.96.0.10:5432", 1.0, Outcome::Ok);
+        e.netns = 4_026_532_999;
+        agg.label_of(&e).unwrap()
+    };
+    assert_eq!(label.netns, Some(4_026_532_999));
+    let rows = table(&mut agg);
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    let host = rows.iter().find(|r| r.netns.is_none()).unwrap();
+    let pod = rows.iter().find(|r| r.netns == Some(4_026_532_999)).unwrap();
+    assert_eq!((host.reuses, host.failures), (5, 0));
+    assert_eq!((pod.reuses, pod.failures), (5, 5));
+    assert_eq!(pod.owners.len(), 1);
+    assert_eq!((pod.owners[0].process.as_str(), pod.owners[0].container.as_deref()), ("api", Some("c0ffee")));
+    assert_eq!(host.owners[0].container, None);
+    assert_eq!(host.processes, vec!["app".to_owned()]);
 }

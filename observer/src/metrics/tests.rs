@@ -23,7 +23,7 @@ fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> Soc
 fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
     agg.ingest(e);
     let label = agg.label_of(e);
-    m.observe(e, label.as_deref());
+    m.observe(e, label.as_ref());
 }
 
 #[test]
@@ -166,4 +166,26 @@ fn promtool_accepts_every_metric() {
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
     }
+}
+
+#[test]
+fn namespaces_label_only_their_own_series() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config { host_netns: 7, ..Config::default() });
+    let d = "10.0.0.2:443";
+    for netns in [7, 4_026_532_001] {
+        let mut e = ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d);
+        e.netns = netns;
+        feed(&m, &mut agg, &e);
+    }
+    let text = m.encode();
+    assert!(
+        text.contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",netns="4026532001",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(!text.contains("netns=\"\""), "{text}");
 }
