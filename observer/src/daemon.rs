@@ -298,7 +298,6 @@ fn spawn_http(listener: std::net::TcpListener, shared: Arc<Shared>, limits: http
     Ok(())
 }
 
-/// Run the daemon until SIGINT or SIGTERM.
 /// What this run observes (`--netns`, `--cgroup`), where the cgroup tree
 /// is, and the empty table keyed with the host's namespace.
 fn scope(args: &RunArgs) -> Result<(Filter, Option<std::path::PathBuf>, Aggregator)> {
@@ -323,6 +322,7 @@ fn scope(args: &RunArgs) -> Result<(Filter, Option<std::path::PathBuf>, Aggregat
     Ok((filter, cgroup_root, aggregator))
 }
 
+/// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     // Before the store or the listen socket: a missing capability is named
     // first, and nothing is created by a daemon that cannot start.

@@ -1,26 +1,28 @@
 //! The daemon's HTTP endpoint: `GET /api/v1/destinations` (JSON table),
-//! `GET /metrics` (Prometheus) and `GET /healthz`. A deliberately small
-//! HTTP/1.1 server: GET only, one request per connection, and bounded in
-//! every way a client could use against it:
+//! `GET /metrics` (Prometheus) and `GET /healthz`, served with hyper
+//! (HTTP/1.1, one request per connection) and bounded in every way a
+//! client could use against it:
 //! - at most [`Limits::max_connections`] connections at once (the rest are
 //!   closed at accept);
-//! - the whole request head within [`Limits::head_deadline`] (not per read:
-//!   a client trickling one byte at a time is closed when it runs out);
-//! - at most [`MAX_REQUEST`] bytes of head;
+//! - the whole request head within [`Limits::head_deadline`] (hyper's
+//!   header read timeout, which is not per read: a client trickling one
+//!   byte at a time is closed when it runs out);
+//! - the whole exchange, response included, within
+//!   [`Limits::request_deadline`] (a client that never reads its response);
+//! - at most [`MAX_REQUEST`] bytes of head (hyper answers 431 past it);
 //! - a `Host` header that is an IP literal, `localhost`, this machine's
 //!   name or an `--allowed-host`, else 421 (DNS rebinding: a web page on a
 //!   name the attacker controls cannot read the table).
 
-use std::{sync::Arc, time::Duration};
+use std::{convert::Infallible, sync::Arc, time::Duration};
 
+use http_body_util::Full;
+use hyper::{body::Bytes, header, server::conn::http1, service::service_fn, Method, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use log::debug;
-use tokio::{
-    io::{AsyncReadExt, AsyncWriteExt},
-    net::{TcpListener, TcpStream},
-    sync::Semaphore,
-};
+use tokio::{net::TcpListener, sync::Semaphore};
 
-/// Longest request head accepted.
+/// Longest request head accepted (hyper's read buffer; at least 8 KiB).
 pub const MAX_REQUEST: usize = 16 * 1024;
 
 /// What the server allows a client.
@@ -30,6 +32,8 @@ pub struct Limits {
     pub max_connections: usize,
     /// Time for the whole request head.
     pub head_deadline: Duration,
+    /// Time for the whole exchange, the response written included.
+    pub request_deadline: Duration,
     /// Host names accepted besides IP literals, `localhost` and this
     /// machine's name (lower case, without port).
     pub allowed_hosts: Vec<String>,
@@ -37,7 +41,12 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_connections: 1024, head_deadline: Duration::from_secs(5), allowed_hosts: Vec::new() }
+        Self {
+            max_connections: 1024,
+            head_deadline: Duration::from_secs(5),
+            request_deadline: Duration::from_secs(30),
+            allowed_hosts: Vec::new(),
+        }
     }
 }
 
@@ -90,6 +99,22 @@ pub fn host_allowed(host: &str, allowed: &[String]) -> bool {
         || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
 }
 
+/// The response to one request (Host check, method, route).
+fn respond<B>(handler: &dyn Handler, limits: &Limits, req: &hyper::Request<B>) -> hyper::Response<Full<Bytes>> {
+    let host = req.headers().get(header::HOST).map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
+    let r = if host.as_deref().is_some_and(|h| !host_allowed(h, &limits.allowed_hosts)) {
+        Response::text(421, "unknown Host; use an IP address, localhost, or run with --allowed-host NAME\n")
+    } else if req.method() == Method::GET {
+        handler.get(req.uri().path())
+    } else {
+        Response::text(405, "only GET is served\n")
+    };
+    let mut out = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    *out.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    out.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(r.content_type));
+    out
+}
+
 /// Accept connections forever.
 pub async fn serve(listener: TcpListener, handler: Arc<dyn Handler>, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
@@ -105,8 +130,23 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Handler>, limits: Lim
                 let handler = Arc::clone(&handler);
                 let limits = Arc::clone(&limits);
                 tokio::spawn(async move {
-                    if let Err(e) = handle(stream, handler.as_ref(), &limits).await {
-                        debug!("http {peer}: {e}");
+                    let service = {
+                        let limits = Arc::clone(&limits);
+                        service_fn(move |req| {
+                            let r = respond(handler.as_ref(), &limits, &req);
+                            async move { Ok::<_, Infallible>(r) }
+                        })
+                    };
+                    let conn = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(limits.head_deadline)
+                        .max_buf_size(MAX_REQUEST)
+                        .keep_alive(false)
+                        .serve_connection(TokioIo::new(stream), service);
+                    match tokio::time::timeout(limits.request_deadline, conn).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => debug!("http {peer}: {e}"),
+                        Err(_) => debug!("http {peer}: request deadline passed, closed"),
                     }
                     drop(permit);
                 });
@@ -117,82 +157,6 @@ pub async fn serve(listener: TcpListener, handler: Arc<dyn Handler>, limits: Lim
             }
         }
     }
-}
-
-fn reason(status: u16) -> &'static str {
-    match status {
-        200 => "OK",
-        400 => "Bad Request",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        421 => "Misdirected Request",
-        431 => "Request Header Fields Too Large",
-        503 => "Service Unavailable",
-        _ => "Error",
-    }
-}
-
-/// Read the request head, all of it within the deadline.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Vec<u8>>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 2048];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            buf.truncate(p);
-            return Ok(Some(buf));
-        }
-        if buf.len() > MAX_REQUEST {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "request head too large"));
-        }
-    }
-}
-
-async fn handle(mut stream: TcpStream, handler: &dyn Handler, limits: &Limits) -> std::io::Result<()> {
-    let head = match tokio::time::timeout(limits.head_deadline, read_head(&mut stream)).await {
-        Err(_) => return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "request head deadline passed")),
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => {
-            return write(&mut stream, &Response::text(431, "request too large\n")).await;
-        }
-        Ok(Err(e)) => return Err(e),
-        Ok(Ok(None)) => return Ok(()),
-        Ok(Ok(Some(h))) => h,
-    };
-    let head = String::from_utf8_lossy(&head);
-    let mut lines = head.lines();
-    let mut parts = lines.next().unwrap_or_default().split_whitespace();
-    let (method, target) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-    let host = lines.find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case("host").then(|| v.trim().to_owned())
-    });
-    let response = if host.as_deref().is_some_and(|h| !host_allowed(h, &limits.allowed_hosts)) {
-        Response::text(421, "unknown Host; use an IP address, localhost, or run with --allowed-host NAME\n")
-    } else if method == "GET" {
-        handler.get(target.split('?').next().unwrap_or_default())
-    } else {
-        Response::text(405, "only GET is served\n")
-    };
-    tokio::time::timeout(limits.head_deadline, write(&mut stream, &response))
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "response write deadline passed"))?
-}
-
-async fn write(stream: &mut TcpStream, r: &Response) -> std::io::Result<()> {
-    let head = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        r.status,
-        reason(r.status),
-        r.content_type,
-        r.body.len()
-    );
-    stream.write_all(head.as_bytes()).await?;
-    stream.write_all(&r.body).await?;
-    stream.shutdown().await
 }
 
 /// Largest response body [`get`] reads (a scrape of the largest table is a

@@ -6,7 +6,9 @@
 //! the fleet rules of `deploy/prometheus` loaded)
 //! scrape it every second, then evaluate every PromQL expression of
 //! `dashboards/*.json` through Prometheus' HTTP API and check each returns
-//! data without errors, and that the path idle timeout brackets 2 s.
+//! data without errors, and that the path idle timeout brackets 2 s. And a
+//! fleet of two daemons (`--netns`, one client namespace each) scraped by
+//! one Prometheus: the fleet rules give the intersection of their intervals.
 
 mod common;
 
@@ -208,6 +210,161 @@ fn dashboards_query_real_prometheus() -> Result<()> {
         "MEASURED prometheus: {checked} dashboard expressions returned data; path [{lower:.3}, {upper:.3}] s; {:?} series for the destination; scrape {} bytes",
         scalar(&series),
         scrape.len()
+    );
+    Ok(())
+}
+
+/// An echo server that closes a connection after 3 s without a request
+/// (its idle timeout): `python3 IDLE_SERVER HOST PORT`.
+const IDLE_SERVER: &str = r#"
+import socket, sys, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    c.settimeout(3.0)
+    try:
+        while True:
+            d = c.recv(100)
+            if not d:
+                break
+            c.sendall(d)
+    except OSError:
+        pass
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// One pooled connection reused after each gap (all below the server's
+/// 3 s), then three connections left idle until the server closes them:
+/// `python3 FLEET_CLIENT HOST PORT GAP,GAP,...`.
+const FLEET_CLIENT: &str = r#"
+import socket, sys, time
+host, port, gaps = sys.argv[1], int(sys.argv[2]), [float(g) for g in sys.argv[3].split(",")]
+s = socket.create_connection((host, port), timeout=5)
+s.sendall(b"hi"); s.recv(100)
+for g in gaps:
+    time.sleep(g)
+    s.sendall(b"again")
+    assert s.recv(100)
+idle = [socket.create_connection((host, port), timeout=5) for _ in range(3)]
+for c in idle:
+    c.sendall(b"hi"); c.recv(100)
+time.sleep(4)
+print("done", flush=True)
+"#;
+
+/// Two "hosts" (two client namespaces, each watched by its own daemon
+/// limited with `--netns`) reach one address whose server closes idle
+/// connections after 3 s. Host A proves 2.5 s survive, host B only 2.0 s.
+/// One Prometheus scrapes both daemons with the fleet rules loaded: the
+/// fleet interval must be the intersection, [max of lowers, min of uppers].
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn fleet_interval_is_the_intersection_of_two_hosts() -> Result<()> {
+    let ns = common::Netns::create("fleet", 3)?;
+    let (a, b, s) = (ns.name(0).to_owned(), ns.name(1).to_owned(), ns.name(2).to_owned());
+    common::sh(&format!("ip -n {s} addr add 10.202.9.1/32 dev lo"))?;
+    for (i, host) in [(1, &a), (2, &b)] {
+        common::sh(&format!("ip -n {host} link add h0 type veth peer name s{i} netns {s}"))?;
+        common::sh(&format!(
+            "ip -n {host} addr add 10.202.{i}.2/24 dev h0 && ip -n {host} link set h0 up && ip -n {host} route add 10.202.9.1/32 via 10.202.{i}.1"
+        ))?;
+        common::sh(&format!("ip -n {s} addr add 10.202.{i}.1/24 dev s{i} && ip -n {s} link set s{i} up"))?;
+    }
+    let server = script(IDLE_SERVER)?;
+    let _server = start_server(&ns, 2, &format!("python3 -u {} 10.202.9.1 7100", server.display()))?;
+    let host_a = Daemon::start(&["--netns", &format!("/run/netns/{a}")])?;
+    let host_b = Daemon::start(&["--netns", &format!("/run/netns/{b}")])?;
+    let (target_a, target_b) = (host_a.http_addr()?, host_b.http_addr()?);
+    let dir = tempfile::tempdir()?;
+    let prom_addr = format!("127.0.0.1:{}", free_port()?);
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [\"{target_a}\", \"{target_b}\"]\n",
+            rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/observer-rules.yml").display()
+        ),
+    )?;
+    let _prom = Killed(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+            .arg(format!("--web.listen-address={prom_addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting prometheus")?,
+    );
+    let client = script(FLEET_CLIENT)?;
+    let run = |host: usize, gaps: &str| ns.spawn(host, &format!("python3 {} 10.202.9.1 7100 {gaps}", client.display()));
+    let clients = [run(0, "1.2,2.5")?, run(1, "1.2,2.0")?];
+    for c in clients {
+        let out = c.wait_with_output()?;
+        ensure!(out.status.success(), "client: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let dest = "10.202.9.1:7100";
+    let sel =
+        |b: &str| format!("observer_path_idle_timeout_seconds{{destination=\"{dest}\",role=\"client\",bound=\"{b}\"}}");
+    let per_host = |b: &str| -> Result<Vec<(String, f64)>> {
+        let v = query(&prom_addr, &sel(b))?;
+        Ok(v["data"]["result"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|r| {
+                        let inst = r["metric"]["instance"].as_str()?.to_owned();
+                        Some((inst, r["value"].get(1)?.as_str()?.parse().ok()?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default())
+    };
+    // Both daemons' bounds, then the rules' evaluation of them.
+    let deadline = Instant::now() + Duration::from_mins(1);
+    let (lowers, uppers, fleet_lower, fleet_upper) = loop {
+        let (lowers, uppers) = (per_host("lower")?, per_host("upper")?);
+        let fleet = |rule: &str| {
+            query(&prom_addr, &format!("{rule}{{destination=\"{dest}\",role=\"client\"}}"))
+                .ok()
+                .and_then(|v| scalar(&v))
+        };
+        let fl = fleet("destination:observer_path_idle_timeout_lower_seconds:max");
+        let fu = fleet("destination:observer_path_idle_timeout_upper_seconds:min");
+        let max_l = lowers.iter().map(|x| x.1).fold(f64::MIN, f64::max);
+        let min_u = uppers.iter().map(|x| x.1).fold(f64::MAX, f64::min);
+        // The rules run a second after a scrape: wait until they have seen this one.
+        if lowers.len() == 2 && uppers.len() == 2 && fl == Some(max_l) && fu == Some(min_u) {
+            break (lowers, uppers, max_l, min_u);
+        }
+        if Instant::now() > deadline {
+            bail!("no fleet interval from two hosts: lowers {lowers:?}, uppers {uppers:?}, fleet [{fl:?}, {fu:?}]");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let of = |v: &[(String, f64)], t: &str| v.iter().find(|x| x.0 == t).map(|x| x.1);
+    let (la, lb) =
+        (of(&lowers, &target_a).context("host A's lower")?, of(&lowers, &target_b).context("host B's lower")?);
+    // The hosts' evidence differs: A proved a longer survival than B.
+    let p = common::idle_precision();
+    assert!((la - 2.5).abs() <= p && (lb - 2.0).abs() <= p, "lowers A {la} B {lb}");
+    assert!((fleet_lower - la).abs() < 1e-9, "the fleet lower bound {fleet_lower} is not host A's {la}");
+    assert!(fleet_lower - p <= 3.0 && 3.0 <= fleet_upper + p, "fleet [{fleet_lower}, {fleet_upper}] misses 3 s");
+    // Each daemon saw only its own namespace: one row each, its netns labelled.
+    for d in [&host_a, &host_b] {
+        let rows: Vec<_> = d.status()?.into_iter().filter(|r| r.destination == dest).collect();
+        assert_eq!(rows.len(), 1, "{rows:#?}");
+        assert!(rows[0].netns.is_some());
+    }
+    eprintln!(
+        "MEASURED fleet: host A [{la:.3}, {:.3}] s, host B [{lb:.3}, {:.3}] s, fleet [{fleet_lower:.3}, {fleet_upper:.3}] s",
+        of(&uppers, &target_a).unwrap_or(f64::NAN),
+        of(&uppers, &target_b).unwrap_or(f64::NAN),
     );
     Ok(())
 }
