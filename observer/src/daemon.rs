@@ -73,27 +73,58 @@ pub struct Shared {
     pub aggregator: Mutex<Aggregator>,
     pub metrics: Metrics,
     pub health: Health,
+    /// The table as JSON, and when it was built (boot clock, ns).
+    pub table: Mutex<(u64, Arc<Vec<u8>>)>,
+}
+
+/// The table and the estimate gauges are rebuilt at most this often,
+/// however many clients scrape: the aggregator's lock, which the event
+/// reader needs, is taken a bounded number of times a second.
+pub const TABLE_MAX_AGE_NS: u64 = 250_000_000;
+
+impl Shared {
+    #[must_use]
+    pub fn new(aggregator: Aggregator) -> Self {
+        Self {
+            aggregator: Mutex::new(aggregator),
+            metrics: Metrics::new(),
+            health: Health::default(),
+            table: Mutex::new((0, Arc::new(Vec::new()))),
+        }
+    }
+
+    /// The table's JSON, rebuilt (with the estimate gauges) when older
+    /// than [`TABLE_MAX_AGE_NS`]. Concurrent scrapes wait for one rebuild.
+    fn table(&self) -> Result<Arc<Vec<u8>>, serde_json::Error> {
+        let mut cached = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = clock_ns(libc::CLOCK_BOOTTIME);
+        if cached.0 != 0 && now.saturating_sub(cached.0) < TABLE_MAX_AGE_NS {
+            return Ok(Arc::clone(&cached.1));
+        }
+        let (rows, gone) = {
+            let mut agg = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+            let rows = agg.rows(clock_ns(libc::CLOCK_REALTIME));
+            (rows, agg.take_gone())
+        };
+        // Serialising and the gauges run off the aggregator's lock.
+        self.metrics.forget(&gone);
+        self.metrics.set_estimates(&rows);
+        *cached = (now, Arc::new(serde_json::to_vec(&rows)?));
+        Ok(Arc::clone(&cached.1))
+    }
 }
 
 impl Handler for Shared {
     fn get(&self, path: &str) -> Response {
         match path {
-            "/api/v1/destinations" => {
-                let rows =
-                    self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).rows(clock_ns(libc::CLOCK_REALTIME));
-                match serde_json::to_vec(&rows) {
-                    Ok(body) => Response::json(body),
-                    Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
-                }
-            }
+            "/api/v1/destinations" => match self.table() {
+                Ok(body) => Response::json(body.as_ref().clone()),
+                Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
+            },
             "/metrics" => {
-                let (rows, gone) = {
-                    let mut agg = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-                    let rows = agg.rows(clock_ns(libc::CLOCK_REALTIME));
-                    (rows, agg.take_gone())
-                };
-                self.metrics.forget(&gone);
-                self.metrics.set_estimates(&rows);
+                if let Err(e) = self.table() {
+                    return Response::text(500, format!("encoding the table: {e}\n"));
+                }
                 Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
             }
             "/healthz" => {
@@ -341,8 +372,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         )),
         None => None,
     };
-    let shared =
-        Arc::new(Shared { aggregator: Mutex::new(aggregator), metrics: Metrics::new(), health: Health::default() });
+    let shared = Arc::new(Shared::new(aggregator));
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);
     let listener = std::net::TcpListener::bind(&args.metrics_addr)
