@@ -95,10 +95,13 @@ pub enum PathCommand {
     },
 }
 
-/// Output format of `path check`.
+/// What `status`, `analyze` and `path check` print: `-o/--output text|json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum PathFormat {
-    Table,
+pub enum Output {
+    /// A table for people (`table` is accepted too, `path check`'s old name).
+    #[value(alias = "table")]
+    Text,
+    /// JSON for programs.
     Json,
 }
 
@@ -106,14 +109,31 @@ pub enum PathFormat {
 pub struct PathCheckArgs {
     /// The path file (TOML), hops from the client inward.
     pub file: PathBuf,
-    #[arg(long, value_enum, default_value = "table")]
-    pub format: PathFormat,
+    /// Output format (`--format` is the old spelling, still accepted).
+    #[arg(short = 'o', long, alias = "format", value_enum, default_value = "text")]
+    pub output: Output,
     /// Compare declared idle timeouts of hops with an `address` to the daemon's measurements.
     #[arg(long)]
     pub observed: bool,
     /// The daemon's HTTP address, for `--observed`.
     #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
     pub addr: String,
+}
+
+impl StatusArgs {
+    /// `--output json` or `--json`.
+    #[must_use]
+    pub fn json(&self) -> bool {
+        self.json || self.output == Output::Json
+    }
+}
+
+impl AnalyzeArgs {
+    /// `--output json` or `--json`.
+    #[must_use]
+    pub fn json(&self) -> bool {
+        self.json || self.output == Output::Json
+    }
 }
 
 /// Default address of the daemon's HTTP endpoint (loopback only).
@@ -124,8 +144,11 @@ pub struct StatusArgs {
     /// The daemon's HTTP address (`run --metrics-addr`).
     #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
     pub addr: String,
-    /// Print the table as a JSON array.
-    #[arg(long)]
+    /// Output format: a table, or the table as a JSON array.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: Output,
+    /// Same as `--output json` (the old spelling).
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
 }
 
@@ -133,8 +156,11 @@ pub struct StatusArgs {
 pub struct AnalyzeArgs {
     /// A JSON-lines recording written by `observer run --record`.
     pub file: PathBuf,
-    /// Print the table as a JSON array.
-    #[arg(long)]
+    /// Output format: a table, or the table as a JSON array.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    pub output: Output,
+    /// Same as `--output json` (the old spelling).
+    #[arg(long, conflicts_with = "output")]
     pub json: bool,
     /// Evidence window.
     #[arg(long, value_parser = parse_duration, default_value = "24h")]

@@ -7,8 +7,7 @@ use clap::Parser as _;
 use observer::{
     aggregate::{Config, DestinationRow},
     cli::{
-        AnalyzeArgs, Cli, Command, DebugCommand, LogFormat, PathCommand, PathFormat, ReportArgs, ReportFormat,
-        StatusArgs,
+        AnalyzeArgs, Cli, Command, DebugCommand, LogFormat, Output, PathCommand, ReportArgs, ReportFormat, StatusArgs,
     },
     event::clock_ns,
     http, path, report, status,
@@ -61,9 +60,9 @@ fn path_cmd(cmd: &PathCommand) -> ExitCode {
                     }
                 }
             }
-            match args.format {
-                PathFormat::Table => print!("{}", path::render(&report)),
-                PathFormat::Json => match serde_json::to_string_pretty(&report) {
+            match args.output {
+                Output::Text => print!("{}", path::render(&report)),
+                Output::Json => match serde_json::to_string_pretty(&report) {
                     Ok(j) => println!("{j}"),
                     Err(e) => {
                         eprintln!("observer: error: {e}");
@@ -149,7 +148,7 @@ fn print_rows(rows: &[DestinationRow], json: bool) -> Result<()> {
 fn status_cmd(args: &StatusArgs) -> Result<()> {
     let body = http::get(&args.addr, "/api/v1/destinations").map_err(anyhow::Error::msg)?;
     let rows: Vec<DestinationRow> = serde_json::from_slice(&body).context("the daemon's table is not valid JSON")?;
-    print_rows(&rows, args.json)
+    print_rows(&rows, args.json())
 }
 
 fn analyze_cmd(args: &AnalyzeArgs) -> Result<()> {
@@ -160,7 +159,7 @@ fn analyze_cmd(args: &AnalyzeArgs) -> Result<()> {
         &events,
         Config { window_ns, max_destinations: args.max_destinations, host_netns: observer::owner::host_netns() },
     );
-    print_rows(&rows, args.json)
+    print_rows(&rows, args.json())
 }
 
 fn report_cmd(args: &ReportArgs) -> Result<()> {

@@ -41,3 +41,34 @@ fn bad_values_name_the_fix() {
     let err = Cli::try_parse_from(["observer", "run", "--ring-buffer", "lots"]).unwrap_err().to_string();
     assert!(err.contains("256KiB"), "{err}");
 }
+
+#[test]
+fn one_output_flag_with_the_old_spellings() {
+    let status = |args: &[&str]| match Cli::try_parse_from([&["observer", "status"], args].concat()) {
+        Ok(Cli { command: Command::Status(s) }) => Ok(s.json()),
+        Ok(other) => panic!("{other:?}"),
+        Err(e) => Err(e.kind()),
+    };
+    assert_eq!(status(&[]), Ok(false));
+    assert_eq!(status(&["-o", "json"]), Ok(true));
+    assert_eq!(status(&["--output", "text"]), Ok(false));
+    assert_eq!(status(&["--output=table"]), Ok(false));
+    assert_eq!(status(&["--json"]), Ok(true));
+    assert_eq!(status(&["--json", "-o", "text"]), Err(clap::error::ErrorKind::ArgumentConflict));
+    assert_eq!(status(&["-o", "yaml"]), Err(clap::error::ErrorKind::InvalidValue));
+    let analyze = Cli::try_parse_from(["observer", "analyze", "rec.jsonl", "-o", "json"]).unwrap();
+    assert!(matches!(analyze.command, Command::Analyze(a) if a.json()));
+    for (args, want) in [
+        (&["--format", "table"][..], Output::Text),
+        (&["--format=json"][..], Output::Json),
+        (&["-o", "json"][..], Output::Json),
+        (&[][..], Output::Text),
+    ] {
+        let cli = Cli::try_parse_from([&["observer", "path", "check", "p.toml"][..], args].concat()).unwrap();
+        let Command::Path(PathCommand::Check(c)) = cli.command else { panic!() };
+        assert_eq!(c.output, want, "{args:?}");
+    }
+    // The report's -o stays the file it writes.
+    let cli = Cli::try_parse_from(["observer", "report", "--destination", "10.0.0.1:80", "-o", "r.html"]).unwrap();
+    assert!(matches!(cli.command, Command::Report(r) if r.output == Some(PathBuf::from("r.html"))));
+}
