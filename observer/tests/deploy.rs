@@ -96,9 +96,15 @@ fn the_daemonset_validates_strictly() -> Result<()> {
     let said = run(Command::new(&tool).arg("--strict").arg(&manifest))?;
     ensure!(said.contains("passed for resource daemonset/observer"), "{said}");
     let text = std::fs::read_to_string(&manifest)?;
-    for needle in
-        ["privileged: false", "add: [\"BPF\", \"PERFMON\"]", "drop: [\"ALL\"]", "path: /healthz", "hostNetwork: false"]
-    {
+    for needle in [
+        "privileged: false",
+        "add: [\"BPF\", \"PERFMON\"]",
+        "drop: [\"ALL\"]",
+        "path: /healthz",
+        "hostNetwork: false",
+        "hostPID: true",
+        "mountPath: /sys/fs/cgroup",
+    ] {
         ensure!(text.contains(needle), "the manifest lacks `{needle}`");
     }
     let dir = tempfile::tempdir()?;

@@ -1,4 +1,4 @@
-//! Developer tasks: `setup`, `run`, `test`, `lint`, `bench`.
+//! Developer tasks: `setup`, `run`, `test`, `lint`, `dist`, `image`, `bench`.
 //!
 //! `setup` is idempotent: it checks each prerequisite first and installs only
 //! what is missing, printing what it did.
@@ -50,6 +50,9 @@ enum Task {
     /// target/dist: the binary, shell completions, man pages, the systemd
     /// unit, the fleet Prometheus rules and the dashboards.
     Dist,
+    /// Build the container image (deploy/container/Containerfile): FROM
+    /// scratch with the release binary and the libraries it links, by podman.
+    Image,
     /// Measure what observer costs the host; writes BENCHMARKS.md and target/bench/results.json.
     Bench {
         /// A few seconds of each measurement, no report (CI).
@@ -87,6 +90,10 @@ const TEST_PACKAGES: &[&str] = &[
     "chromium",
     "golang-go",
     "systemd",
+    // The container image: podman builds it; runc runs it where crun refuses
+    // a hybrid cgroup v1/v2 host (these machines).
+    "podman",
+    "runc",
 ];
 /// Validates `deploy/kubernetes/*.yaml` against the Kubernetes schemas, offline.
 const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
@@ -103,6 +110,7 @@ fn main() -> ExitCode {
         Task::Test { kernel, args } => test(&kernel, &args),
         Task::Lint => lint(),
         Task::Dist => dist(),
+        Task::Image => setup(true).and_then(|t| image(&t)).map(|tag| println!("image: {tag}")),
         Task::Bench { report_only: true, .. } => bench::report_only(),
         Task::Bench { smoke, .. } => bench_task(smoke),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
@@ -283,6 +291,53 @@ fn dist() -> Result<()> {
     Ok(())
 }
 
+/// Build the container image: the release binary and the shared libraries
+/// `ldd` names, under `target/image/rootfs`, then `podman build`. Returns
+/// the image's name.
+fn image(toolchain: &str) -> Result<String> {
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", toolchain))?;
+    let root = workspace_root();
+    let stage = root.join("target/image");
+    let _ = fs::remove_dir_all(&stage);
+    let rootfs = stage.join("rootfs");
+    for dir in ["usr/bin", "var/lib/observer", "tmp"] {
+        fs::create_dir_all(rootfs.join(dir))?;
+    }
+    let binary = root.join("target/release/observer");
+    fs::copy(&binary, rootfs.join("usr/bin/observer"))?;
+    let ldd = Command::new("ldd").arg(&binary).output().context("running ldd")?;
+    ensure_ok(&ldd, "ldd")?;
+    let mut libs = 0;
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` or
+        // `/lib64/ld-linux-x86-64.so.2 (0x...)`; the vDSO has no file.
+        let path = line.split("=>").last().unwrap_or_default().split_whitespace().next().unwrap_or_default();
+        if !path.starts_with('/') {
+            continue;
+        }
+        let dst = rootfs.join(path.trim_start_matches('/'));
+        if let Some(dir) = dst.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::copy(path, &dst).with_context(|| format!("copying {path}"))?;
+        libs += 1;
+    }
+    fs::copy(root.join("deploy/container/Containerfile"), stage.join("Containerfile"))?;
+    let tag = format!("localhost/observer:{}", env!("CARGO_PKG_VERSION"));
+    status(
+        Command::new("podman").args(["build", "-q", "-t", &tag, "-f"]).arg(stage.join("Containerfile")).arg(&stage),
+    )?;
+    println!("image: {tag} (the binary and {libs} libraries)");
+    Ok(tag)
+}
+
+fn ensure_ok(out: &std::process::Output, what: &str) -> Result<()> {
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
 /// Kernel features the probes need; each missing one is named.
 fn check_kernel() -> Result<()> {
     let tracefs = Path::new("/sys/kernel/tracing");
@@ -324,13 +379,16 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
     };
     if kernel == "all" || kernel == "host" {
         check_kernel()?;
+        // The shipped image, for tests/container.rs.
+        let image = image(&toolchain)?;
         // Root tests are #[ignore]d for plain `cargo test`; include them here.
         // One test at a time: the scenarios measure timing and share the kernel.
         status(
             cargo()
                 .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
                 .args(args)
-                .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
+                .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain)
+                .env("OBSERVER_TEST_IMAGE", &image),
         )?;
         println!("test: host suite passed in {:.0}s", started.elapsed().as_secs_f64());
         // A few seconds of every benchmark, so it cannot rot (no targets asserted).

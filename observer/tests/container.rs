@@ -1,0 +1,123 @@
+//! The container image (`deploy/container/Containerfile`, built by `cargo
+//! xtask image`, named to this test in `OBSERVER_TEST_IMAGE` by `cargo xtask
+//! test`) run with podman as the README says: all capabilities dropped but
+//! `CAP_BPF` and `CAP_PERFMON`, not privileged, BTF mounted read-only. A reuse
+//! in a test namespace must reach its table. Needs root.
+
+mod common;
+
+use std::{
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use common::{lines_of, start_server, wait_line, Killed, Topology, ECHO_SERVER, IDLE_POOL};
+use observer::aggregate::DestinationRow;
+
+/// `podman` with this machine's quirks: crun refuses a hybrid cgroup v1/v2
+/// host, so runc with cgroupfs runs the container. Nothing here is needed
+/// by the image itself.
+fn podman() -> Command {
+    let mut c = Command::new("podman");
+    c.args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"]);
+    c
+}
+
+/// Removes the container, also when the test fails.
+struct Container(String);
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = podman().args(["rm", "-f", "-t", "1", &self.0]).output();
+    }
+}
+
+/// A resource limit of this process (soft), capped: the container may not
+/// raise a limit without `CAP_SYS_RESOURCE`, which these machines lack.
+fn limit(resource: libc::__rlimit_resource_t, cap: u64) -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct we pass.
+    if unsafe { libc::getrlimit(resource, &raw mut r) } != 0 {
+        return cap;
+    }
+    r.rlim_cur.min(cap)
+}
+
+#[test]
+#[ignore = "needs root, podman and the image: run `cargo xtask test`"]
+fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
+    let image = std::env::var("OBSERVER_TEST_IMAGE").context(
+        "OBSERVER_TEST_IMAGE is unset: `cargo xtask test` builds the image (`cargo xtask image`) and names it",
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let addr = format!("127.0.0.1:{port}");
+    let name = format!("observer-test-{}", std::process::id());
+    let nofile = limit(libc::RLIMIT_NOFILE, 65_536);
+    let nproc = limit(libc::RLIMIT_NPROC, 4096);
+    let out = podman()
+        .args(["run", "-d", "--name", &name, "--network", "host", "--pid", "host"])
+        .args(["--cap-drop", "all", "--cap-add", "CAP_BPF,CAP_PERFMON"])
+        .args(["--security-opt", "seccomp=unconfined"])
+        .args(["--ulimit", &format!("nofile={nofile}:{nofile}"), "--ulimit", &format!("nproc={nproc}:{nproc}")])
+        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "--tmpfs", "/var/lib/observer"])
+        .arg(&image)
+        .args(["run", "--metrics-addr", &addr, "--min-idle", "1s"])
+        .output()
+        .context("podman run")?;
+    ensure!(out.status.success(), "podman run: {}", String::from_utf8_lossy(&out.stderr));
+    let container = Container(name);
+    let logs = || {
+        podman().args(["logs", &container.0]).output().map_or_else(
+            |e| e.to_string(),
+            |o| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr)),
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while observer::http::get(&addr, "/healthz").is_err() {
+        if Instant::now() > deadline {
+            bail!("the container never became healthy; its log:\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The daemon in the container holds exactly CAP_PERFMON (38) and CAP_BPF (39).
+    let pid = podman().args(["inspect", "-f", "{{.State.Pid}}", &container.0]).output()?;
+    let pid = String::from_utf8_lossy(&pid.stdout).trim().to_owned();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("pid {pid}"))?;
+    let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).context("CapEff")?.trim().to_owned();
+    ensure!(u64::from_str_radix(&cap_eff, 16)? == (1 << 38) | (1 << 39), "CapEff {cap_eff}");
+
+    // One reuse after 1.5 s idle, in namespaces this test made.
+    let topo = Topology::pair("ctr")?;
+    let echo = common::script(ECHO_SERVER)?;
+    let _server = start_server(&topo.ns, topo.server, &format!("python3 {} {} 7200", echo.display(), topo.server_v4))?;
+    let pool = common::script(IDLE_POOL)?;
+    let mut client =
+        topo.ns.spawn(topo.client, &format!("python3 {} {} 7200 1 1.5 0", pool.display(), topo.server_v4))?;
+    let lines = lines_of(&mut client)?;
+    let _client = Killed(client);
+    wait_line(&lines, "ok", 15.0)?;
+
+    let dest = format!("{}:7200", topo.server_v4);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let row = loop {
+        let body = observer::http::get(&addr, "/api/v1/destinations").map_err(anyhow::Error::msg)?;
+        let rows: Vec<DestinationRow> = serde_json::from_slice(&body)?;
+        if let Some(r) = rows.into_iter().find(|r| r.destination == dest && r.reuses >= 1) {
+            break r;
+        }
+        if Instant::now() > deadline {
+            bail!("the container's table has no reuse to {dest}; its log:\n{}", logs());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let log = logs();
+    ensure!(log.contains("observer running"), "{log}");
+    let metrics = String::from_utf8(observer::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("build info")?.to_owned();
+    eprintln!(
+        "MEASURED container: {image}, CapEff {cap_eff} (CAP_BPF,CAP_PERFMON): {dest} reuses={} failures={} verdict={:?}; {info}",
+        row.reuses, row.failures, row.verdict
+    );
+    Ok(())
+}
