@@ -343,9 +343,17 @@ impl Probes {
                     prog.info().map_err(err)?.id()
                 }
                 HookKind::FEntry => {
+                    // Kernels without BPF trampolines (arm64 before 6.0,
+                    // some hardened builds) refuse here: name what is missing.
+                    let refused = |e| {
+                        BpfError::MissingHook(format!(
+                            "both the tcp_sendmsg_locked tracepoint (6.16+) and fentry on {} ({e})",
+                            hook.name
+                        ))
+                    };
                     let prog: &mut FEntry = prog.try_into().map_err(err)?;
-                    prog.load(hook.name, &kernel_btf).map_err(err)?;
-                    prog.attach().map_err(err)?;
+                    prog.load(hook.name, &kernel_btf).map_err(refused)?;
+                    prog.attach().map_err(refused)?;
                     prog.info().map_err(err)?.id()
                 }
                 HookKind::Iter => {

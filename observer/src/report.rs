@@ -57,11 +57,25 @@ pub struct Summary {
     pub peer_idle_closes: u64,
 }
 
+impl OurSide {
+    /// The processes as the report names them (with their owners when known).
+    #[must_use]
+    pub fn process_labels(&self) -> Vec<String> {
+        if self.owners.is_empty() {
+            self.processes.clone()
+        } else {
+            self.owners.iter().map(crate::table::ProcessOwner::label).collect()
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct OurSide {
     pub pool_idle_timeout_seconds: Option<f64>,
     pub pool_max_reuse_idle_seconds: Option<f64>,
     pub processes: Vec<String>,
+    /// The processes with their container, pod or unit where known.
+    pub owners: Vec<crate::table::ProcessOwner>,
     pub verdict: String,
     pub recommended_pool_idle_timeout_seconds: Option<f64>,
     pub recommended_max_lifetime_seconds: Option<f64>,
@@ -444,6 +458,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             pool_idle_timeout_seconds: row.pool_idle_timeout_seconds,
             pool_max_reuse_idle_seconds: row.pool_max_reuse_idle_seconds,
             processes: row.processes.clone(),
+            owners: row.owners.clone(),
             verdict: row.verdict.as_str().to_owned(),
             recommended_pool_idle_timeout_seconds: row.recommended_pool_idle_timeout_seconds,
             recommended_max_lifetime_seconds: row.recommended_max_lifetime_seconds,

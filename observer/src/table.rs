@@ -330,6 +330,31 @@ pub struct ProcessOwner {
     pub unit: Option<String>,
 }
 
+impl ProcessOwner {
+    /// How reports name it: `api (container 0123456789ab, pod 1f2e…)`,
+    /// `nginx (nginx.service)`, or the bare name.
+    #[must_use]
+    pub fn label(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(c) = &self.container {
+            parts.push(format!("container {}", c.get(..12).unwrap_or(c)));
+        }
+        if let Some(p) = &self.pod {
+            parts.push(format!("pod {p}"));
+        }
+        if parts.is_empty() {
+            if let Some(u) = &self.unit {
+                parts.push(u.clone());
+            }
+        }
+        if parts.is_empty() {
+            self.process.clone()
+        } else {
+            format!("{} ({})", self.process, parts.join(", "))
+        }
+    }
+}
+
 /// A unit enum's `snake_case` name, as the JSON spells it.
 #[must_use]
 pub fn name_of<T: Serialize>(v: &T) -> String {

@@ -62,7 +62,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 {findings}"#,
         pool = opt_secs(o.pool_idle_timeout_seconds),
         maxr = opt_secs(o.pool_max_reuse_idle_seconds),
-        procs = esc(&o.processes.join(", ")),
+        procs = esc(&o.process_labels().join(", ")),
         cls = if o.verdict.ends_with("mismatch") { "bad" } else { "" },
         verdict = esc(&o.verdict),
         rec = opt_secs(o.recommended_pool_idle_timeout_seconds),

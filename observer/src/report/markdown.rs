@@ -56,7 +56,7 @@ pub fn markdown(r: &Report) -> String {
         "| Longest idle age at which our pool reused a socket | {} |",
         opt_secs(o.pool_max_reuse_idle_seconds)
     );
-    let procs: Vec<String> = o.processes.iter().map(|p| cell(p)).collect();
+    let procs: Vec<String> = o.process_labels().iter().map(|p| cell(p)).collect();
     let _ = writeln!(m, "| Processes talking to the destination | {} |", procs.join(", "));
     let _ = writeln!(m, "| Verdict | {} |", o.verdict);
     let _ = writeln!(

@@ -135,6 +135,7 @@ fn json_has_the_documented_fields() {
         "pool_idle_timeout_seconds",
         "pool_max_reuse_idle_seconds",
         "processes",
+        "owners",
         "verdict",
         "recommended_pool_idle_timeout_seconds",
         "recommended_max_lifetime_seconds",
@@ -164,6 +165,7 @@ fn no_evidence_is_a_clear_error() {
 fn markdown_cells_escape_process_names() {
     let mut r = fin_report();
     r.our_side.processes = vec!["pipe|name".into(), "bell\u{7}".into()];
+    r.our_side.owners.clear();
     if let Some(s) = r.samples.rows.first_mut() {
         s.process = "x|y".into();
     }
@@ -173,4 +175,20 @@ fn markdown_cells_escape_process_names() {
     if !r.samples.rows.is_empty() {
         assert!(md.contains("x\\|y"), "{md}");
     }
+}
+
+#[test]
+fn processes_are_named_with_their_owners() {
+    use crate::table::ProcessOwner;
+    let owner = |c: Option<&str>, p: Option<&str>, u: Option<&str>| ProcessOwner {
+        process: "api".into(),
+        container: c.map(str::to_owned),
+        pod: p.map(str::to_owned),
+        unit: u.map(str::to_owned),
+    };
+    let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert_eq!(owner(Some(id), Some("1f2e"), None).label(), "api (container 0123456789ab, pod 1f2e)");
+    assert_eq!(owner(None, None, Some("api.service")).label(), "api (api.service)");
+    assert_eq!(owner(Some(id), None, Some("docker.scope")).label(), "api (container 0123456789ab)");
+    assert_eq!(owner(None, None, None).label(), "api");
 }
