@@ -290,12 +290,23 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
 }
 
 /// Refresh the at-risk view and the tracked-socket gauge from the kernel.
-fn refresh_sockets(probes: &Probes, shared: &Shared) {
+fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
+    let shared = Arc::clone(&sinks.shared);
     match probes.sockets() {
         Ok(table) => {
             shared.metrics.set_tracked_sockets(table.len());
             let now = clock_ns(libc::CLOCK_BOOTTIME);
-            let views: Vec<_> = table.iter().filter_map(|rec| crate::event::view_of(rec, now)).collect();
+            // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
+            let views: Vec<_> = table
+                .iter()
+                .filter_map(|rec| crate::event::view_of(rec, now))
+                .filter(|v| {
+                    sinks.filter.is_empty() || {
+                        let owner = sinks.owners.resolve(v.cgroup_id);
+                        sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
+                    }
+                })
+                .collect();
             let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
             // Held peer closes become evidence (or a restart) and old
             // evidence expires even when no event arrives.
@@ -437,7 +448,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                     rec.flush().context("flushing the recording")?;
                 }
             }
-            _ = refresh.tick() => refresh_sockets(&probes, &shared),
+            _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
             _ = sigterm.recv() => { info!("SIGTERM: detaching probes"); break; }
             _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
         }

@@ -156,14 +156,18 @@ fn unescape_mountinfo(s: &str) -> String {
 pub struct Resolver {
     root: Option<PathBuf>,
     cache: HashMap<u64, Arc<Owner>>,
+    /// Ids the last walk did not find (a cgroup removed while its sockets
+    /// live on): they do not start another walk.
+    missed: std::collections::HashSet<u64>,
     last_scan: Option<Instant>,
+    scans: u64,
 }
 
 impl Resolver {
     /// A resolver for the cgroup v2 tree at `root` (`None`: ids stay unresolved).
     #[must_use]
     pub fn new(root: Option<PathBuf>) -> Self {
-        Self { root, cache: HashMap::new(), last_scan: None }
+        Self { root, cache: HashMap::new(), missed: std::collections::HashSet::new(), last_scan: None, scans: 0 }
     }
 
     /// The cgroup v2 root this resolver walks.
@@ -172,8 +176,14 @@ impl Resolver {
         self.root.as_deref()
     }
 
+    /// Walks of the cgroup tree so far.
+    #[must_use]
+    pub const fn scans(&self) -> u64 {
+        self.scans
+    }
+
     /// The owner of cgroup `id`, walking the tree again if the id is new
-    /// and the last walk is old enough.
+    /// (not missed by the last walk) and the last walk is old enough.
     pub fn resolve(&mut self, id: u64) -> Option<Arc<Owner>> {
         if id == 0 {
             return None;
@@ -181,15 +191,21 @@ impl Resolver {
         if let Some(o) = self.cache.get(&id) {
             return Some(Arc::clone(o));
         }
-        if self.last_scan.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
+        if self.missed.contains(&id) || self.last_scan.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
             return None;
         }
         self.scan();
-        self.cache.get(&id).cloned()
+        let found = self.cache.get(&id).cloned();
+        if found.is_none() && self.missed.len() < MAX_CACHED {
+            self.missed.insert(id);
+        }
+        found
     }
 
     fn scan(&mut self) {
         self.last_scan = Some(Instant::now());
+        self.scans += 1;
+        self.missed.clear();
         let Some(root) = self.root.clone() else { return };
         let mut found = HashMap::new();
         let mut stack = vec![(root.clone(), String::from("/"))];

@@ -121,6 +121,7 @@ fn resolver_walks_a_tree_by_inode() {
     let late = dir.join("late");
     std::fs::create_dir(&late).unwrap();
     assert_eq!(r.resolve(std::fs::metadata(&late).unwrap().ino()), None);
+    assert_eq!(r.scans(), 1);
     let mut ev = SockEvent::new(
         0,
         crate::event::EventKind::Reuse,
@@ -133,5 +134,25 @@ fn resolver_walks_a_tree_by_inode() {
     r.enrich(&mut ev);
     assert_eq!(ev.container.as_deref(), Some(ID));
     assert!(ev.to_json_line().contains("\"container\""));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_id_the_walk_did_not_find_starts_no_more_walks() {
+    let dir = std::env::temp_dir().join(format!("observer-missed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut r = Resolver::new(Some(dir.clone()));
+    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
+    // An id of a cgroup that is gone: one walk, then none for it.
+    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert_eq!(r.scans(), 1);
+    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
+    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert_eq!(r.scans(), 1, "a missed id does not walk the tree again");
+    // A new cgroup still gets its walk once the interval has passed.
+    let new = dir.join("new");
+    std::fs::create_dir(&new).unwrap();
+    assert_eq!(r.resolve(std::fs::metadata(&new).unwrap().ino()).unwrap().cgroup, "/new");
+    assert_eq!(r.scans(), 2);
     std::fs::remove_dir_all(&dir).unwrap();
 }
