@@ -101,6 +101,15 @@ fn deadline_cell(r: &DestinationRow) -> String {
     format!("{}/{}", secs(r.peer_request_deadline_seconds), secs(r.request_timeout_seconds))
 }
 
+/// The destination, with its network namespace when it is not the host's
+/// (one address seen from two pods is two rows).
+fn destination_cell(r: &DestinationRow) -> String {
+    match r.netns {
+        Some(n) => format!("{} netns:{n}", r.destination),
+        None => r.destination.clone(),
+    }
+}
+
 /// The human table, with one note per finding under it.
 #[must_use]
 pub fn render_table(rows: &[DestinationRow]) -> String {
@@ -126,7 +135,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 _ => r.pool_idle_timeout_seconds,
             };
             [
-                r.destination.clone(),
+                destination_cell(r),
                 r.role.as_str().to_owned(),
                 r.failure_mode.as_str().to_owned(),
                 timeout_cell(r),
@@ -146,7 +155,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         out.push_str("(no destinations with evidence yet)\n");
     }
     for r in rows {
-        let who = format!("{} ({})", r.destination, r.role.as_str());
+        let who = format!("{} ({})", destination_cell(r), r.role.as_str());
         if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
             let _ = writeln!(out, "{who}: {}", r.recommendation);
         }

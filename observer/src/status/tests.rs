@@ -51,9 +51,29 @@ fn status_json_has_the_documented_fields() {
         "reuses",
         "failures",
         "at_risk_idle_sockets",
+        "netns",
+        "owners",
     ] {
         assert!(obj.contains_key(f), "missing {f}");
     }
     assert!(obj["path_idle_timeout_seconds"].is_null());
     assert_eq!(obj["recommended_pool_idle_timeout_seconds"].as_f64(), Some(1.2));
+}
+
+#[test]
+fn two_namespaces_are_told_apart_in_the_table() {
+    let mut events = read_recording(RECORDING.as_bytes()).unwrap();
+    let mut pod = events.clone();
+    for e in &mut pod {
+        e.netns = 4_026_532_777;
+    }
+    for e in &mut events {
+        e.netns = 7;
+    }
+    events.extend(pod);
+    let rows = analyze(&events, Config { host_netns: 7, ..Config::default() });
+    assert_eq!(rows.len(), 2);
+    let table = render_table(&rows);
+    assert!(table.contains("10.0.0.2:80 netns:4026532777"), "{table}");
+    assert_eq!(table.matches("10.0.0.2:80").count(), table.matches("10.0.0.2:80 netns:").count() * 2, "{table}");
 }
