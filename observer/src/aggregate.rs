@@ -473,23 +473,49 @@ impl Aggregator {
     pub fn tick(&mut self, now_ns: u64) {
         let now = now_ns.max(self.latest_ns);
         self.last_tick_ns = now;
-        let mut gone = Vec::new();
-        for (key, st) in &mut self.dests {
-            let (changes, restart) = st.flush(now, *key);
-            self.changes.extend(changes);
-            self.restarts.extend(restart);
-            st.ev.expire(now);
-            if st.ev.is_empty() && st.pending.is_empty() {
-                gone.push(*key);
-            }
+        for key in self.keys() {
+            self.tick_one(key, now);
         }
-        for k in gone {
-            self.dests.remove(&k);
-            self.evicted += 1;
-            if self.gone.len() < 4 * self.config.max_destinations.max(1) {
-                self.gone.push(k.id());
-            }
+    }
+
+    /// [`Self::tick`] for one row; false when the row is gone.
+    fn tick_one(&mut self, key: DestKey, now: u64) -> bool {
+        let Some(st) = self.dests.get_mut(&key) else { return false };
+        let (changes, restart) = st.flush(now, key);
+        self.changes.extend(changes);
+        self.restarts.extend(restart);
+        st.ev.expire(now);
+        if !(st.ev.is_empty() && st.pending.is_empty()) {
+            return true;
         }
+        self.dests.remove(&key);
+        self.evicted += 1;
+        if self.gone.len() < 4 * self.config.max_destinations.max(1) {
+            self.gone.push(key.id());
+        }
+        false
+    }
+
+    /// The keys of the rows, for building the table a row at a time
+    /// ([`Self::row_at`]) without holding the aggregator for all of it.
+    #[must_use]
+    pub fn keys(&self) -> Vec<DestKey> {
+        self.dests.keys().copied().collect()
+    }
+
+    /// One row as of `now_ns`, brought up to date first like [`Self::tick`]
+    /// does; None when it is gone (or left the window just now).
+    pub fn row_at(&mut self, key: DestKey, now_ns: u64) -> Option<DestinationRow> {
+        let now = now_ns.max(self.latest_ns);
+        if !self.tick_one(key, now) {
+            return None;
+        }
+        self.dests.get(&key).map(|st| row(key, st, now))
+    }
+
+    /// Sort rows as the table shows them.
+    pub fn sort_rows(rows: &mut [DestinationRow]) {
+        rows.sort_by(|a, b| (&a.destination, a.role, a.netns).cmp(&(&b.destination, b.role, b.netns)));
     }
 
     /// The input is complete (a recording): commit or classify every held
@@ -555,7 +581,7 @@ impl Aggregator {
         self.tick(now_ns);
         let now = now_ns.max(self.latest_ns);
         let mut rows: Vec<DestinationRow> = self.dests.iter().map(|(k, st)| row(*k, st, now)).collect();
-        rows.sort_by(|a, b| (&a.destination, a.role, a.netns).cmp(&(&b.destination, b.role, b.netns)));
+        Self::sort_rows(&mut rows);
         rows
     }
 }

@@ -78,8 +78,8 @@ pub struct Shared {
 }
 
 /// The table and the estimate gauges are rebuilt at most this often,
-/// however many clients scrape: the aggregator's lock, which the event
-/// reader needs, is taken a bounded number of times a second.
+/// however many clients scrape, and a row at a time: the event reader,
+/// which needs the aggregator's lock, waits for one row at most.
 pub const TABLE_MAX_AGE_NS: u64 = 250_000_000;
 
 impl Shared {
@@ -101,11 +101,18 @@ impl Shared {
         if cached.0 != 0 && now.saturating_sub(cached.0) < TABLE_MAX_AGE_NS {
             return Ok(Arc::clone(&cached.1));
         }
-        let (rows, gone) = {
-            let mut agg = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-            let rows = agg.rows(clock_ns(libc::CLOCK_REALTIME));
-            (rows, agg.take_gone())
-        };
+        // A row at a time: the reader waits for one row's computation at
+        // most, never for the whole table.
+        let at = clock_ns(libc::CLOCK_REALTIME);
+        let keys = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).keys();
+        let mut rows = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(r) = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).row_at(key, at) {
+                rows.push(r);
+            }
+        }
+        Aggregator::sort_rows(&mut rows);
+        let gone = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).take_gone();
         // Serialising and the gauges run off the aggregator's lock.
         self.metrics.forget(&gone);
         self.metrics.set_estimates(&rows);
