@@ -42,6 +42,32 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// A Prometheus on loopback scraping `targets` every second, with the fleet
+/// rules of `deploy/prometheus` loaded; killed with the returned guard.
+fn start_prometheus(dir: &Path, targets: &[&str]) -> Result<(Killed, String)> {
+    let addr = format!("127.0.0.1:{}", free_port()?);
+    let config = dir.join("prometheus.yml");
+    let targets = targets.iter().map(|t| format!("\"{t}\"")).collect::<Vec<_>>().join(", ");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [{targets}]\n",
+            rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/observer-rules.yml").display()
+        ),
+    )?;
+    let prom = Killed(
+        Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting prometheus")?,
+    );
+    Ok((prom, addr))
+}
+
 /// Every `expr` in a dashboard, and every `label_values(...)` variable query.
 fn expressions(v: &Value, exprs: &mut Vec<String>, labels: &mut Vec<String>) {
     match v {
@@ -94,25 +120,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     let _nginx = start_nginx(&topo, dir.path(), 2)?;
     let daemon = Daemon::start(&[])?;
     let target = daemon.http_addr()?;
-    let prom_addr = format!("127.0.0.1:{}", free_port()?);
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [\"{target}\"]\n",
-            rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/observer-rules.yml").display()
-        ),
-    )?;
-    let _prom = Killed(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting prometheus")?,
-    );
+    let (_prom, prom_addr) = start_prometheus(dir.path(), &[&target])?;
     let http = script(HTTP_RECONNECTING)?;
     let mut children = Vec::new();
     for g in gaps(2.0, 4) {
@@ -214,31 +222,6 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     Ok(())
 }
 
-/// An echo server that closes a connection after 3 s without a request
-/// (its idle timeout): `python3 IDLE_SERVER HOST PORT`.
-const IDLE_SERVER: &str = r#"
-import socket, sys, threading
-s = socket.socket()
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((sys.argv[1], int(sys.argv[2])))
-s.listen(64)
-print("ready", flush=True)
-def serve(c):
-    c.settimeout(3.0)
-    try:
-        while True:
-            d = c.recv(100)
-            if not d:
-                break
-            c.sendall(d)
-    except OSError:
-        pass
-    c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
-
 /// One pooled connection reused after each gap (all below the server's
 /// 3 s), then three connections left idle until the server closes them:
 /// `python3 FLEET_CLIENT HOST PORT GAP,GAP,...`.
@@ -276,31 +259,14 @@ fn fleet_interval_is_the_intersection_of_two_hosts() -> Result<()> {
         ))?;
         common::sh(&format!("ip -n {s} addr add 10.202.{i}.1/24 dev s{i} && ip -n {s} link set s{i} up"))?;
     }
-    let server = script(IDLE_SERVER)?;
-    let _server = start_server(&ns, 2, &format!("python3 -u {} 10.202.9.1 7100", server.display()))?;
+    // The server closes a connection after 3 s without a request.
+    let server = script(ECHO_SERVER)?;
+    let _server = start_server(&ns, 2, &format!("python3 -u {} 10.202.9.1 7100 3", server.display()))?;
     let host_a = Daemon::start(&["--netns", &format!("/run/netns/{a}")])?;
     let host_b = Daemon::start(&["--netns", &format!("/run/netns/{b}")])?;
     let (target_a, target_b) = (host_a.http_addr()?, host_b.http_addr()?);
     let dir = tempfile::tempdir()?;
-    let prom_addr = format!("127.0.0.1:{}", free_port()?);
-    let config = dir.path().join("prometheus.yml");
-    std::fs::write(
-        &config,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nrule_files:\n  - {rules}\nscrape_configs:\n  - job_name: observer\n    static_configs:\n      - targets: [\"{target_a}\", \"{target_b}\"]\n",
-            rules = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/prometheus/observer-rules.yml").display()
-        ),
-    )?;
-    let _prom = Killed(
-        Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
-            .arg(format!("--web.listen-address={prom_addr}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting prometheus")?,
-    );
+    let (_prom, prom_addr) = start_prometheus(dir.path(), &[&target_a, &target_b])?;
     let client = script(FLEET_CLIENT)?;
     let run = |host: usize, gaps: &str| ns.spawn(host, &format!("python3 {} 10.202.9.1 7100 {gaps}", client.display()));
     let clients = [run(0, "1.2,2.5")?, run(1, "1.2,2.0")?];

@@ -349,11 +349,14 @@ pub fn script(body: &str) -> Result<tempfile::TempPath> {
     Ok(f.into_temp_path())
 }
 
-/// A TCP echo server: `python3 ECHO_SERVER HOST PORT`; prints `ready`. A
-/// request that is exactly `reset` is answered with an RST (a stray reset).
+/// A TCP echo server: `python3 ECHO_SERVER HOST PORT [IDLE_TIMEOUT]`;
+/// prints `ready`. A request that is exactly `reset` is answered with an
+/// RST (a stray reset). With `IDLE_TIMEOUT` (seconds), a connection
+/// without a request that long is closed (FIN): a server's idle timeout.
 pub const ECHO_SERVER: &str = r#"
 import socket, struct, sys, threading
 host, port = sys.argv[1], int(sys.argv[2])
+idle_timeout = float(sys.argv[3]) if len(sys.argv) > 3 else None
 fam = socket.AF_INET6 if ":" in host else socket.AF_INET
 s = socket.socket(fam)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -361,6 +364,7 @@ s.bind((host, port))
 s.listen(128)
 print("ready", flush=True)
 def serve(c):
+    c.settimeout(idle_timeout)
     while True:
         try:
             d = c.recv(65536)
