@@ -52,7 +52,16 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
     assert_eq!(r.verdict, Verdict::Mismatch, "{r:#?}");
     let rec = r.recommended_pool_idle_timeout_seconds.expect("a recommendation");
     assert!((rec - 0.8 * t).abs() <= 0.05 * 0.8 * t, "recommended {rec}, expected 0.8 x {t}");
-    assert!(r.reuses >= 20, "{} reuses", r.reuses);
+    // The clients make 20 requests after idle. One that meets the hop's
+    // close head-on is a failed reuse when the close crosses it, or a
+    // `request_aborted` (reuse) when the hop acknowledged it first and
+    // closed more than 100 ms later, which emulation (TCG) can stretch to.
+    assert!(
+        r.reuses + r.requests_aborted_window >= 20,
+        "{} reuses, {} aborted requests",
+        r.reuses,
+        r.requests_aborted_window
+    );
 }
 
 /// Live table and offline analysis of the recording agree (the at-risk
@@ -111,7 +120,7 @@ fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
 
 fn summary(name: &str, t: f64, r: &DestinationRow) {
     eprintln!(
-        "MEASURED {name}: configured {t} s; interval [{:.3}, {:.3}] s, point {:?}, mode {}, verdict {}, recommended {:?} s, reuses {}, failures {}",
+        "MEASURED {name}: configured {t} s; interval [{:.3}, {:.3}] s, point {:?}, mode {}, verdict {}, recommended {:?} s, reuses {}, failures {}, aborted requests {}",
         r.path_idle_timeout_lower_seconds,
         r.path_idle_timeout_upper_seconds.unwrap_or(f64::NAN),
         r.path_idle_timeout_seconds,
@@ -119,7 +128,8 @@ fn summary(name: &str, t: f64, r: &DestinationRow) {
         r.verdict.as_str(),
         r.recommended_pool_idle_timeout_seconds,
         r.reuses,
-        r.failures
+        r.failures,
+        r.requests_aborted_window
     );
 }
 
