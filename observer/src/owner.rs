@@ -131,22 +131,23 @@ pub fn mountinfo_cgroup2(info: &str) -> Option<PathBuf> {
     })
 }
 
-/// Mountinfo escapes space, tab, newline and backslash as octal.
+/// Mountinfo escapes space, tab, newline and backslash as octal; other
+/// bytes (UTF-8 included) stand as they are.
 fn unescape_mountinfo(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
     let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(char::from(v));
+        let octal = b.get(i + 1..i + 4).filter(|d| b[i] == b'\\' && d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if let Some(Ok(v)) = octal.map(|d| d.iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0'))).map(u8::try_from) {
+            out.push(v);
             i += 4;
         } else {
-            out.push(char::from(b[i]));
+            out.push(b[i]);
             i += 1;
         }
     }
-    out
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Resolves cgroup ids to owners by walking the cgroup v2 tree (a cgroup's

@@ -70,6 +70,9 @@ fn cgroup2_mount_from_mountinfo() {
     let escaped = "25 22 0:23 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
     assert_eq!(mountinfo_cgroup2(escaped), Some(PathBuf::from("/mnt/my cgroup")));
     assert_eq!(mountinfo_cgroup2("garbage\n\n - \n"), None);
+    // Non-ASCII stays as written; an escape past a byte is taken literally.
+    assert_eq!(unescape_mountinfo("/mnt/grüße\\040x"), "/mnt/grüße x");
+    assert_eq!(unescape_mountinfo("/a\\777b\\04"), "/a\\777b\\04");
 }
 
 #[test]
