@@ -16,7 +16,14 @@
 //! - a **reuse** is a request written after at least `MIN_IDLE_NS` with no
 //!   data either way;
 //! - a byte that arrived before the request write (a server's goodbye
-//!   line read only now) is not a response.
+//!   line read only now) is not a response;
+//! - a write after the application read the peer's EOF is no request
+//!   (`tcp_recvmsg` moves `copied_seq` past the FIN when it returns the
+//!   end of stream): it answers the close (a `close_notify`);
+//! - a small write and our close right after it are part of the close
+//!   (`close_notify`), unless the write went out with the peer's FIN
+//!   still unread and the application read the EOF only after it: that
+//!   was a request, and it failed.
 
 use core::ffi::c_void;
 
@@ -127,7 +134,9 @@ pub mod st {
     /// A request went unanswered until the next write: a one-way writer.
     /// No requests are tracked until data arrives again.
     pub const ONE_WAY: u8 = 0x20;
-    /// The peer's FIN had arrived when the outstanding request was written.
+    /// The peer's FIN had arrived, unread, when the outstanding request
+    /// was written (after the application reads the EOF, a write starts
+    /// no request).
     pub const FIN_BEFORE_REQ: u8 = 0x40;
     /// The peer's FIN acknowledged a small write made just before (our
     /// `close_notify`?): decided at our close, which follows at once if so.
@@ -460,12 +469,21 @@ pub fn expire_request(st: &mut SockState, now: u64) -> bool {
 #[inline(always)]
 fn answered(sk: *const c_void, st: &SockState, fin: bool) -> bool {
     if st.flags & st::SEQ == 0 {
-        // `copied_seq` never passes the FIN, whenever it came.
+        // Data short of the FIN is unread; `copied_seq` passes the FIN
+        // itself (one past the data) once the application reads the EOF.
         let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin || st.peer_fin_ns != 0));
-        return rcv != copied_seq(sk);
+        return after(rcv, copied_seq(sk));
     }
     let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin));
     rcv != st.req_rcv_seq && after(rcv, st.req_rcv_seq)
+}
+
+/// The application has read everything that arrived, the peer's FIN
+/// included (`tcp_recvmsg` moves `copied_seq` past the FIN when it returns
+/// the end of stream).
+#[inline(always)]
+fn eof_read(sk: *const c_void) -> bool {
+    copied_seq(sk) == rcv_nxt(sk)
 }
 
 /// The request's bytes were acknowledged (unknown without snapshots: no).
@@ -526,7 +544,9 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
                 st.flags |= st::ONE_WAY;
             }
         }
-        if st.req_ns == 0 && st.flags & st::ONE_WAY == 0 && last != 0 {
+        // A write after the application read the peer's EOF answers the
+        // close (Go's `close_notify` from its reader): never a request.
+        if st.req_ns == 0 && st.flags & st::ONE_WAY == 0 && last != 0 && (st.peer_fin_ns == 0 || !eof_read(sk)) {
             st.req_ns = now;
             st.req_idle_ns = idle;
             st.retransmits = 0;
@@ -688,7 +708,12 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
     st.flags |= st::LOCAL_CLOSED;
     expire_request(st, now);
     // Our own close_notify/GOAWAY and then the close: part of the close.
-    let control = is_control_write(sk, st, now);
+    // Not a reuse written blind after the peer's FIN (the FIN unread), the
+    // EOF read only after it: the application tried a request and found
+    // the connection closed. Its close follows at once whenever the
+    // peer's RST is slower than the application (any real round trip).
+    let blind = st.flags & (st::REUSE | st::FIN_BEFORE_REQ) == st::REUSE | st::FIN_BEFORE_REQ && eof_read(sk);
+    let control = !blind && is_control_write(sk, st, now);
     let deferred = st.flags & st::FIN_DEFERRED != 0;
     // The peer's FIN answered our close_notify: we closed first.
     let we_first = control && (deferred || (st.peer_fin_ns != 0 && st.peer_fin_ns >= st.wburst_ns));

@@ -120,6 +120,56 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
     Ok(())
 }
 
+/// A request written after nginx's idle FIN, whose RST answer is slower
+/// than the client: the client reads the EOF and closes before any RST
+/// comes back, as it does over any real round trip. nginx's RSTs are
+/// dropped in its namespace, so the order is certain. The small request
+/// and the close right after it look like a TLS `close_notify` and our
+/// close, but the client wrote with the FIN unread and read the EOF only
+/// afterwards: each such reuse is a failed one (`eof`, safe to retry).
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn fin_then_request_closed_before_the_reset_is_eof() -> Result<()> {
+    let topo = Topology::pair("finlate")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = common::start_nginx(&topo, dir.path(), 2)?;
+    topo.ns.exec(topo.server, "nft add table inet observer_test")?;
+    topo.ns.exec(
+        topo.server,
+        "nft add chain inet observer_test out \"{ type filter hook output priority 0; policy accept; }\"",
+    )?;
+    topo.ns.exec(
+        topo.server,
+        "nft add rule inet observer_test out tcp sport 8080 tcp flags \\& rst == rst counter drop",
+    )?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(HTTP_RECONNECTING)?;
+    let out =
+        topo.ns.exec(topo.client, &format!("python3 {} {} 8080 1.3,2.6,1.5,3.2", client.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 4, "client printed {recs:?}");
+    let events = daemon.wait_for("outcomes of all four reuses", Duration::from_secs(5), |evs| {
+        recs.iter().all(|r| !reuses_from(evs, r.local_addr()).is_empty())
+    })?;
+    let mut failed = Vec::new();
+    for rec in &recs {
+        let (ev, err) = matching(&events, rec)?;
+        assert!(err < common::idle_precision(), "idle age {} vs client's {}", ev.idle_seconds, rec.idle);
+        if rec.gap < 2.0 {
+            assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
+        } else {
+            assert_ne!(rec.result, "ok", "the client saw the failure too");
+            assert_eq!(ev.outcome, Some(Outcome::Eof), "gap {}: no RST reached the client: {ev:?}", rec.gap);
+            assert!(ev.safe_to_retry, "nginx's FIN came before the write: {ev:?}");
+            failed.push((ev.idle_seconds * 1000.0).round() / 1000.0);
+        }
+    }
+    let dropped = topo.ns.exec(topo.server, "nft list chain inet observer_test out")?;
+    ensure!(!dropped.contains("packets 0 "), "no RST was dropped, so the order was not forced: {dropped}");
+    eprintln!("MEASURED fin with a late reset: failed reuses at idle {failed:?} s, outcome eof, safe to retry");
+    Ok(())
+}
+
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {

@@ -412,6 +412,89 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
     Ok(())
 }
 
+/// A TLS keep-alive server that closes a connection idle for `IDLE` s with
+/// a bare FIN (Python's `SSLSocket.close()` sends no `close_notify`):
+/// `python3 BARE_FIN_TLS_SERVER HOST PORT CERT_DIR IDLE`.
+const BARE_FIN_TLS_SERVER: &str = r#"
+import socket, ssl, sys, threading
+host, port, d, idle = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(d + "/cert.pem", d + "/key.pem")
+ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((host, port)); ls.listen(64)
+def serve(raw):
+    try:
+        c = ctx.wrap_socket(raw, server_side=True)
+        c.settimeout(idle)
+        buf = b""
+        while True:
+            try:
+                d = c.recv(4096)
+            except (socket.timeout, TimeoutError):
+                break
+            if not d:
+                break
+            buf += d
+            while b"\r\n\r\n" in buf:
+                _, buf = buf.split(b"\r\n\r\n", 1)
+                c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+        c.close()
+    except Exception:
+        raw.close()
+print("ready", flush=True)
+while True:
+    raw, _ = ls.accept()
+    threading.Thread(target=serve, args=(raw,), daemon=True).start()
+"#;
+
+/// A server's idle close with a bare FIN, seen by a Go pool that keeps a
+/// reader: Go reads the EOF, then writes its `close_notify` and closes.
+/// That write follows the FIN but answers it (the EOF was read first), so
+/// it is part of the close: a peer close, no reuse and no failure.
+#[test]
+#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
+fn tls_bare_fin_then_close_notify_from_a_reader_is_no_reuse() -> Result<()> {
+    let topo = Topology::pair("tlsfin")?;
+    let dir = tempfile::tempdir()?;
+    sh(&format!("{} cert {}", tlstool()?.display(), dir.path().display()))?;
+    let server = script(BARE_FIN_TLS_SERVER)?;
+    let _srv = start_server(
+        &topo.ns,
+        topo.server,
+        &format!("python3 -u {} {} 8443 {} 2", server.display(), topo.server_v4, dir.path().display()),
+    )?;
+    let daemon = Daemon::start(&[])?;
+    let (socks, events) = go_clients(&topo, &daemon, "30s 3500ms", EventKind::PeerCloseWhileIdle)?;
+    let mut idles = Vec::new();
+    for l in &socks {
+        let mine = of(&events, *l);
+        let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
+        assert!((pc.idle_seconds - 2.0).abs() < common::tolerance(0.1), "the server closes at 2 s: {pc:?}");
+        assert_eq!(pc.how, Some(How::Fin));
+        // The server's RST answers the close_notify; Go's close comes after
+        // it or before it, and is then its own close after the peer's.
+        assert!(
+            mine.iter().filter(|e| e.kind == EventKind::LocalClose).all(|c| c.peer_closed_first),
+            "{:?}",
+            kinds(&mine)
+        );
+        assert!(
+            !mine
+                .iter()
+                .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout | EventKind::RequestAborted)),
+            "Go's close_notify after the EOF is no request: {:?}",
+            kinds(&mine)
+        );
+        idles.push((pc.idle_seconds * 1000.0).round() / 1000.0);
+    }
+    eprintln!(
+        "MEASURED tls bare FIN seen by a Go reader: peer close at {idles:?} s; e.g. {:?}",
+        kinds(&of(&events, socks[0]))
+    );
+    Ok(())
+}
+
 /// Connects, warms the connection, prints `ready`, reuses it `gap` seconds
 /// later and waits up to 5 s for the echo; prints `ip port result`:
 /// `python3 LATE_ANSWER_CLIENT HOST PORT GAP`.
