@@ -89,6 +89,9 @@ const TEST_PACKAGES: &[&str] = &[
     "prometheus",
     "chromium",
     "golang-go",
+    // Real servers and clients for tests/servers.rs.
+    "postgresql",
+    "nodejs",
     "systemd",
     // The container image: podman builds it; runc runs it where crun refuses
     // a hybrid cgroup v1/v2 host (these machines).
