@@ -4,6 +4,7 @@
 //! connections (`server.keepAliveTimeout`), met by a pool without a reader
 //! (failed reuses) and by Node's own agent, which keeps one (no failure).
 
+#[macro_use]
 mod common;
 
 use std::{
@@ -147,7 +148,8 @@ fn start_postgres(topo: &Topology, dir: &Path, idle_session_timeout: &str) -> Re
 /// A PostgreSQL client speaking the wire protocol (trust auth), with a
 /// pooled session it reuses after each gap (`SELECT 1`) and replaces after
 /// a failure: `python3 PG_CLIENT HOST PORT GAPS`. One JSON line per reuse.
-const PG_CLIENT: &str = r#"
+const PG_CLIENT: &str = concat!(
+    r#"
 import json, socket, struct, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
 gaps = [float(g) for g in sys.argv[3].split(",")]
@@ -179,32 +181,16 @@ def connect():
     s.sendall(struct.pack("!II", 8 + len(params), 196608) + params)
     until_ready(s)
     return s
-def query(s):
+def exchange(s):
     q = b"SELECT 1\0"
     s.sendall(b"Q" + struct.pack("!I", 4 + len(q)) + q)
     until_ready(s)
-s = connect()
-query(s)
-last = time.monotonic()
-for g in gaps:
-    time.sleep(max(0.0, last + g - time.monotonic()))
-    t = time.monotonic()
-    rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2]}
-    try:
-        query(s)
-        rec["result"] = "ok"
-    except EOFError:
-        rec["result"] = "eof"
-    except (ConnectionResetError, BrokenPipeError):
-        rec["result"] = "reset"
-    print(json.dumps(rec), flush=True)
-    if rec["result"] != "ok":
-        s.close()
-        s = connect()
-        query(s)
-    last = time.monotonic()
-s.close()
-"#;
+def local(s):
+    return s.getsockname()[:2]
+EOF_ERRORS = (EOFError,)
+"#,
+    reuse_loop!()
+);
 
 /// PostgreSQL ends a session idle for `idle_session_timeout` with a FATAL
 /// message and its FIN. A pool that reuses a session after that reads the

@@ -486,32 +486,25 @@ for g in gaps:
 s.close()
 "#;
 
-/// An HTTP keep-alive client that reuses its connection after each gap and
-/// retries on a fresh connection after a failure:
-/// `python3 HTTP_RECONNECTING HOST PORT GAPS`.
-pub const HTTP_RECONNECTING: &str = r#"
-import http.client, json, sys, time
-host, port = sys.argv[1], int(sys.argv[2])
-gaps = [float(g) for g in sys.argv[3].split(",")]
-def connect():
-    c = http.client.HTTPConnection(host, port, timeout=5)
-    c.connect()
-    return c
-def get(c):
-    c.request("GET", "/")
-    r = c.getresponse()
-    r.read()
+/// The loop of the reconnecting clients, after their prelude defines
+/// `gaps`, `connect()`, `exchange(c)`, `local(c)` and `EOF_ERRORS`: reuse
+/// the connection after each gap, print one JSON line per reuse (the
+/// client's own idle measurement and the result), and after a failure go
+/// on with a fresh connection (one fresh exchange first).
+macro_rules! reuse_loop {
+    () => {
+        r#"
 c = connect()
-get(c)
+exchange(c)
 last = time.monotonic()
 for g in gaps:
     time.sleep(max(0.0, last + g - time.monotonic()))
     t = time.monotonic()
-    rec = {"gap": g, "idle": t - last, "local": c.sock.getsockname()[:2]}
+    rec = {"gap": g, "idle": t - last, "local": local(c)}
     try:
-        get(c)
+        exchange(c)
         rec["result"] = "ok"
-    except http.client.RemoteDisconnected:
+    except EOF_ERRORS:
         rec["result"] = "eof"
     except (ConnectionResetError, BrokenPipeError):
         rec["result"] = "reset"
@@ -519,10 +512,35 @@ for g in gaps:
     if rec["result"] != "ok":
         c.close()
         c = connect()
-        get(c)
+        exchange(c)
     last = time.monotonic()
 c.close()
-"#;
+"#
+    };
+}
+
+/// An HTTP keep-alive client that reuses its connection after each gap and
+/// retries on a fresh connection after a failure:
+/// `python3 HTTP_RECONNECTING HOST PORT GAPS`.
+pub const HTTP_RECONNECTING: &str = concat!(
+    r#"
+import http.client, json, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+gaps = [float(g) for g in sys.argv[3].split(",")]
+EOF_ERRORS = (http.client.RemoteDisconnected,)
+def connect():
+    c = http.client.HTTPConnection(host, port, timeout=5)
+    c.connect()
+    return c
+def exchange(c):
+    c.request("GET", "/")
+    r = c.getresponse()
+    r.read()
+def local(c):
+    return c.sock.getsockname()[:2]
+"#,
+    reuse_loop!()
+);
 
 /// 20 gaps, one in the middle of each twentieth of [0.5 T, 1.5 T], dealt
 /// round-robin to `clients` clients.
