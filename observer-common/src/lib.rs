@@ -147,6 +147,9 @@ pub mod globals {
 pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";
+    /// One `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
+    /// kept current by userspace and by the probes off the hot path.
+    pub const CLOCK_OFFSET: &str = "CLOCK_OFFSET";
 }
 
 /// Byte offsets of the kernel fields the probes read, resolved at load time
@@ -196,10 +199,13 @@ pub struct Offsets {
     /// `net.ns.inum`: the namespace's inode number, as `/proc/PID/ns/net`
     /// shows it.
     pub net_ns_inum: u64,
+    /// `tcp_sock.tcp_clock_cache`: `CLOCK_MONOTONIC` ns of the socket's
+    /// latest segment processed (4.20+), read directly as the receive time.
+    pub tcp_clock_cache: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 20;
+pub const OFFSETS_COUNT: usize = 21;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.

@@ -32,11 +32,11 @@ use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
-        bpf_probe_read_kernel,
-        generated::{bpf_get_current_cgroup_id, bpf_sk_storage_get},
+        bpf_ktime_get_ns, bpf_probe_read_kernel,
+        generated::{bpf_get_current_cgroup_id, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
     },
     macros::{btf_map, map},
-    maps::{LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
     counter, flags, how, kind, outcome, role, ClosedIdle, Event, Offsets, SockState, TupleKey, AF_INET, AF_INET6,
@@ -63,6 +63,14 @@ pub static ID_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// (their full socket is gone by the time the client writes).
 #[map]
 pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_entries(16_384, 0);
+
+/// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (ns spent suspended), to put the
+/// kernel's monotonic `tcp_clock_cache` on the boot clock every other
+/// timestamp uses. Userspace sets it at load and every second; the probes
+/// refresh it off the hot path, so after a resume it is current before the
+/// first request after a quiet spell.
+#[map]
+pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(1, 0);
 
 /// Minimum idle time before a write counts as a reuse. Set at load time.
 #[no_mangle]
@@ -105,6 +113,7 @@ static OFFSETS: Offsets = Offsets {
     keepalive_time: 0,
     skc_net: 0,
     net_ns_inum: 0,
+    tcp_clock_cache: 0,
 };
 
 /// A write of at most this many bytes immediately followed by our close
@@ -167,6 +176,42 @@ pub fn now() -> u64 {
     // SAFETY: helper without preconditions (5.8+). The boot clock counts
     // suspend, so idle ages across a suspend are not understated.
     unsafe { bpf_ktime_get_boot_ns() }
+}
+
+/// Store `CLOCK_BOOTTIME - CLOCK_MONOTONIC` for [`receive_time`]. Two
+/// clock reads: never on a busy exchange's path.
+#[inline(always)]
+pub fn refresh_clock_offset() {
+    let boot = now();
+    // SAFETY: helper without preconditions.
+    let mono = unsafe { bpf_ktime_get_ns() };
+    if let Some(p) = CLOCK_OFFSET.get_ptr_mut(0) {
+        // SAFETY: the map's one slot; a racing writer stores the same value.
+        unsafe { *p = boot.saturating_sub(mono) };
+    }
+}
+
+/// When the data being read reached TCP, on the boot clock: the socket's
+/// `tcp_clock_cache`, which TCP refreshes (`CLOCK_MONOTONIC`) as each
+/// segment arrives, plus the suspend offset. The wire time, not the
+/// syscall's, and no clock call on the hot path: a direct BTF load (no
+/// `bpf_probe_read_kernel`, which costs more than the clock).
+#[inline(always)]
+pub fn receive_time(sk: *mut c_void) -> u64 {
+    // SAFETY: `sk` is the hook's BTF `struct sock *`; the helper checks it
+    // is a TCP socket and returns NULL otherwise.
+    let tp = unsafe { bpf_skc_to_tcp_sock(sk) };
+    if tp.is_null() {
+        return now();
+    }
+    let off = global(&raw const OFFSETS.tcp_clock_cache) as usize;
+    // SAFETY: a BTF-checked load from a `struct tcp_sock`; the offset is a
+    // load-time constant the verifier checks against the type.
+    let mono = unsafe { *tp.cast::<u8>().add(off).cast::<u64>() };
+    if mono == 0 {
+        return now();
+    }
+    mono + CLOCK_OFFSET.get(0).copied().unwrap_or(0)
 }
 
 #[inline(always)]
@@ -524,6 +569,9 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
         // follows at once (then it was a close_notify, not a request).
         wseq = write_seq(sk);
         have_wseq = true;
+        // Off the hot path: after a resume the offset is current before
+        // the first request after a quiet spell is answered.
+        refresh_clock_offset();
         st.wburst_ns = now;
         st.wburst_anchor_ns = last;
         st.wburst_seq = wseq;
@@ -920,6 +968,7 @@ pub fn on_established(sk: *mut c_void, client: bool, now: u64) {
         return;
     }
     st.role = if client { role::CLIENT } else { role::SERVER };
+    refresh_clock_offset();
     // Establishment counts as activity: a connection opened and then left
     // idle in a pool ages from here.
     st.last_recv_ns = now;

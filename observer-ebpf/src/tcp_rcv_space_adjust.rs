@@ -3,18 +3,19 @@
 //! application; a zero-length read or an end-of-stream read does not fire
 //! it, so neither can pass for a response or an EOF.
 //!
-//! Cost: one socket-local storage lookup (no create) and a timestamp per
-//! read; one field read (`rcv_nxt`) while a request is outstanding.
+//! Cost: one socket-local storage lookup (no create) and one direct load
+//! (`tcp_clock_cache`, the arrival time) per read, no clock call; one field
+//! read (`rcv_nxt`) while a request is outstanding after a quiet spell.
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
-use crate::common::{now, on_read, storage};
+use crate::common::{on_read, receive_time, storage};
 
 #[btf_tracepoint(function = "tcp_rcv_space_adjust")]
 pub fn tcp_rcv_space_adjust(ctx: BtfTracePointContext) -> i32 {
     let sk = ctx.arg(0);
     if let Some(st) = storage(sk, false) {
-        on_read(sk, st, now());
+        on_read(sk, st, receive_time(sk));
     }
     0
 }

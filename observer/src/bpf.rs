@@ -11,7 +11,7 @@ use std::{
 };
 
 use aya::{
-    maps::{MapData, PerCpuArray, RingBuf},
+    maps::{Array, MapData, PerCpuArray, RingBuf},
     programs::{BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
@@ -19,7 +19,7 @@ use observer_common::{counter, globals, maps, Offsets, SockRecord, SOCK_RECORD_S
 
 use crate::{
     btf::{Btf, BtfError},
-    event::{decode_bytes, Clock, DecodeError, SockEvent},
+    event::{clock_ns, decode_bytes, Clock, DecodeError, SockEvent},
 };
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -244,7 +244,16 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
             Ok(_) => btf.offset("net", "ns")? + btf.offset("ns_common", "inum")?,
             Err(_) => 0,
         },
+        tcp_clock_cache: btf.offset("tcp_sock", "tcp_clock_cache")?,
     })
+}
+
+/// Store the time spent suspended (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`) for
+/// the receive probe, which reads the kernel's monotonic segment times.
+fn set_clock_offset(map: &mut Array<MapData, u64>) -> Result<(), BpfError> {
+    let mono = clock_ns(libc::CLOCK_MONOTONIC);
+    let boot = clock_ns(libc::CLOCK_BOOTTIME);
+    map.set(0, boot.saturating_sub(mono), 0).map_err(|source| BpfError::Map { name: maps::CLOCK_OFFSET, source })
 }
 
 /// Effective capabilities of this process (`CapEff` in /proc/self/status).
@@ -287,6 +296,7 @@ pub struct Probes {
     _ebpf: Ebpf,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
+    clock_offset: Array<MapData, u64>,
     attached: Vec<Attached>,
     set: ProbeSet,
     clock: Clock,
@@ -329,6 +339,12 @@ impl Probes {
             .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
+        // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
+        // this offset.
+        let mut clock_offset: Array<MapData, u64> =
+            Array::try_from(ebpf.take_map(maps::CLOCK_OFFSET).ok_or(BpfError::MissingMap(maps::CLOCK_OFFSET))?)
+                .map_err(|source| BpfError::Map { name: maps::CLOCK_OFFSET, source })?;
+        set_clock_offset(&mut clock_offset)?;
         let mut attached = Vec::new();
         let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
@@ -378,6 +394,7 @@ impl Probes {
             _ebpf: ebpf,
             ring,
             counters,
+            clock_offset,
             attached,
             set,
             clock: Clock::now(),
@@ -409,6 +426,11 @@ impl Probes {
         if self.clock_sampled.elapsed() >= Duration::from_secs(1) {
             self.clock = Clock::now();
             self.clock_sampled = Instant::now();
+            // After a resume: the probes also refresh it, but a host with
+            // no new connection and no quiet-spell request would not.
+            if let Err(e) = set_clock_offset(&mut self.clock_offset) {
+                log::warn!("{e}");
+            }
         }
         let mut n = 0;
         while let Some(item) = self.ring.next() {

@@ -697,3 +697,45 @@ fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<(
     );
     Ok(())
 }
+
+/// Sends, reads the echo only 1.2 s after it arrived, idles 1.2 s more and
+/// writes again after the server's 2 s idle close:
+/// `python3 LATE_READ_CLIENT HOST PORT`.
+const LATE_READ_CLIENT: &str = r#"
+import socket, sys, time
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, port), timeout=5)
+s.sendall(b"hello")
+time.sleep(1.2)
+assert s.recv(100) == b"hello"
+time.sleep(1.2)
+try:
+    s.sendall(b"ping")
+    assert s.recv(100) == b""
+except ConnectionResetError:
+    pass
+print(s.getsockname()[0], s.getsockname()[1], flush=True)
+s.close()
+"#;
+
+/// Idle starts when the answer reached TCP, not when the application read
+/// it: the server's idle timer and every middlebox's run from the wire.
+/// Timed from the read, this reuse would be a failure at 1.2 s idle and the
+/// server's close a peer close at 0.8 s, both below its 2 s timeout.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn idle_runs_from_the_answer_on_the_wire_not_from_its_read() -> Result<()> {
+    let server = format!("import sys; sys.argv.append('2')\n{ECHO_SERVER}");
+    let (local, events) = one_client_run("lateread", &server, LATE_READ_CLIENT, EventKind::Reuse)?;
+    let mine = of(&events, local);
+    let close = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the server's idle close")?;
+    assert!((close.idle_seconds - 2.0).abs() < common::tolerance(0.1), "closed 2 s after the echo: {close:?}");
+    let reuse = mine.iter().find(|e| e.kind == EventKind::Reuse).context("the reuse")?;
+    assert_ne!(reuse.outcome, Some(Outcome::Ok), "{:?}", kinds(&mine));
+    assert!((reuse.idle_seconds - 2.4).abs() < common::tolerance(0.15), "2.4 s after the echo arrived: {reuse:?}");
+    eprintln!(
+        "MEASURED late read: peer close at idle {:.3} s, reuse {:?} at idle {:.3} s",
+        close.idle_seconds, reuse.outcome, reuse.idle_seconds
+    );
+    Ok(())
+}
