@@ -136,6 +136,9 @@ pub mod globals {
     pub const STALL_AFTER_NS: &str = "STALL_AFTER_NS";
     /// `u64`: a request unanswered this long is dropped as unresolved.
     pub const ANSWER_WITHIN_NS: &str = "ANSWER_WITHIN_NS";
+    /// `u64`: length of a jiffy in ns (`clock_getres(CLOCK_MONOTONIC_COARSE)`);
+    /// 0 = unknown (every write reads the clock).
+    pub const TICK_NS: &str = "TICK_NS";
     /// `u64`: 1 = emit `closed` events (only printed with `--connections`).
     pub const EMIT_CLOSED: &str = "EMIT_CLOSED";
     /// The kernel struct fields the programs read, in the order of
@@ -147,8 +150,9 @@ pub mod globals {
 pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";
-    /// One `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
-    /// kept current by userspace and by the probes off the hot path.
+    /// Two `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
+    /// kept current by userspace and by the probes off the hot path; and the
+    /// probes' own jiffies epoch.
     pub const CLOCK_OFFSET: &str = "CLOCK_OFFSET";
 }
 

@@ -33,7 +33,7 @@ use aya_ebpf::{
     helpers::{
         bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
         bpf_ktime_get_ns, bpf_probe_read_kernel,
-        generated::{bpf_get_current_cgroup_id, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
+        generated::{bpf_get_current_cgroup_id, bpf_jiffies64, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
     },
     macros::{btf_map, map},
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
@@ -64,13 +64,20 @@ pub static ID_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 #[map]
 pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_entries(16_384, 0);
 
-/// `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (ns spent suspended), to put the
-/// kernel's monotonic `tcp_clock_cache` on the boot clock every other
-/// timestamp uses. Userspace sets it at load and every second; the probes
-/// refresh it off the hot path, so after a resume it is current before the
-/// first request after a quiet spell.
+/// Clocks: slot 0 is `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (ns spent
+/// suspended), to put the kernel's monotonic `tcp_clock_cache` on the boot
+/// clock every other timestamp uses (userspace sets it at load and every
+/// second; the probes refresh it off the hot path, so after a resume it is
+/// current before the first request after a quiet spell). Slot 1 is the
+/// monotonic time of jiffy 0 (`mono - jiffies * TICK_NS`), set by the
+/// probes, for [`busy_request_time`].
 #[map]
-pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(1, 0);
+pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(2, 0);
+
+/// Length of a jiffy in ns (`clock_getres(CLOCK_MONOTONIC_COARSE)`), set
+/// at load time; 0 = unknown, and every write reads the clock.
+#[no_mangle]
+static TICK_NS: u64 = 0;
 
 /// Minimum idle time before a write counts as a reuse. Set at load time.
 #[no_mangle]
@@ -178,40 +185,128 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_boot_ns() }
 }
 
-/// Store `CLOCK_BOOTTIME - CLOCK_MONOTONIC` for [`receive_time`]. Two
-/// clock reads: never on a busy exchange's path.
+/// `CLOCK_OFFSET` slots.
+const SLOT_SUSPENDED: u32 = 0;
+const SLOT_JIFFY_EPOCH: u32 = 1;
+
 #[inline(always)]
-pub fn refresh_clock_offset() {
-    let boot = now();
-    // SAFETY: helper without preconditions.
-    let mono = unsafe { bpf_ktime_get_ns() };
-    if let Some(p) = CLOCK_OFFSET.get_ptr_mut(0) {
-        // SAFETY: the map's one slot; a racing writer stores the same value.
-        unsafe { *p = boot.saturating_sub(mono) };
+fn clock_slot(slot: u32) -> u64 {
+    CLOCK_OFFSET.get(slot).copied().unwrap_or(0)
+}
+
+#[inline(always)]
+fn set_clock_slot(slot: u32, value: u64) {
+    if let Some(p) = CLOCK_OFFSET.get_ptr_mut(slot) {
+        // SAFETY: one aligned u64 store; racing writers store values that
+        // differ only by clock jitter.
+        unsafe { *p = value };
     }
 }
 
-/// When the data being read reached TCP, on the boot clock: the socket's
-/// `tcp_clock_cache`, which TCP refreshes (`CLOCK_MONOTONIC`) as each
-/// segment arrives, plus the suspend offset. The wire time, not the
-/// syscall's, and no clock call on the hot path: a direct BTF load (no
-/// `bpf_probe_read_kernel`, which costs more than the clock).
+/// Store the time spent suspended (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`)
+/// and where jiffies stand against the monotonic clock. Two clock reads:
+/// never on a busy exchange's path.
 #[inline(always)]
-pub fn receive_time(sk: *mut c_void) -> u64 {
+pub fn refresh_clocks() {
+    let boot = now();
+    // SAFETY: helpers without preconditions.
+    let (mono, jiffies) = unsafe { (bpf_ktime_get_ns(), bpf_jiffies64()) };
+    set_clock_slot(SLOT_SUSPENDED, boot.saturating_sub(mono));
+    let tick = global(&raw const TICK_NS);
+    if tick != 0 {
+        set_clock_slot(SLOT_JIFFY_EPOCH, mono.wrapping_sub(jiffies.wrapping_mul(tick)));
+    }
+}
+
+/// The socket's `tcp_clock_cache`: the monotonic time TCP last processed
+/// one of its segments (refreshed as each arrives and as we transmit), by a
+/// direct BTF load (no `bpf_probe_read_kernel`, which costs more than the
+/// clock). 0 when unknown.
+#[inline(always)]
+#[allow(
+    clippy::cast_ptr_alignment,
+    reason = "a u64 field's BTF offset is 8-aligned; the verifier checks the load against the type"
+)]
+fn clock_cache(sk: *mut c_void) -> u64 {
     // SAFETY: `sk` is the hook's BTF `struct sock *`; the helper checks it
     // is a TCP socket and returns NULL otherwise.
     let tp = unsafe { bpf_skc_to_tcp_sock(sk) };
     if tp.is_null() {
-        return now();
+        return 0;
     }
     let off = global(&raw const OFFSETS.tcp_clock_cache) as usize;
     // SAFETY: a BTF-checked load from a `struct tcp_sock`; the offset is a
     // load-time constant the verifier checks against the type.
-    let mono = unsafe { *tp.cast::<u8>().add(off).cast::<u64>() };
-    if mono == 0 {
-        return now();
+    unsafe { *tp.cast::<u8>().add(off).cast::<u64>() }
+}
+
+/// When the data being read reached TCP, on the boot clock: the wire
+/// time, not the syscall's, and no clock call on the hot path.
+#[inline(always)]
+pub fn receive_time(sk: *mut c_void) -> u64 {
+    match clock_cache(sk) {
+        0 => now(),
+        mono => mono + clock_slot(SLOT_SUSPENDED),
     }
-    mono + CLOCK_OFFSET.get(0).copied().unwrap_or(0)
+}
+
+/// A client's next request written right after the answer to its last one
+/// (a busy exchange), timed without a clock read; `None` for every other
+/// write, which reads the clock and goes through [`on_send`].
+///
+/// Jiffies bound the time since the answer from above (the epoch is within
+/// a tick; two ticks of margin), so only a write that is surely less than
+/// `CONTROL_NS` after the last activity, and so neither a reuse nor a quiet
+/// spell, comes here. Its start time is the later of the socket's last
+/// segment time and the jiffies' lower bound: at most two ticks early,
+/// never late. It only times the request (a `request_aborted` or
+/// `request_timeout` elapsed); the answer that follows restarts the idle
+/// clock from its own arrival.
+#[inline(always)]
+pub fn busy_request_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
+    let tick = global(&raw const TICK_NS);
+    if tick == 0
+        || min_idle_ns() < CONTROL_NS
+        || !tracks_requests(st)
+        || st.req_ns != 0
+        || st.flags & st::ONE_WAY != 0
+        || st.peer_fin_ns != 0
+        || st.tgid == 0
+        || st.last_recv_ns == 0
+        || st.last_recv_ns < st.last_send_ns
+    {
+        return None;
+    }
+    let epoch = clock_slot(SLOT_JIFFY_EPOCH);
+    if epoch == 0 {
+        return None;
+    }
+    let suspended = clock_slot(SLOT_SUSPENDED);
+    // SAFETY: helper without preconditions.
+    let mono = epoch.wrapping_add(unsafe { bpf_jiffies64() }.wrapping_mul(tick));
+    let latest = mono.wrapping_add(suspended).wrapping_add(2 * tick);
+    if latest.saturating_sub(st.last_recv_ns) >= CONTROL_NS - 2 * tick {
+        return None;
+    }
+    let mut t = mono.wrapping_add(suspended).saturating_sub(2 * tick);
+    let seg = clock_cache(sk);
+    if seg != 0 && seg + suspended > t {
+        t = seg + suspended;
+    }
+    if st.last_recv_ns > t {
+        t = st.last_recv_ns;
+    }
+    Some(t)
+}
+
+/// Start the request [`busy_request_time`] admitted: what [`on_send`]
+/// does for a write that is neither a reuse nor after a quiet spell.
+#[inline(always)]
+pub fn start_busy_request(st: &mut SockState, t: u64) {
+    st.req_ns = t;
+    st.req_idle_ns = t - st.last_recv_ns;
+    st.retransmits = 0;
+    st.last_send_ns = t;
 }
 
 #[inline(always)]
@@ -571,7 +666,7 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
         have_wseq = true;
         // Off the hot path: after a resume the offset is current before
         // the first request after a quiet spell is answered.
-        refresh_clock_offset();
+        refresh_clocks();
         st.wburst_ns = now;
         st.wburst_anchor_ns = last;
         st.wburst_seq = wseq;
@@ -968,7 +1063,7 @@ pub fn on_established(sk: *mut c_void, client: bool, now: u64) {
         return;
     }
     st.role = if client { role::CLIENT } else { role::SERVER };
-    refresh_clock_offset();
+    refresh_clocks();
     // Establishment counts as activity: a connection opened and then left
     // idle in a pool ages from here.
     st.last_recv_ns = now;

@@ -248,6 +248,18 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
     })
 }
 
+/// The kernel's jiffy in ns (`TICK_NSEC`, the resolution of the coarse
+/// clocks), for the send probe's clock-free path; 0 (always read the clock)
+/// outside `CONFIG_HZ` 100 to 1000.
+fn tick_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid pointer to a timespec.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) } != 0 || ts.tv_sec != 0 {
+        return 0;
+    }
+    u64::try_from(ts.tv_nsec).ok().filter(|ns| (1_000_000..=10_000_000).contains(ns)).unwrap_or(0)
+}
+
 /// Store the time spent suspended (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`) for
 /// the receive probe, which reads the kernel's monotonic segment times.
 fn set_clock_offset(map: &mut Array<MapData, u64>) -> Result<(), BpfError> {
@@ -337,6 +349,7 @@ impl Probes {
             .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
             .override_global(globals::OFFSETS, &offsets, true)
             .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
+            .override_global(globals::TICK_NS, &tick_ns(), true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
         // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
@@ -572,5 +585,19 @@ mod iter {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The coarse clocks' resolution is the kernel's `TICK_NSEC`.
+    #[test]
+    fn tick_is_the_kernels_jiffy() {
+        let tick = super::tick_ns();
+        assert!((1_000_000..=10_000_000).contains(&tick), "no jiffy length: {tick}");
+        if let Some(hz) = crate::event::kernel_hz() {
+            let hz = u64::from(hz);
+            assert_eq!(tick, (1_000_000_000 + hz / 2) / hz, "CONFIG_HZ={hz}");
+        }
     }
 }

@@ -297,7 +297,7 @@ impl Clock {
 
 /// `CONFIG_HZ` of the running kernel, from `/proc/config.gz` or
 /// `/boot/config-<release>`; `None` when neither is readable.
-fn kernel_hz() -> Option<u32> {
+pub(crate) fn kernel_hz() -> Option<u32> {
     use std::io::Read as _;
     static HZ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
     *HZ.get_or_init(|| {
