@@ -147,6 +147,49 @@ pub mod globals {
 }
 
 /// Names of maps in the eBPF object.
+/// The send probe's clock-free timing of a busy client's next request,
+/// here so that it is tested on the host.
+pub mod busy {
+    /// Start time of a request written surely less than `window_ns` after
+    /// `last_ns` (the last answer's arrival), from jiffies instead of a
+    /// clock read; `None` when that is not sure or the clocks are unknown.
+    ///
+    /// `epoch_mono` is the monotonic time of jiffy 0 as last anchored (an
+    /// anchor is within a tick of the truth), `segment_mono` the socket's
+    /// `tcp_clock_cache` (0 = unknown), `suspended_ns` boot minus monotonic.
+    /// Every other time is on the boot clock. The estimate from jiffies is
+    /// within a tick of now, so the gate keeps two ticks of margin on each
+    /// side and the start returned is never late and at most three ticks
+    /// early (the later of the socket's last segment and the jiffies' lower
+    /// bound: in a busy exchange, microseconds).
+    #[inline(always)]
+    #[must_use]
+    #[allow(clippy::inline_always, reason = "called from BPF programs, which must stay one verifier unit")]
+    pub fn request_start(
+        (epoch_mono, jiffies, tick_ns): (u64, u64, u64),
+        suspended_ns: u64,
+        last_ns: u64,
+        segment_mono: u64,
+        window_ns: u64,
+    ) -> Option<u64> {
+        if tick_ns == 0 || epoch_mono == 0 || window_ns <= 4 * tick_ns {
+            return None;
+        }
+        let estimate = epoch_mono.wrapping_add(jiffies.wrapping_mul(tick_ns)).wrapping_add(suspended_ns);
+        if estimate.wrapping_add(2 * tick_ns).saturating_sub(last_ns) >= window_ns - 2 * tick_ns {
+            return None;
+        }
+        let mut start = estimate.saturating_sub(2 * tick_ns);
+        if segment_mono != 0 && segment_mono.wrapping_add(suspended_ns) > start {
+            start = segment_mono.wrapping_add(suspended_ns);
+        }
+        if last_ns > start {
+            start = last_ns;
+        }
+        Some(start)
+    }
+}
+
 pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";

@@ -39,7 +39,7 @@ use aya_ebpf::{
     maps::{Array, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
-    counter, flags, how, kind, outcome, role, ClosedIdle, Event, Offsets, SockState, TupleKey, AF_INET, AF_INET6,
+    busy, counter, flags, how, kind, outcome, role, ClosedIdle, Event, Offsets, SockState, TupleKey, AF_INET, AF_INET6,
 };
 
 /// Events to userspace. Userspace resizes it at load time.
@@ -254,14 +254,11 @@ pub fn receive_time(sk: *mut c_void) -> u64 {
 /// (a busy exchange), timed without a clock read; `None` for every other
 /// write, which reads the clock and goes through [`on_send`].
 ///
-/// Jiffies bound the time since the answer from above (the epoch is within
-/// a tick; two ticks of margin), so only a write that is surely less than
-/// `CONTROL_NS` after the last activity, and so neither a reuse nor a quiet
-/// spell, comes here. Its start time is the later of the socket's last
-/// segment time and the jiffies' lower bound: at most two ticks early,
-/// never late. It only times the request (a `request_aborted` or
-/// `request_timeout` elapsed); the answer that follows restarts the idle
-/// clock from its own arrival.
+/// Only a write surely less than `CONTROL_NS` after the last activity, and
+/// so neither a reuse nor a quiet spell, comes here (see
+/// `observer_common::busy`). Its start only times the request (a
+/// `request_aborted` or `request_timeout`); the answer that follows
+/// restarts the idle clock from its own arrival.
 #[inline(always)]
 pub fn busy_request_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
     let tick = global(&raw const TICK_NS);
@@ -277,26 +274,15 @@ pub fn busy_request_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
     {
         return None;
     }
-    let epoch = clock_slot(SLOT_JIFFY_EPOCH);
-    if epoch == 0 {
-        return None;
-    }
-    let suspended = clock_slot(SLOT_SUSPENDED);
     // SAFETY: helper without preconditions.
-    let mono = epoch.wrapping_add(unsafe { bpf_jiffies64() }.wrapping_mul(tick));
-    let latest = mono.wrapping_add(suspended).wrapping_add(2 * tick);
-    if latest.saturating_sub(st.last_recv_ns) >= CONTROL_NS - 2 * tick {
-        return None;
-    }
-    let mut t = mono.wrapping_add(suspended).saturating_sub(2 * tick);
-    let seg = clock_cache(sk);
-    if seg != 0 && seg + suspended > t {
-        t = seg + suspended;
-    }
-    if st.last_recv_ns > t {
-        t = st.last_recv_ns;
-    }
-    Some(t)
+    let jiffies = unsafe { bpf_jiffies64() };
+    busy::request_start(
+        (clock_slot(SLOT_JIFFY_EPOCH), jiffies, tick),
+        clock_slot(SLOT_SUSPENDED),
+        st.last_recv_ns,
+        clock_cache(sk),
+        CONTROL_NS,
+    )
 }
 
 /// Start the request [`busy_request_time`] admitted: what [`on_send`]
