@@ -204,11 +204,11 @@ fn set_clock_slot(slot: u32, value: u64) {
 }
 
 /// Store the time spent suspended (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`)
-/// and where jiffies stand against the monotonic clock. Two clock reads:
-/// never on a busy exchange's path.
+/// and where jiffies stand against the monotonic clock, given the boot
+/// clock the caller already read. One more clock read: never on a busy
+/// exchange's path.
 #[inline(always)]
-pub fn refresh_clocks() {
-    let boot = now();
+pub fn refresh_clocks(boot: u64) {
     // SAFETY: helpers without preconditions.
     let (mono, jiffies) = unsafe { (bpf_ktime_get_ns(), bpf_jiffies64()) };
     set_clock_slot(SLOT_SUSPENDED, boot.saturating_sub(mono));
@@ -652,7 +652,7 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
         have_wseq = true;
         // Off the hot path: after a resume the offset is current before
         // the first request after a quiet spell is answered.
-        refresh_clocks();
+        refresh_clocks(now);
         st.wburst_ns = now;
         st.wburst_anchor_ns = last;
         st.wburst_seq = wseq;
@@ -1049,7 +1049,7 @@ pub fn on_established(sk: *mut c_void, client: bool, now: u64) {
         return;
     }
     st.role = if client { role::CLIENT } else { role::SERVER };
-    refresh_clocks();
+    refresh_clocks(now);
     // Establishment counts as activity: a connection opened and then left
     // idle in a pool ages from here.
     st.last_recv_ns = now;
