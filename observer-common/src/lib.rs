@@ -147,11 +147,12 @@ pub mod globals {
 }
 
 /// Names of maps in the eBPF object.
-/// The send probe's clock-free timing of a busy client's next request,
-/// here so that it is tested on the host.
+/// The send probe's clock-free timing of a write in a busy exchange (a
+/// client's next request, a server's answer), here so that it is tested on
+/// the host.
 pub mod busy {
-    /// Start time of a request written surely less than `window_ns` after
-    /// `last_ns` (the last answer's arrival), from jiffies instead of a
+    /// Time of a write made surely less than `window_ns` after `last_ns`
+    /// (the arrival of the data last read), from jiffies instead of a
     /// clock read; `None` when that is not sure or the clocks are unknown.
     ///
     /// `epoch_mono` is the monotonic time of jiffy 0 as last anchored (an
@@ -165,7 +166,7 @@ pub mod busy {
     #[inline(always)]
     #[must_use]
     #[allow(clippy::inline_always, reason = "called from BPF programs, which must stay one verifier unit")]
-    pub fn request_start(
+    pub fn write_start(
         (epoch_mono, jiffies, tick_ns): (u64, u64, u64),
         suspended_ns: u64,
         last_ns: u64,

@@ -1,7 +1,7 @@
 //! Properties of the send probe's clock-free request timing
-//! (`observer_common::busy::request_start`), against a model of jiffies.
+//! (`observer_common::busy::write_start`), against a model of jiffies.
 
-use observer_common::busy::request_start;
+use observer_common::busy::write_start;
 use proptest::prelude::*;
 
 const WINDOW: u64 = 100_000_000;
@@ -50,7 +50,7 @@ fn clocks() -> impl Strategy<Value = Clocks> {
 }
 
 fn start(c: Clocks, last_ns: u64, segment_mono: u64) -> Option<u64> {
-    request_start((c.epoch(), c.jiffies(), c.tick), c.suspended, last_ns, segment_mono, WINDOW)
+    write_start((c.epoch(), c.jiffies(), c.tick), c.suspended, last_ns, segment_mono, WINDOW)
 }
 
 proptest! {
@@ -80,9 +80,9 @@ proptest! {
 #[test]
 fn unknown_clocks_read_the_clock() {
     let now = 5_000_000_000;
-    assert_eq!(request_start((0, 1_000, 4_000_000), 0, now, now, WINDOW), None, "no anchor yet");
-    assert_eq!(request_start((1, 1_000, 0), 0, now, now, WINDOW), None, "no tick");
-    assert_eq!(request_start((1, 1_000, 40_000_000), 0, now, now, WINDOW), None, "a tick too coarse for the window");
+    assert_eq!(write_start((0, 1_000, 4_000_000), 0, now, now, WINDOW), None, "no anchor yet");
+    assert_eq!(write_start((1, 1_000, 0), 0, now, now, WINDOW), None, "no tick");
+    assert_eq!(write_start((1, 1_000, 40_000_000), 0, now, now, WINDOW), None, "a tick too coarse for the window");
 }
 
 #[test]
@@ -92,9 +92,9 @@ fn start_is_the_latest_lower_bound() {
     let now = 2_500_000_000;
     let last = now - 1_000_000;
     // The socket's last segment came 10 us ago: the start is that.
-    assert_eq!(request_start((epoch, jiffies, tick), 0, last, now - 10_000, WINDOW), Some(now - 10_000));
+    assert_eq!(write_start((epoch, jiffies, tick), 0, last, now - 10_000, WINDOW), Some(now - 10_000));
     // Unknown segment time: the jiffies' lower bound (two ticks before the estimate), or the answer if later.
-    assert_eq!(request_start((epoch, jiffies, tick), 0, last, 0, WINDOW), Some(last.max(now - 2 * tick)));
+    assert_eq!(write_start((epoch, jiffies, tick), 0, last, 0, WINDOW), Some(last.max(now - 2 * tick)));
     // 95 ms after the answer: not surely inside 100 ms.
-    assert_eq!(request_start((epoch, jiffies, tick), 0, now - 95_000_000, now, WINDOW), None);
+    assert_eq!(write_start((epoch, jiffies, tick), 0, now - 95_000_000, now, WINDOW), None);
 }

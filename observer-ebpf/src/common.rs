@@ -70,7 +70,7 @@ pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_
 /// second; the probes refresh it off the hot path, so after a resume it is
 /// current before the first request after a quiet spell). Slot 1 is the
 /// monotonic time of jiffy 0 (`mono - jiffies * TICK_NS`), set by the
-/// probes, for [`busy_request_time`].
+/// probes, for [`busy_write_time`].
 #[map]
 pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(2, 0);
 
@@ -250,22 +250,28 @@ pub fn receive_time(sk: *mut c_void) -> u64 {
     }
 }
 
-/// A client's next request written right after the answer to its last one
-/// (a busy exchange), timed without a clock read; `None` for every other
-/// write, which reads the clock and goes through [`on_send`].
+/// A write right after the last read, timed without a clock read: a
+/// client's next request written right after the answer to its last one,
+/// or a server's answer written right after the request (a busy
+/// exchange); `None` for every other write, which reads the clock and goes
+/// through [`on_send`].
 ///
 /// Only a write surely less than `CONTROL_NS` after the last activity, and
 /// so neither a reuse nor a quiet spell, comes here (see
-/// `observer_common::busy`). Its start only times the request (a
+/// `observer_common::busy`). Its time is never late and at most three
+/// ticks early, typically microseconds: the socket's last segment is the
+/// data just read. A client request's time only times the request (a
 /// `request_aborted` or `request_timeout`); the answer that follows
-/// restarts the idle clock from its own arrival.
+/// restarts the idle clock from its own arrival. A server's answer is
+/// where its side's idle starts, so the server side's idle ages can be up
+/// to three ticks long (the answer's write is timed from the request's
+/// arrival when the server answers within the same tick).
 #[inline(always)]
-pub fn busy_request_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
+pub fn busy_write_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
     let tick = global(&raw const TICK_NS);
     if tick == 0
         || min_idle_ns() < CONTROL_NS
-        || !tracks_requests(st)
-        || st.req_ns != 0
+        || (tracks_requests(st) && st.req_ns != 0)
         || st.flags & st::ONE_WAY != 0
         || st.peer_fin_ns != 0
         || st.tgid == 0
@@ -276,7 +282,7 @@ pub fn busy_request_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
     }
     // SAFETY: helper without preconditions.
     let jiffies = unsafe { bpf_jiffies64() };
-    busy::request_start(
+    busy::write_start(
         (clock_slot(SLOT_JIFFY_EPOCH), jiffies, tick),
         clock_slot(SLOT_SUSPENDED),
         st.last_recv_ns,
@@ -285,13 +291,15 @@ pub fn busy_request_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
     )
 }
 
-/// Start the request [`busy_request_time`] admitted: what [`on_send`]
-/// does for a write that is neither a reuse nor after a quiet spell.
+/// Record the write [`busy_write_time`] admitted: what [`on_send`] does
+/// for a write that is neither a reuse nor after a quiet spell.
 #[inline(always)]
-pub fn start_busy_request(st: &mut SockState, t: u64) {
-    st.req_ns = t;
-    st.req_idle_ns = t - st.last_recv_ns;
-    st.retransmits = 0;
+pub fn start_busy_write(st: &mut SockState, t: u64) {
+    if tracks_requests(st) {
+        st.req_ns = t;
+        st.req_idle_ns = t - st.last_recv_ns;
+        st.retransmits = 0;
+    }
     st.last_send_ns = t;
 }
 

@@ -6,9 +6,9 @@
 //! `fentry/tcp_sendmsg_locked` (5.5+ with BTF).
 //!
 //! Cost: one socket-local storage lookup per write, plus a timestamp except
-//! for a client's request written right after the last answer (jiffies and
-//! one direct load instead); two field reads when a request starts after a
-//! quiet spell. Never an event.
+//! for a write right after the last read, a client's next request or a
+//! server's answer (jiffies and one direct load instead); two field reads
+//! when a request starts after a quiet spell. Never an event.
 
 use core::ffi::c_void;
 
@@ -17,7 +17,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext},
 };
 
-use crate::common::{adopt, busy_request_time, now, on_send, start_busy_request};
+use crate::common::{adopt, busy_write_time, now, on_send, start_busy_write};
 
 #[inline(always)]
 fn send(sk: *mut c_void) {
@@ -26,10 +26,10 @@ fn send(sk: *mut c_void) {
     }
     // A socket established before the probes attached is adopted here.
     let Some(st) = adopt(sk) else { return };
-    // A busy client's next request needs no clock read (the clock is most
-    // of this probe's cost).
-    if let Some(t) = busy_request_time(sk, st) {
-        start_busy_request(st, t);
+    // A write in a busy exchange needs no clock read (the clock is most of
+    // this probe's cost).
+    if let Some(t) = busy_write_time(sk, st) {
+        start_busy_write(st, t);
         return;
     }
     on_send(sk, st, now());

@@ -739,3 +739,71 @@ fn idle_runs_from_the_answer_on_the_wire_not_from_its_read() -> Result<()> {
     );
     Ok(())
 }
+
+/// Five exchanges, then waits for the server's idle close:
+/// `python3 WAIT_FOR_CLOSE_CLIENT HOST PORT`.
+const WAIT_FOR_CLOSE_CLIENT: &str = r#"
+import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.create_connection((host, port), timeout=5)
+for _ in range(5):
+    s.sendall(b"ping")
+    assert s.recv(100) == b"ping"
+assert s.recv(100) == b""
+print(s.getsockname()[0], s.getsockname()[1], flush=True)
+s.close()
+"#;
+
+/// The kernel's jiffy (`clock_getres(CLOCK_MONOTONIC_COARSE)`), in seconds.
+fn tick_seconds() -> Result<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid pointer to a timespec.
+    ensure!(unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) } == 0, "clock_getres");
+    Ok(Duration::new(u64::try_from(ts.tv_sec)?, u32::try_from(ts.tv_nsec)?).as_secs_f64())
+}
+
+/// A server's answer written 50 ms after the request arrived (inside the
+/// send probe's clock-free window) is timed within three ticks of its
+/// write, not from the request: the server's own idle close and the
+/// client's view of it, from the answer's arrival, agree that closely.
+/// Timed from the request's arrival, the server's idle would read 50 ms
+/// long.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()> {
+    let server = format!("import sys; sys.argv += ['2', '0.05']\n{ECHO_SERVER}");
+    let (local, events) = one_client_run("slowans", &server, WAIT_FOR_CLOSE_CLIENT, EventKind::PeerCloseWhileIdle)?;
+    let mine = of(&events, local);
+    let client = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the client's view")?;
+    assert_eq!(client.role, Role::Client);
+    let server = events
+        .iter()
+        .find(|e| e.kind == EventKind::LocalClose && e.remote == local && e.role == Role::Server)
+        .context("the server's own idle close")?;
+    assert!((server.idle_seconds - 2.0).abs() < common::tolerance(0.1), "{server:?}");
+    let tick = tick_seconds()?;
+    let diff = server.idle_seconds - client.idle_seconds;
+    // The answer's write comes before its arrival, and the server's close
+    // before its FIN arrives: the loopback path adds well under 2 ms.
+    assert!(
+        (-0.002..=3.0 * tick + 0.002).contains(&diff),
+        "server idle {:.4} s vs client {:.4} s (tick {tick} s)",
+        server.idle_seconds,
+        client.idle_seconds
+    );
+    assert!(
+        !mine
+            .iter()
+            .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout | EventKind::RequestAborted)),
+        "{:?}",
+        kinds(&mine)
+    );
+    eprintln!(
+        "MEASURED slow answer: server idle close {:.4} s, client peer close {:.4} s, difference {:.1} ms (tick {:.1} ms)",
+        server.idle_seconds,
+        client.idle_seconds,
+        diff * 1000.0,
+        tick * 1000.0
+    );
+    Ok(())
+}

@@ -354,9 +354,10 @@ pub fn script(body: &str) -> Result<tempfile::TempPath> {
 /// RST (a stray reset). With `IDLE_TIMEOUT` (seconds), a connection
 /// without a request that long is closed (FIN): a server's idle timeout.
 pub const ECHO_SERVER: &str = r#"
-import socket, struct, sys, threading
+import socket, struct, sys, threading, time
 host, port = sys.argv[1], int(sys.argv[2])
 idle_timeout = float(sys.argv[3]) if len(sys.argv) > 3 else None
+delay = float(sys.argv[4]) if len(sys.argv) > 4 else 0
 fam = socket.AF_INET6 if ":" in host else socket.AF_INET
 s = socket.socket(fam)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -376,6 +377,8 @@ def serve(c):
             # A stray reset: abort this one connection (SO_LINGER 0).
             c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             break
+        if delay:
+            time.sleep(delay)
         c.sendall(d)
     c.close()
 while True:
