@@ -784,9 +784,10 @@ fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()>
     let tick = tick_seconds()?;
     let diff = server.idle_seconds - client.idle_seconds;
     // The answer's write comes before its arrival, and the server's close
-    // before its FIN arrives: the loopback path adds well under 2 ms.
+    // before its FIN arrives: the path between the namespaces adds well
+    // under 2 ms on this host.
     assert!(
-        (-0.002..=3.0 * tick + 0.002).contains(&diff),
+        (-common::tolerance(0.002)..=3.0 * tick + common::tolerance(0.002)).contains(&diff),
         "server idle {:.4} s vs client {:.4} s (tick {tick} s)",
         server.idle_seconds,
         client.idle_seconds
