@@ -263,9 +263,10 @@ pub fn receive_time(sk: *mut c_void) -> u64 {
 /// data just read. A client request's time only times the request (a
 /// `request_aborted` or `request_timeout`); the answer that follows
 /// restarts the idle clock from its own arrival. A server's answer is
-/// where its side's idle starts, so the server side's idle ages can be up
-/// to three ticks long (the answer's write is timed from the request's
-/// arrival when the server answers within the same tick).
+/// where its side's idle starts, so the server side's idle ages can read
+/// up to three ticks long when the server took a few ticks to answer (a
+/// server that answers at once is timed from the request's arrival,
+/// microseconds early).
 #[inline(always)]
 pub fn busy_write_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
     let tick = global(&raw const TICK_NS);
