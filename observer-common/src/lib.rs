@@ -146,7 +146,6 @@ pub mod globals {
     pub const OFFSETS: &str = "OFFSETS";
 }
 
-/// Names of maps in the eBPF object.
 /// The send probe's clock-free timing of a write in a busy exchange (a
 /// client's next request, a server's answer), here so that it is tested on
 /// the host.
@@ -191,6 +190,7 @@ pub mod busy {
     }
 }
 
+/// Names of maps in the eBPF object.
 pub mod maps {
     pub const EVENTS: &str = "EVENTS";
     pub const COUNTERS: &str = "COUNTERS";

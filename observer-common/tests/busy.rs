@@ -1,4 +1,4 @@
-//! Properties of the send probe's clock-free request timing
+//! Properties of the send probe's clock-free timing of a busy write
 //! (`observer_common::busy::write_start`), against a model of jiffies.
 
 use observer_common::busy::write_start;
