@@ -155,13 +155,14 @@ pub mod busy {
     /// clock read; `None` when that is not sure or the clocks are unknown.
     ///
     /// `epoch_mono` is the monotonic time of jiffy 0 as last anchored (an
-    /// anchor is within a tick of the truth), `segment_mono` the socket's
-    /// `tcp_clock_cache` (0 = unknown), `suspended_ns` boot minus monotonic.
-    /// Every other time is on the boot clock. The estimate from jiffies is
-    /// within a tick of now, so the gate keeps two ticks of margin on each
-    /// side and the start returned is never late and at most three ticks
-    /// early (the later of the socket's last segment and the jiffies' lower
-    /// bound: in a busy exchange, microseconds).
+    /// anchor is within a tick of the truth), `suspended_ns` boot minus
+    /// monotonic. Every other time is on the boot clock. The estimate from
+    /// jiffies is within a tick of now, so the gate keeps two ticks of
+    /// margin on each side and the start returned is never late and at
+    /// most three ticks early: the later of the last arrival and the
+    /// jiffies' lower bound. In a busy exchange the write follows the read
+    /// within microseconds, so the start is that arrival, microseconds
+    /// early; only a write two or more ticks after it is timed from jiffies.
     #[inline(always)]
     #[must_use]
     #[allow(clippy::inline_always, reason = "called from BPF programs, which must stay one verifier unit")]
@@ -169,7 +170,6 @@ pub mod busy {
         (epoch_mono, jiffies, tick_ns): (u64, u64, u64),
         suspended_ns: u64,
         last_ns: u64,
-        segment_mono: u64,
         window_ns: u64,
     ) -> Option<u64> {
         if tick_ns == 0 || epoch_mono == 0 || window_ns <= 4 * tick_ns {
@@ -179,14 +179,8 @@ pub mod busy {
         if estimate.wrapping_add(2 * tick_ns).saturating_sub(last_ns) >= window_ns - 2 * tick_ns {
             return None;
         }
-        let mut start = estimate.saturating_sub(2 * tick_ns);
-        if segment_mono != 0 && segment_mono.wrapping_add(suspended_ns) > start {
-            start = segment_mono.wrapping_add(suspended_ns);
-        }
-        if last_ns > start {
-            start = last_ns;
-        }
-        Some(start)
+        let lower = estimate.saturating_sub(2 * tick_ns);
+        Some(if last_ns > lower { last_ns } else { lower })
     }
 }
 

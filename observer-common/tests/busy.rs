@@ -49,18 +49,17 @@ fn clocks() -> impl Strategy<Value = Clocks> {
         })
 }
 
-fn start(c: Clocks, last_ns: u64, segment_mono: u64) -> Option<u64> {
-    write_start((c.epoch(), c.jiffies(), c.tick), c.suspended, last_ns, segment_mono, WINDOW)
+fn start(c: Clocks, last_ns: u64) -> Option<u64> {
+    write_start((c.epoch(), c.jiffies(), c.tick), c.suspended, last_ns, WINDOW)
 }
 
 proptest! {
     /// Only a write surely inside the window is timed without the clock,
     /// and its start is never late and at most three ticks early.
     #[test]
-    fn sure_inside_never_late(c in clocks(), gap in 0u64..300_000_000, seg_back in 0u64..300_000_000, seg_known: bool) {
+    fn sure_inside_never_late(c in clocks(), gap in 0u64..300_000_000) {
         let last = c.boot_now() - gap;
-        let seg = if seg_known { c.mono_now() - seg_back } else { 0 };
-        if let Some(t) = start(c, last, seg) {
+        if let Some(t) = start(c, last) {
             prop_assert!(gap < WINDOW, "a write {gap} ns after the answer is not busy");
             prop_assert!(t <= c.boot_now(), "start {t} after now {}", c.boot_now());
             prop_assert!(c.boot_now() - t < 3 * c.tick, "start {} ns early", c.boot_now() - t);
@@ -73,16 +72,16 @@ proptest! {
     #[test]
     fn well_inside_is_busy(c in clocks(), frac in 0u64..1_000) {
         let gap = (WINDOW - 6 * c.tick) * frac / 1_000;
-        prop_assert!(start(c, c.boot_now() - gap, c.mono_now()).is_some());
+        prop_assert!(start(c, c.boot_now() - gap).is_some());
     }
 }
 
 #[test]
 fn unknown_clocks_read_the_clock() {
     let now = 5_000_000_000;
-    assert_eq!(write_start((0, 1_000, 4_000_000), 0, now, now, WINDOW), None, "no anchor yet");
-    assert_eq!(write_start((1, 1_000, 0), 0, now, now, WINDOW), None, "no tick");
-    assert_eq!(write_start((1, 1_000, 40_000_000), 0, now, now, WINDOW), None, "a tick too coarse for the window");
+    assert_eq!(write_start((0, 1_000, 4_000_000), 0, now, WINDOW), None, "no anchor yet");
+    assert_eq!(write_start((1, 1_000, 0), 0, now, WINDOW), None, "no tick");
+    assert_eq!(write_start((1, 1_000, 40_000_000), 0, now, WINDOW), None, "a tick too coarse for the window");
 }
 
 #[test]
@@ -90,11 +89,12 @@ fn start_is_the_latest_lower_bound() {
     // Jiffy 0 at 1 s, tick 4 ms, now 2.5 s (jiffy 375), answer 1 ms ago.
     let (tick, epoch, jiffies) = (4_000_000, 1_000_000_000, 375);
     let now = 2_500_000_000;
-    let last = now - 1_000_000;
-    // The socket's last segment came 10 us ago: the start is that.
-    assert_eq!(write_start((epoch, jiffies, tick), 0, last, now - 10_000, WINDOW), Some(now - 10_000));
-    // Unknown segment time: the jiffies' lower bound (two ticks before the estimate), or the answer if later.
-    assert_eq!(write_start((epoch, jiffies, tick), 0, last, 0, WINDOW), Some(last.max(now - 2 * tick)));
+    // The answer came 10 us ago (a busy exchange): the start is that.
+    assert_eq!(write_start((epoch, jiffies, tick), 0, now - 10_000, WINDOW), Some(now - 10_000));
+    // 1 ms ago: still later than the jiffies' lower bound (two ticks before the estimate).
+    assert_eq!(write_start((epoch, jiffies, tick), 0, now - 1_000_000, WINDOW), Some(now - 1_000_000));
+    // 20 ms ago: the jiffies' lower bound.
+    assert_eq!(write_start((epoch, jiffies, tick), 0, now - 20_000_000, WINDOW), Some(now - 2 * tick));
     // 95 ms after the answer: not surely inside 100 ms.
-    assert_eq!(write_start((epoch, jiffies, tick), 0, now - 95_000_000, now, WINDOW), None);
+    assert_eq!(write_start((epoch, jiffies, tick), 0, now - 95_000_000, WINDOW), None);
 }

@@ -259,8 +259,8 @@ pub fn receive_time(sk: *mut c_void) -> u64 {
 /// Only a write surely less than `CONTROL_NS` after the last activity, and
 /// so neither a reuse nor a quiet spell, comes here (see
 /// `observer_common::busy`). Its time is never late and at most three
-/// ticks early, typically microseconds: the socket's last segment is the
-/// data just read. A client request's time only times the request (a
+/// ticks early, typically microseconds: the later of the data just read's
+/// arrival and the jiffies' lower bound. A client request's time only times the request (a
 /// `request_aborted` or `request_timeout`); the answer that follows
 /// restarts the idle clock from its own arrival. A server's answer is
 /// where its side's idle starts, so the server side's idle ages can read
@@ -268,7 +268,7 @@ pub fn receive_time(sk: *mut c_void) -> u64 {
 /// server that answers at once is timed from the request's arrival,
 /// microseconds early).
 #[inline(always)]
-pub fn busy_write_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
+pub fn busy_write_time(st: &SockState) -> Option<u64> {
     let tick = global(&raw const TICK_NS);
     if tick == 0
         || min_idle_ns() < CONTROL_NS
@@ -287,7 +287,6 @@ pub fn busy_write_time(sk: *mut c_void, st: &SockState) -> Option<u64> {
         (clock_slot(SLOT_JIFFY_EPOCH), jiffies, tick),
         clock_slot(SLOT_SUSPENDED),
         st.last_recv_ns,
-        clock_cache(sk),
         CONTROL_NS,
     )
 }

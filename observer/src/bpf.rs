@@ -12,7 +12,7 @@ use std::{
 
 use aya::{
     maps::{Array, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, FEntry, Iter},
+    programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
 use observer_common::{counter, globals, maps, Offsets, SockRecord, SOCK_RECORD_SIZE};
@@ -65,6 +65,9 @@ pub struct ProbeConfig {
     pub emit_closed: bool,
     /// Also attach empty programs on the hot-path hooks (benchmarks).
     pub bench_empty: bool,
+    /// Let [`Probes::toggle_hot_path`] detach and re-attach the send and
+    /// receive probes (benchmarks).
+    pub bench_toggle: bool,
 }
 
 impl Default for ProbeConfig {
@@ -76,6 +79,7 @@ impl Default for ProbeConfig {
             ring_buffer_bytes: 1 << 20,
             emit_closed: true,
             bench_empty: false,
+            bench_toggle: false,
         }
     }
 }
@@ -132,6 +136,15 @@ const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
 /// Send hook elsewhere: `fentry` on the same function.
 const SEND_FENTRY: Hook =
     Hook { program: "fentry_tcp_sendmsg_locked", kind: HookKind::FEntry, name: "tcp_sendmsg_locked" };
+
+/// The hot-path hooks (`--bench-toggle` detaches and re-attaches them).
+const HOT_HOOKS: &[&str] = &["tcp_sendmsg_locked", "tcp_rcv_space_adjust"];
+
+/// A hot-path probe's link, while attached.
+enum HotLink {
+    Tp(BtfTracePointLinkId),
+    FEntry(FEntryLinkId),
+}
 
 /// Empty programs for benchmarks (`--bench-empty-probes`).
 const BENCH_EMPTY: &[Hook] = &[
@@ -305,7 +318,10 @@ pub struct Probes {
     /// Whether reading other network namespaces' sockets was refused (logged once).
     netns_refused: std::sync::atomic::AtomicBool,
     /// Owns the programs and their links: dropping it detaches everything.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    /// The send and receive probes' links, kept only for
+    /// [`Probes::toggle_hot_path`]; `None` while detached.
+    hot: Vec<(&'static str, HookKind, Option<HotLink>)>,
     ring: RingBuf<MapData>,
     counters: PerCpuArray<MapData, u64>,
     clock_offset: Array<MapData, u64>,
@@ -359,6 +375,7 @@ impl Probes {
                 .map_err(|source| BpfError::Map { name: maps::CLOCK_OFFSET, source })?;
         set_clock_offset(&mut clock_offset)?;
         let mut attached = Vec::new();
+        let mut hot = Vec::new();
         let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
         for hook in set.hooks().iter().chain(empty) {
@@ -368,7 +385,13 @@ impl Probes {
                 HookKind::BtfTracePoint => {
                     let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
                     prog.load(hook.name, &kernel_btf).map_err(err)?;
-                    prog.attach().map_err(err)?;
+                    let link = prog.attach().map_err(err)?;
+                    if config.bench_toggle
+                        && HOT_HOOKS.contains(&hook.name)
+                        && !empty.iter().any(|e| e.program == hook.program)
+                    {
+                        hot.push((hook.program, hook.kind, Some(HotLink::Tp(link))));
+                    }
                     prog.info().map_err(err)?.id()
                 }
                 HookKind::FEntry => {
@@ -382,7 +405,10 @@ impl Probes {
                     };
                     let prog: &mut FEntry = prog.try_into().map_err(err)?;
                     prog.load(hook.name, &kernel_btf).map_err(refused)?;
-                    prog.attach().map_err(refused)?;
+                    let link = prog.attach().map_err(refused)?;
+                    if config.bench_toggle && HOT_HOOKS.contains(&hook.name) {
+                        hot.push((hook.program, hook.kind, Some(HotLink::FEntry(link))));
+                    }
                     prog.info().map_err(err)?.id()
                 }
                 HookKind::Iter => {
@@ -404,7 +430,8 @@ impl Probes {
         Ok(Self {
             iter_link,
             netns_refused: std::sync::atomic::AtomicBool::new(false),
-            _ebpf: ebpf,
+            ebpf,
+            hot,
             ring,
             counters,
             clock_offset,
@@ -413,6 +440,43 @@ impl Probes {
             clock: Clock::now(),
             clock_sampled: Instant::now(),
         })
+    }
+
+    /// Detach the send and receive probes if they are attached, attach
+    /// them again if not (`--bench-toggle`: a benchmark compares round
+    /// trips with and without them inside one run). Returns whether they
+    /// are attached now. While they are detached the state of busy sockets
+    /// goes stale, so a few writes after re-attaching take the slow path.
+    pub fn toggle_hot_path(&mut self) -> Result<bool, BpfError> {
+        if self.hot.is_empty() {
+            return Err(BpfError::Setting("the hot-path probes can be toggled only with --bench-toggle".into()));
+        }
+        let attach = self.hot.iter().all(|(_, _, link)| link.is_none());
+        for (name, kind, link) in &mut self.hot {
+            let name: &'static str = name;
+            let err = |source| BpfError::Program { name, source };
+            let prog = self.ebpf.program_mut(name).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
+            match (link.take(), attach) {
+                (Some(HotLink::Tp(id)), false) => {
+                    let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
+                    prog.detach(id).map_err(err)?;
+                }
+                (Some(HotLink::FEntry(id)), false) => {
+                    let prog: &mut FEntry = prog.try_into().map_err(err)?;
+                    prog.detach(id).map_err(err)?;
+                }
+                (None, true) if *kind == HookKind::FEntry => {
+                    let prog: &mut FEntry = prog.try_into().map_err(err)?;
+                    *link = Some(HotLink::FEntry(prog.attach().map_err(err)?));
+                }
+                (None, true) => {
+                    let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
+                    *link = Some(HotLink::Tp(prog.attach().map_err(err)?));
+                }
+                (kept, _) => *link = kept,
+            }
+        }
+        Ok(attach)
     }
 
     /// The probes attached, in attach order.

@@ -248,6 +248,7 @@ fn parse_size(s: &str) -> Result<u32, String> {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[allow(clippy::struct_excessive_bools, reason = "each is an independent command-line switch")]
 pub struct RunArgs {
     /// Read `run` settings from this TOML file (keys are the flags' long
     /// names); flags and `OBSERVER_*` variables take precedence over it.
@@ -321,6 +322,10 @@ pub struct RunArgs {
     /// Attach empty programs beside the hot-path probes (benchmark baseline).
     #[arg(long, hide = true)]
     pub bench_empty_probes: bool,
+    /// On SIGUSR1, detach the send and receive probes, or attach them again
+    /// (benchmark: with and without probes inside one run).
+    #[arg(long, hide = true)]
+    pub bench_toggle: bool,
 }
 
 /// Default directory of the evidence store.

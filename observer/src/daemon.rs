@@ -280,6 +280,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         emit_closed: args.connections && args.events.is_some(),
         ring_buffer_bytes: args.ring_buffer,
         bench_empty: args.bench_empty_probes,
+        bench_toggle: args.bench_toggle,
     };
     if args.max_sockets.is_some() {
         warn!("--max-sockets is ignored: per-socket state lives in socket-local storage, freed with each socket");
@@ -436,6 +437,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    // Only with --bench-toggle: otherwise SIGUSR1 keeps its default action.
+    let mut sigusr1 = if args.bench_toggle {
+        Some(signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?)
+    } else {
+        None
+    };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut refresh = tokio::time::interval(SOCKET_REFRESH);
     let mut reported = KernelCounters::default();
@@ -456,12 +463,26 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 }
             }
             _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
+            Some(()) = async { sigusr1.as_mut()?.recv().await } => {
+                let on = probes.toggle_hot_path().context("toggling the hot-path probes")?;
+                info!("bench toggle: hot-path probes {}", if on { "attached" } else { "detached" });
+            }
             _ = sigterm.recv() => { info!("SIGTERM: detaching probes"); break; }
             _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
         }
     }
-    drain(&mut probes, &mut sinks)?;
-    report_losses(&probes, &mut reported, &shared.metrics);
+    shut_down(probes, ring, &mut sinks, &mut reported)
+}
+
+/// Read what is left, detach the probes, and store the last evidence.
+fn shut_down(
+    mut probes: Probes,
+    ring: AsyncFd<std::os::fd::OwnedFd>,
+    sinks: &mut Sinks,
+    reported: &mut KernelCounters,
+) -> Result<()> {
+    drain(&mut probes, sinks)?;
+    report_losses(&probes, reported, &sinks.shared.metrics);
     if let Some(rec) = sinks.record.as_mut() {
         rec.flush().context("flushing the recording")?;
     }

@@ -61,6 +61,10 @@ enum Task {
         /// Only rewrite BENCHMARKS.md from target/bench/results.json.
         #[arg(long)]
         report_only: bool,
+        /// Run one phase (`hot_path_interleaved`) and write
+        /// target/bench/<phase>.json, not the report (development).
+        #[arg(long, value_name = "PHASE")]
+        only: Option<String>,
     },
     /// (internal) hold loopback connections for the memory benchmark.
     #[command(hide = true)]
@@ -115,7 +119,7 @@ fn main() -> ExitCode {
         Task::Dist => dist(),
         Task::Image => setup(true).and_then(|t| image(&t)).map(|tag| println!("image: {tag}")),
         Task::Bench { report_only: true, .. } => bench::report_only(),
-        Task::Bench { smoke, .. } => bench_task(smoke),
+        Task::Bench { smoke, only, .. } => bench_task(smoke, only.as_deref()),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
     };
     match result {
@@ -408,14 +412,17 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn bench_task(smoke: bool) -> Result<()> {
+fn bench_task(smoke: bool, only: Option<&str>) -> Result<()> {
     if !is_root() {
         bail!("`cargo xtask bench` loads probes and must run as root");
     }
     let toolchain = setup(true)?;
     apt_install(BENCH_PACKAGES)?;
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
-    bench::run(smoke)
+    match only {
+        Some(phase) => bench::run_phase(phase),
+        None => bench::run(smoke),
+    }
 }
 
 fn bench_hold(runs: &str, per_port: usize) -> Result<()> {
