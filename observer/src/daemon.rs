@@ -464,8 +464,11 @@ pub async fn run(args: RunArgs) -> Result<()> {
             }
             _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
-                let on = probes.toggle_hot_path().context("toggling the hot-path probes")?;
-                info!("bench toggle: hot-path probes {}", if on { "attached" } else { "detached" });
+                // A failed toggle must not end the daemon before its evidence is stored.
+                match probes.toggle_hot_path() {
+                    Ok(on) => info!("bench toggle: hot-path probes {}", if on { "attached" } else { "detached" }),
+                    Err(e) => error!("bench toggle: {e}"),
+                }
             }
             _ = sigterm.recv() => { info!("SIGTERM: detaching probes"); break; }
             _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
