@@ -260,9 +260,10 @@ pub fn receive_time(sk: *mut c_void) -> u64 {
 /// so neither a reuse nor a quiet spell, comes here (see
 /// `observer_common::busy`). Its time is never late and at most three
 /// ticks early, typically microseconds: the later of the data just read's
-/// arrival and the jiffies' lower bound. A client request's time only times the request (a
-/// `request_aborted` or `request_timeout`); the answer that follows
-/// restarts the idle clock from its own arrival. A server's answer is
+/// arrival and the jiffies' lower bound. A client request's time only
+/// times the request (a `request_aborted` or `request_timeout`); the
+/// answer that follows restarts the idle clock from its own arrival. A
+/// server's answer is
 /// where its side's idle starts, so the server side's idle ages can read
 /// up to three ticks long when the server took a few ticks to answer (a
 /// server that answers at once is timed from the request's arrival,

@@ -379,6 +379,10 @@ impl Probes {
         let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
         for hook in set.hooks().iter().chain(empty) {
+            // The real send and receive probes, not the empty ones beside them.
+            let toggled = config.bench_toggle
+                && HOT_HOOKS.contains(&hook.name)
+                && !empty.iter().any(|e| e.program == hook.program);
             let err = |source| BpfError::Program { name: hook.program, source };
             let prog = ebpf.program_mut(hook.program).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
             let prog_id = match hook.kind {
@@ -386,10 +390,7 @@ impl Probes {
                     let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
                     prog.load(hook.name, &kernel_btf).map_err(err)?;
                     let link = prog.attach().map_err(err)?;
-                    if config.bench_toggle
-                        && HOT_HOOKS.contains(&hook.name)
-                        && !empty.iter().any(|e| e.program == hook.program)
-                    {
+                    if toggled {
                         hot.push((hook.program, hook.kind, Some(HotLink::Tp(link))));
                     }
                     prog.info().map_err(err)?.id()
@@ -406,7 +407,7 @@ impl Probes {
                     let prog: &mut FEntry = prog.try_into().map_err(err)?;
                     prog.load(hook.name, &kernel_btf).map_err(refused)?;
                     let link = prog.attach().map_err(refused)?;
-                    if config.bench_toggle && HOT_HOOKS.contains(&hook.name) {
+                    if toggled {
                         hot.push((hook.program, hook.kind, Some(HotLink::FEntry(link))));
                     }
                     prog.info().map_err(err)?.id()
