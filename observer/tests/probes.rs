@@ -2,6 +2,7 @@
 //! network namespaces the tests create (and always remove), observed by the
 //! real `observer run` process. Each test prints what it measured.
 
+#[macro_use]
 mod common;
 
 use std::{
@@ -301,20 +302,23 @@ fn busy_connection_has_no_reuse() -> Result<()> {
     Ok(())
 }
 
-const WAITING_CLIENT: &str = r#"
+const WAITING_CLIENT: &str = concat!(
+    arrived_fn!(),
+    r#"
 import json, socket, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
 s.sendall(b"before"); s.recv(100)
 print(json.dumps({"local": s.getsockname()[:2]}), flush=True)
 sys.stdin.readline()
 s.sendall(b"picked up"); s.recv(100)
-last = time.monotonic()
+last = arrived(s)
 time.sleep(2)
 t = time.monotonic()
 s.sendall(b"reuse"); d = s.recv(100)
 print(json.dumps({"gap": 2, "idle": t - last, "local": s.getsockname()[:2], "result": "ok" if d else "eof"}), flush=True)
 s.close()
-"#;
+"#
+);
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
@@ -448,13 +452,15 @@ fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result
     Ok(())
 }
 
-const ABORTING_CLIENT: &str = r#"
+const ABORTING_CLIENT: &str = concat!(
+    arrived_fn!(),
+    r#"
 import json, select, socket, struct, sys, time
 s = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
 for _ in range(20):
     s.sendall(b"hello")
     s.recv(100)
-last = time.monotonic()
+last = arrived(s)
 time.sleep(4)
 t = time.monotonic()
 s.sendall(b"ping")
@@ -464,7 +470,8 @@ rec = {"gap": 4, "idle": t - last, "local": s.getsockname()[:2], "result": "ok" 
 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 s.close()
 print(json.dumps(rec), flush=True)
-"#;
+"#
+);
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]

@@ -15,10 +15,11 @@ use observer::event::SockEvent;
 
 pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
 
-/// How far the kernel's idle age may be from the test client's own clock:
-/// 20 ms, times `OBSERVER_TEST_TIME_SLACK` (the kernel matrix sets 5: under
-/// QEMU's TCG a Python client's clock read and its send can be tens of ms
-/// apart, which is the client's jitter, not the probes').
+/// How far the kernel's idle age may be from the test client's own clock
+/// (started at the reply's arrival, see `arrived_fn!`): 20 ms, times
+/// `OBSERVER_TEST_TIME_SLACK` (the kernel matrix sets 5: under QEMU's TCG a
+/// Python client's clock read and its send can be tens of ms apart, which
+/// is the client's jitter, not the probes').
 pub fn idle_precision() -> f64 {
     tolerance(0.020)
 }
@@ -424,6 +425,7 @@ fn wait_ready(mut child: Child, cmd: &str) -> Result<Killed> {
 #[derive(Debug, Clone, serde::Deserialize)]
 pub struct ClientReuse {
     pub gap: f64,
+    /// From the last reply's arrival (the kernel's clock) to the reuse.
     pub idle: f64,
     pub local: (String, u16),
     pub result: String,
@@ -445,12 +447,34 @@ pub fn client_records(stdout: &str) -> Result<Vec<ClientReuse>> {
         .collect()
 }
 
+/// Python: `arrived(c)`, the `time.monotonic()` at which the last reply
+/// reached socket `c` (or `c.sock`), from the kernel's
+/// `tcpi_last_data_recv` (ms since the last data segment arrived, offset 52
+/// of `struct tcp_info` since 2.6). The test clients start their idle clock
+/// there, not when their read returned: the probes time idle from the
+/// wire, and under QEMU's TCG a Python read can return long after its data
+/// arrived (seen once in CI: 4.198 s on the wire, 4.004 s by the client's
+/// clock).
+macro_rules! arrived_fn {
+    () => {
+        r#"
+import socket as _socket, struct as _struct, time as _time
+def arrived(c):
+    s = getattr(c, "sock", c)
+    info = s.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, 104)
+    return _time.monotonic() - _struct.unpack_from("I", info, 52)[0] / 1000.0
+"#
+    };
+}
+
 /// An echo client that reuses its connection after each gap, printing one
 /// JSON line per reuse with its own idle measurement and the result. After a
 /// failure it reconnects (one fresh exchange) and goes on, or stops with a
 /// fifth argument `stop`:
 /// `python3 RECONNECTING_CLIENT HOST PORT GAPS READ_TIMEOUT [stop]`.
-pub const RECONNECTING_CLIENT: &str = r#"
+pub const RECONNECTING_CLIENT: &str = concat!(
+    arrived_fn!(),
+    r#"
 import json, socket, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
 gaps = [float(g) for g in sys.argv[3].split(",")]
@@ -466,7 +490,7 @@ def connect():
         s.recv(100)
     return s
 s = connect()
-last = time.monotonic()
+last = arrived(s)
 for g in gaps:
     time.sleep(max(0.0, last + g - time.monotonic()))
     t = time.monotonic()
@@ -485,9 +509,10 @@ for g in gaps:
         if len(sys.argv) > 5 and sys.argv[5] == "stop":
             break
         s = connect()
-    last = time.monotonic()
+    last = arrived(s)
 s.close()
-"#;
+"#
+);
 
 /// The loop of the reconnecting clients, after their prelude defines
 /// `gaps`, `connect()`, `exchange(c)`, `local(c)` and `EOF_ERRORS`: reuse
@@ -496,10 +521,12 @@ s.close()
 /// on with a fresh connection (one fresh exchange first).
 macro_rules! reuse_loop {
     () => {
-        r#"
+        concat!(
+            arrived_fn!(),
+            r#"
 c = connect()
 exchange(c)
-last = time.monotonic()
+last = arrived(c)
 for g in gaps:
     time.sleep(max(0.0, last + g - time.monotonic()))
     t = time.monotonic()
@@ -516,9 +543,10 @@ for g in gaps:
         c.close()
         c = connect()
         exchange(c)
-    last = time.monotonic()
+    last = arrived(c)
 c.close()
 "#
+        )
     };
 }
 
