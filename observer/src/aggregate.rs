@@ -539,17 +539,13 @@ impl Aggregator {
         [own, other].into_iter().find(|k| self.dests.contains_key(k)).map(|k| k.id())
     }
 
-    /// Replace the at-risk view with the current idle sockets.
-    pub fn set_sockets(&mut self, sockets: &[SocketView]) {
-        for st in self.dests.values_mut() {
-            st.at_risk = 0;
-        }
-        // Client rows: past the path timeout (the point, or the largest idle
-        // age proven to survive) once a failure bounded it. Server rows: past
-        // our idle timeout minus the clients' margin is not ours to judge,
-        // so they have no at-risk view.
-        let thresholds: HashMap<DestKey, f64> = self
-            .dests
+    /// The idle age past which a client socket is at risk, per client
+    /// destination: past the path timeout (the point, or the largest idle
+    /// age proven to survive) once a failure bounded it. Server rows have
+    /// none: past our idle timeout minus the clients' margin is not ours to
+    /// judge.
+    fn risk_thresholds(&mut self) -> HashMap<DestKey, f64> {
+        self.dests
             .iter_mut()
             .filter(|(k, _)| k.role == Role::Client)
             .filter_map(|(k, st)| {
@@ -560,7 +556,23 @@ impl Aggregator {
                 }
                 Some((*k, point.or(i.lower).or(i.upper)?))
             })
-            .collect();
+            .collect()
+    }
+
+    /// The smallest idle age any socket can be at risk at now (None: no
+    /// destination has a threshold). A socket no idler than this cannot be
+    /// counted by [`Aggregator::set_sockets`], so the caller need not keep
+    /// it.
+    pub fn at_risk_floor(&mut self) -> Option<f64> {
+        self.risk_thresholds().into_values().reduce(f64::min)
+    }
+
+    /// Replace the at-risk view with the current idle sockets.
+    pub fn set_sockets(&mut self, sockets: &[SocketView]) {
+        for st in self.dests.values_mut() {
+            st.at_risk = 0;
+        }
+        let thresholds = self.risk_thresholds();
         for s in sockets {
             if s.role != Role::Client {
                 continue;

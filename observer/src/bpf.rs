@@ -15,7 +15,7 @@ use aya::{
     programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
-use observer_common::{counter, globals, maps, Offsets, SockRecord, SOCK_RECORD_SIZE};
+use observer_common::{counter, globals, maps, Offsets, SockRecord};
 
 use crate::{
     btf::{Btf, BtfError},
@@ -353,13 +353,18 @@ impl Probes {
                 config.ring_buffer_bytes
             )));
         }
-        let btf = Btf::from_sys_fs()?;
-        let (set, why) = ProbeSet::detect(&btf)?;
-        log::info!("probe set {}: {why}", set.name());
-        let offsets = resolve_offsets(&btf)?;
-        let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
+        // Our BTF reader and aya's each hold a parsed copy of the kernel's
+        // types (tens of MB): one at a time keeps the daemon's peak down.
+        let (set, offsets) = {
+            let btf = Btf::from_sys_fs()?;
+            let (set, why) = ProbeSet::detect(&btf)?;
+            log::info!("probe set {}: {why}", set.name());
+            (set, resolve_offsets(&btf)?)
+        };
+        // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
+        // loads below need a copy of their own, parsed once the loader's is
+        // gone.
         let mut ebpf = EbpfLoader::new()
-            .btf(Some(&kernel_btf))
             .override_global(globals::MIN_IDLE_NS, &config.min_idle_ns, true)
             .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
             .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
@@ -368,6 +373,7 @@ impl Probes {
             .override_global(globals::TICK_NS, &tick_ns(), true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(OBJECT)?;
+        let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
         // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
         // this offset.
         let mut clock_offset: Array<MapData, u64> =
@@ -531,16 +537,20 @@ impl Probes {
         })
     }
 
-    /// Every tracked TCP socket now, from the `iter/tcp` program. A TCP
-    /// iterator lists the network namespace it is created in, so one is
-    /// created in each namespace a process uses (entering it takes
-    /// `CAP_SYS_ADMIN`; without it only the daemon's own namespace is listed,
-    /// and that is logged once).
-    pub fn sockets(&self) -> Result<Vec<SockRecord>, BpfError> {
-        let mut buf = iter::read(&self.iter_link).map_err(BpfError::Iter)?;
+    /// Call `f` on every tracked TCP socket now, from the `iter/tcp`
+    /// program; returns how many there were. A TCP iterator lists the
+    /// network namespace it is created in, so one is created in each
+    /// namespace a process uses (entering it takes `CAP_SYS_ADMIN`; without
+    /// it only the daemon's own namespace is listed, and that is logged
+    /// once). Records are decoded as they are read, 512 at a time: a host
+    /// with 100k sockets would otherwise hold two 8 MB copies of the table
+    /// at every refresh.
+    pub fn for_each_socket(&self, mut f: impl FnMut(&SockRecord)) -> Result<usize, BpfError> {
+        let mut n =
+            iter::stream(iter::create(&self.iter_link).map_err(BpfError::Iter)?, &mut f).map_err(BpfError::Iter)?;
         for ns in iter::other_netns() {
-            match iter::read_in(&ns, &self.iter_link) {
-                Ok(more) => buf.extend_from_slice(&more),
+            match iter::create_in(&ns, &self.iter_link) {
+                Ok(file) => n += iter::stream(file, &mut f).map_err(BpfError::Iter)?,
                 Err(e) => {
                     if !self.netns_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         log::warn!(
@@ -552,11 +562,7 @@ impl Probes {
                 }
             }
         }
-        Ok(buf
-            .chunks_exact(SOCK_RECORD_SIZE)
-            // SAFETY: exact-size chunk of a POD record without padding.
-            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<SockRecord>()) })
-            .collect())
+        Ok(n)
     }
 
     /// The clock used to convert kernel timestamps.
@@ -569,6 +575,7 @@ impl Probes {
 /// BPF iterator plumbing aya does not expose: the link's fd, and iterators
 /// created inside other network namespaces.
 mod iter {
+    use observer_common::{SockRecord, SOCK_RECORD_SIZE};
     use std::{
         collections::HashSet,
         fs::File,
@@ -604,19 +611,17 @@ mod iter {
         bpf(BPF_LINK_CREATE, &mut attr)
     }
 
-    /// Run the iterator in the calling thread's network namespace.
-    pub fn read(link: &OwnedFd) -> io::Result<Vec<u8>> {
+    /// An iterator over the calling thread's network namespace (fixed
+    /// when the iterator is created, not when it is read).
+    pub fn create(link: &OwnedFd) -> io::Result<File> {
         let mut attr = [0u32; 16];
         attr[0] = u32::try_from(link.as_raw_fd()).map_err(io::Error::other)?;
-        let mut file = File::from(bpf(BPF_ITER_CREATE, &mut attr)?);
-        let mut buf = Vec::new();
-        file.read_to_end(&mut buf)?;
-        Ok(buf)
+        Ok(File::from(bpf(BPF_ITER_CREATE, &mut attr)?))
     }
 
-    /// Run the iterator inside the network namespace `ns` (a
-    /// `/proc/PID/ns/net` path), from a short-lived thread.
-    pub fn read_in(ns: &Path, link: &OwnedFd) -> io::Result<Vec<u8>> {
+    /// An iterator over the network namespace `ns` (a `/proc/PID/ns/net`
+    /// path), created from a short-lived thread that enters it.
+    pub fn create_in(ns: &Path, link: &OwnedFd) -> io::Result<File> {
         let file = File::open(ns)?;
         std::thread::scope(|s| {
             s.spawn(|| {
@@ -624,11 +629,40 @@ mod iter {
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                read(link)
+                create(link)
             })
             .join()
             .unwrap_or_else(|_| Err(io::Error::other("iterator thread panicked")))
         })
+    }
+
+    /// Read an iterator to its end, calling `f` on each record; returns
+    /// how many there were.
+    pub fn stream(mut file: File, f: &mut impl FnMut(&SockRecord)) -> io::Result<usize> {
+        let mut buf = vec![0u8; SOCK_RECORD_SIZE * 512];
+        let (mut filled, mut n) = (0, 0);
+        loop {
+            let got = match file.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(got) => got,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(e),
+            };
+            filled += got;
+            // A read may end inside a record: keep its start for the next.
+            let whole = filled - filled % SOCK_RECORD_SIZE;
+            for c in buf[..whole].chunks_exact(SOCK_RECORD_SIZE) {
+                // SAFETY: exact-size chunk of a POD record without padding.
+                f(&unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<SockRecord>()) });
+                n += 1;
+            }
+            buf.copy_within(whole..filled, 0);
+            filled -= whole;
+        }
+        if filled != 0 {
+            return Err(io::Error::other(format!("the socket iterator ended inside a record ({filled} bytes left)")));
+        }
+        Ok(n)
     }
 
     /// One `/proc/PID/ns/net` path per network namespace in use, other

@@ -286,6 +286,14 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         warn!("--max-sockets is ignored: per-socket state lives in socket-local storage, freed with each socket");
     }
     let probes = Probes::load(&config).context("bringing up the probes")?;
+    // Loading parsed the kernel's BTF twice (tens of MB, freed now); glibc
+    // keeps freed heap resident until asked to give it back.
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only returns free pages of the allocator's own
+    // arenas to the kernel.
+    unsafe {
+        libc::malloc_trim(0);
+    }
     for a in probes.attached() {
         let kind = match a.hook.kind {
             bpf::HookKind::BtfTracePoint => "tp_btf",
@@ -298,28 +306,39 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
 }
 
 /// Refresh the at-risk view and the tracked-socket gauge from the kernel.
+/// Only client sockets idler than the smallest at-risk threshold are kept
+/// (none while no destination has one), so a host with 100k sockets does
+/// not copy its table at every refresh. A threshold that drops while the
+/// table is read counts its sockets from the next refresh.
 fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
     let shared = Arc::clone(&sinks.shared);
-    match probes.sockets() {
-        Ok(table) => {
-            shared.metrics.set_tracked_sockets(table.len());
-            let now = clock_ns(libc::CLOCK_BOOTTIME);
-            // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
-            let views: Vec<_> = table
-                .iter()
-                .filter_map(|rec| crate::event::view_of(rec, now))
-                .filter(|v| {
-                    sinks.filter.is_empty() || {
-                        let owner = sinks.owners.resolve(v.cgroup_id);
-                        sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
-                    }
-                })
-                .collect();
-            let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-            // Held peer closes become evidence (or a restart) and old
-            // evidence expires even when no event arrives.
-            agg.tick(clock_ns(libc::CLOCK_REALTIME));
-            agg.set_sockets(&views);
+    let floor = {
+        let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+        // Held peer closes become evidence (or a restart) and old
+        // evidence expires even when no event arrives.
+        agg.tick(clock_ns(libc::CLOCK_REALTIME));
+        agg.at_risk_floor()
+    };
+    let now = clock_ns(libc::CLOCK_BOOTTIME);
+    let mut views = Vec::new();
+    let counted = probes.for_each_socket(|rec| {
+        let Some(floor) = floor else { return };
+        let Some(v) = crate::event::view_of(rec, now) else { return };
+        // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
+        if v.role == crate::event::Role::Client
+            && v.idle_seconds > floor
+            && (sinks.filter.is_empty() || {
+                let owner = sinks.owners.resolve(v.cgroup_id);
+                sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
+            })
+        {
+            views.push(v);
+        }
+    });
+    match counted {
+        Ok(n) => {
+            shared.metrics.set_tracked_sockets(n);
+            shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views);
         }
         Err(e) => warn!("reading the socket table: {e}"),
     }

@@ -21,8 +21,8 @@ use std::{
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicU64, Ordering},
-        mpsc::{self, Receiver, RecvTimeoutError, SyncSender, TrySendError},
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
         Arc,
     },
     thread::JoinHandle,
@@ -415,9 +415,14 @@ impl Store {
     }
 }
 
-/// The writer thread's handle: queue records without blocking.
+/// The writer thread's handle: queue records without blocking. The queue
+/// grows as records come (a `sync_channel` would allocate and touch every
+/// slot up front: 18 MiB of resident memory for an idle daemon) and is
+/// bounded by a count of the records in it.
 pub struct Writer {
-    tx: Option<SyncSender<Record>>,
+    tx: Option<Sender<Record>>,
+    queued: Arc<AtomicUsize>,
+    capacity: usize,
     dropped: Arc<AtomicU64>,
     handle: Option<JoinHandle<()>>,
 }
@@ -431,24 +436,26 @@ const PRUNE_EVERY: Duration = Duration::from_mins(1);
 impl Writer {
     /// Start the writer thread on an open store, with a queue of `queue` records.
     pub fn start(store: Store, limits: Limits, queue: usize) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::sync_channel(queue);
+        let (tx, rx) = mpsc::channel();
         let dropped = Arc::new(AtomicU64::new(0));
-        let handle =
-            std::thread::Builder::new().name("observer-store".into()).spawn(move || write_loop(store, &rx, limits))?;
-        Ok(Self { tx: Some(tx), dropped, handle: Some(handle) })
+        let queued = Arc::new(AtomicUsize::new(0));
+        let taken = Arc::clone(&queued);
+        let handle = std::thread::Builder::new()
+            .name("observer-store".into())
+            .spawn(move || write_loop(store, &rx, &taken, limits))?;
+        Ok(Self { tx: Some(tx), queued, capacity: queue, dropped, handle: Some(handle) })
     }
 
     /// Queue a record; false (and counted) when the queue is full.
     #[must_use = "a false return means the record was dropped (it is counted)"]
     pub fn send(&self, r: Record) -> bool {
         let Some(tx) = &self.tx else { return false };
-        match tx.try_send(r) {
-            Ok(()) => true,
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-                false
-            }
+        if self.queued.fetch_add(1, Ordering::AcqRel) >= self.capacity || tx.send(r).is_err() {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return false;
         }
+        true
     }
 
     /// Records dropped so far because the writer could not keep up.
@@ -475,7 +482,7 @@ impl Drop for Writer {
     }
 }
 
-fn write_loop(mut store: Store, rx: &Receiver<Record>, limits: Limits) {
+fn write_loop(mut store: Store, rx: &Receiver<Record>, queued: &AtomicUsize, limits: Limits) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut last_prune = Instant::now().checked_sub(PRUNE_EVERY).unwrap_or_else(Instant::now);
     loop {
@@ -494,6 +501,7 @@ fn write_loop(mut store: Store, rx: &Receiver<Record>, limits: Limits) {
             Err(RecvTimeoutError::Disconnected) => false,
         };
         if !batch.is_empty() {
+            queued.fetch_sub(batch.len(), Ordering::AcqRel);
             if let Err(e) = store.insert(&batch) {
                 warn!("evidence store: writing {} records failed: {e}", batch.len());
             }

@@ -195,6 +195,42 @@ fn at_risk_counts_idle_sockets_past_the_timeout() {
     assert_eq!(row(&rows, "10.0.0.2:443").at_risk_idle_sockets, 2);
 }
 
+/// The daemon keeps only sockets idler than the floor: the smallest
+/// threshold, so dropping the others changes no count.
+#[test]
+fn at_risk_floor_is_the_smallest_threshold() {
+    let mut agg = Aggregator::new(Config::default());
+    assert_eq!(agg.at_risk_floor(), None, "no evidence, no threshold");
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 58.0, 62.0, 70.0], Outcome::Eof);
+    feed(&mut agg, &mut ts, "10.0.0.3:443", 5.0, &[3.0, 4.0, 6.0, 7.0], Outcome::Eof);
+    feed(&mut agg, &mut ts, "10.0.0.4:443", 5.0, &[1.0, 2.0], Outcome::Ok);
+    let floor = agg.at_risk_floor().expect("two destinations have a threshold");
+    // Without a point estimate a threshold is the largest idle age proven
+    // to survive: 58 s and 4 s here.
+    assert_eq!(floor, 4.0);
+    let view = |idle: f64, remote: &str| SocketView {
+        local: "10.0.0.1:40001".parse().unwrap(),
+        remote: remote.parse().unwrap(),
+        role: Role::Client,
+        idle_seconds: idle,
+        netns: 0,
+        cgroup_id: 0,
+    };
+    let all: Vec<SocketView> = [1.0, 4.0, 5.5, 30.0, 59.0, 61.0, 300.0]
+        .iter()
+        .flat_map(|&idle| ["10.0.0.2:443", "10.0.0.3:443", "10.0.0.4:443"].map(|d| view(idle, d)))
+        .collect();
+    agg.set_sockets(&all);
+    let counts = |agg: &mut Aggregator| -> Vec<u64> { table(agg).iter().map(|r| r.at_risk_idle_sockets).collect() };
+    let full = counts(&mut agg);
+    assert_eq!(full, vec![3, 5, 0], "past 58 s; past 4 s; no failure, no threshold");
+    let kept: Vec<SocketView> = all.iter().filter(|v| v.idle_seconds > floor).copied().collect();
+    assert!(kept.len() < all.len());
+    agg.set_sockets(&kept);
+    assert_eq!(counts(&mut agg), full);
+}
+
 #[test]
 fn unknown_roles_never_become_destinations() {
     let mut agg = Aggregator::new(Config::default());
