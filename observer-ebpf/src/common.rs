@@ -79,6 +79,11 @@ pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(2, 0);
 #[no_mangle]
 static TICK_NS: u64 = 0;
 
+/// BTF type ID of `struct tcp_sock` in the running kernel, set at load
+/// time for [`rdonly_cast_tcp_sock`].
+#[no_mangle]
+static TCP_SOCK_BTF_ID: u64 = 0;
+
 /// Minimum idle time before a write counts as a reuse. Set at load time.
 #[no_mangle]
 static MIN_IDLE_NS: u64 = 1_000_000_000;
@@ -240,11 +245,59 @@ fn clock_cache(sk: *mut c_void) -> u64 {
     unsafe { *tp.cast::<u8>().add(off).cast::<u64>() }
 }
 
+/// `bpf_rdonly_cast(sk, TCP_SOCK_BTF_ID)`: the kfunc (6.2+) the verifier
+/// turns into a register move, so the receive probe reaches `tcp_sock`
+/// without a helper call. aya 0.14 cannot link kfunc calls, so the call
+/// is written as a raw instruction (`BPF_CALL` with `src_reg`
+/// `BPF_PSEUDO_KFUNC_CALL`) whose immediate, a marker here, userspace
+/// replaces with the kfunc's BTF ID before loading (`kfunc::patch`). Only
+/// for a hook whose socket is always a full TCP socket: the cast checks
+/// nothing, and the loads through it are fault-safe (`PROBE_MEM`) reads.
+#[inline(always)]
+fn rdonly_cast_tcp_sock(sk: *mut c_void) -> *const u8 {
+    let id = global(&raw const TCP_SOCK_BTF_ID);
+    let out: *const u8;
+    // SAFETY: a kfunc call per the BPF calling convention: arguments in r1
+    // and r2, result in r0, r1-r5 clobbered.
+    unsafe {
+        core::arch::asm!(
+            ".quad {insn}",
+            insn = const observer_common::kfunc::RDONLY_CAST_CALL,
+            inlateout("r1") sk => _,
+            inlateout("r2") id => _,
+            lateout("r0") out,
+            lateout("r3") _,
+            lateout("r4") _,
+            lateout("r5") _,
+        );
+    }
+    out
+}
+
 /// When the data being read reached TCP, on the boot clock: the wire
 /// time, not the syscall's, and no clock call on the hot path.
 #[inline(always)]
 pub fn receive_time(sk: *mut c_void) -> u64 {
-    match clock_cache(sk) {
+    from_clock_cache(clock_cache(sk))
+}
+
+/// [`receive_time`] without a helper call, on 6.2+ (`bpf_rdonly_cast`).
+#[inline(always)]
+#[allow(
+    clippy::cast_ptr_alignment,
+    reason = "a u64 field's BTF offset is 8-aligned; the verifier checks the load against the type"
+)]
+pub fn receive_time_cast(sk: *mut c_void) -> u64 {
+    let tp = rdonly_cast_tcp_sock(sk);
+    let off = global(&raw const OFFSETS.tcp_clock_cache) as usize;
+    // SAFETY: a load from an untrusted BTF pointer of the verifier's own
+    // `struct tcp_sock` type: the JIT makes it a fault-safe read.
+    from_clock_cache(unsafe { *tp.add(off).cast::<u64>() })
+}
+
+#[inline(always)]
+fn from_clock_cache(mono: u64) -> u64 {
+    match mono {
         0 => now(),
         mono => mono + clock_slot(SLOT_SUSPENDED),
     }

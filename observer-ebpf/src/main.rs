@@ -11,6 +11,7 @@
 //! from userspace at load time (resolved from the running kernel's BTF).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 #![cfg_attr(not(target_arch = "bpf"), allow(dead_code, unused_imports))]
 #![allow(clippy::inline_always, reason = "BPF helpers are kept inline so each program stays one verifier unit")]
 #![allow(clippy::cast_possible_truncation, reason = "the BPF target is 64-bit; u64 -> usize is lossless")]

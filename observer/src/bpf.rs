@@ -15,7 +15,7 @@ use aya::{
     programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
-use observer_common::{counter, globals, maps, Offsets, SockRecord};
+use observer_common::{counter, globals, kfunc, maps, Offsets, SockRecord};
 
 use crate::{
     btf::{Btf, BtfError},
@@ -111,10 +111,16 @@ impl Hook {
     }
 }
 
+/// The receive probe: reaches `tcp_sock` by a helper call.
+const RECV: Hook = Hook::tp("tcp_rcv_space_adjust");
+/// The same on 6.2+, by the `bpf_rdonly_cast` kfunc (no call at all).
+const RECV_CAST: Hook =
+    Hook { program: "tcp_rcv_space_adjust_cast", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
+
 /// Hooks every set shares: BTF tracepoints present since 4.16.
 const STATE_HOOKS: &[Hook] = &[
     Hook::tp("inet_sock_set_state"),
-    Hook::tp("tcp_rcv_space_adjust"),
+    RECV,
     Hook::tp("tcp_receive_reset"),
     Hook::tp("tcp_retransmit_skb"),
 ];
@@ -355,12 +361,32 @@ impl Probes {
         }
         // Our BTF reader and aya's each hold a parsed copy of the kernel's
         // types (tens of MB): one at a time keeps the daemon's peak down.
-        let (set, offsets) = {
+        let (set, offsets, cast) = {
             let btf = Btf::from_sys_fs()?;
             let (set, why) = ProbeSet::detect(&btf)?;
-            log::info!("probe set {}: {why}", set.name());
-            (set, resolve_offsets(&btf)?)
+            let cast = match (btf.func_id("bpf_rdonly_cast"), btf.struct_id("tcp_sock")) {
+                (Some(f), Ok(t)) => Some((f, t)),
+                _ => None,
+            };
+            let recv = if cast.is_some() {
+                "the receive probe reaches tcp_sock by the bpf_rdonly_cast kfunc (6.2+)"
+            } else {
+                "the receive probe reaches tcp_sock by the bpf_skc_to_tcp_sock helper (no bpf_rdonly_cast before 6.2)"
+            };
+            log::info!("probe set {}: {why}; {recv}", set.name());
+            (set, resolve_offsets(&btf)?, cast)
         };
+        // The kfunc call is a raw instruction the loader cannot link: write
+        // in the kfunc's ID here (see `observer_common::kfunc`).
+        let mut object = OBJECT.to_vec();
+        let cast = cast.filter(|&(func, _)| {
+            let n = kfunc::patch(&mut object, func);
+            if n == 0 {
+                log::warn!("the object has no bpf_rdonly_cast call to patch: the receive probe uses the helper");
+            }
+            n > 0
+        });
+        let tcp_sock_btf_id = cast.map_or(0, |(_, t)| u64::from(t));
         // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
         // loads below need a copy of their own, parsed once the loader's is
         // gone.
@@ -371,8 +397,10 @@ impl Probes {
             .override_global(globals::OFFSETS, &offsets, true)
             .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
             .override_global(globals::TICK_NS, &tick_ns(), true)
+            .override_global(globals::TCP_SOCK_BTF_ID, &tcp_sock_btf_id, true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
-            .load(OBJECT)?;
+            .load(&object)?;
+        drop(object);
         let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
         // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
         // this offset.
@@ -384,7 +412,9 @@ impl Probes {
         let mut hot = Vec::new();
         let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
-        for hook in set.hooks().iter().chain(empty) {
+        let hooks = set.hooks().into_iter().map(|h| if cast.is_some() && h.program == RECV.program { RECV_CAST } else { h });
+        for hook in hooks.chain(empty.iter().copied()) {
+            let hook = &hook;
             // The real send and receive probes, not the empty ones beside them.
             let toggled = config.bench_toggle
                 && HOT_HOOKS.contains(&hook.name)

@@ -30,6 +30,7 @@ const KIND_TYPEDEF: u32 = 8;
 const KIND_VOLATILE: u32 = 9;
 const KIND_CONST: u32 = 10;
 const KIND_RESTRICT: u32 = 11;
+const KIND_FUNC: u32 = 12;
 const KIND_FUNC_PROTO: u32 = 13;
 const KIND_VAR: u32 = 14;
 const KIND_DATASEC: u32 = 15;
@@ -57,6 +58,8 @@ enum Ty {
     Alias(u32),
     /// A named typedef of another type.
     Typedef(u32),
+    /// A function (a kfunc is one the kernel lets programs call).
+    Func,
     Other,
 }
 
@@ -178,6 +181,7 @@ impl Btf {
                     at += 12;
                     Ty::Other
                 }
+                KIND_FUNC => Ty::Func,
                 KIND_FUNC_PROTO => {
                     at += vlen * 8;
                     Ty::Other
@@ -263,6 +267,29 @@ impl Btf {
     #[must_use]
     pub fn has_type(&self, name: &str) -> bool {
         self.by_name.contains_key(name)
+    }
+
+    /// BTF ID of the definition of `struct name` (not a forward
+    /// declaration).
+    pub fn struct_id(&self, name: &str) -> Result<u32, BtfError> {
+        self.by_name
+            .get(name)
+            .and_then(|ids| {
+                ids.iter().copied().find(|&id| {
+                    matches!(self.types.get(id as usize), Some((_, Ty::Composite { members })) if !members.is_empty())
+                })
+            })
+            .ok_or_else(|| BtfError::NotFound(format!("struct {name}")))
+    }
+
+    /// BTF ID of the function `name` (a kfunc's ID is what a program's
+    /// call instruction names it by).
+    #[must_use]
+    pub fn func_id(&self, name: &str) -> Option<u32> {
+        self.types
+            .iter()
+            .position(|(n, ty)| matches!(ty, Ty::Func) && self.name(*n) == name)
+            .and_then(|id| u32::try_from(id).ok())
     }
 
     /// Value of `variant` in `enum name`.

@@ -330,7 +330,9 @@ impl Observer {
             if let Some(rest) = line.split("(program ").nth(1) {
                 let mut p = rest.trim_end_matches(')').split(", id ");
                 if let (Some(name), Some(id)) = (p.next(), p.next()) {
-                    progs.push((name.to_owned(), id.parse()?));
+                    // The receive probe's kfunc variant (6.2+) is still the
+                    // receive probe.
+                    progs.push((name.trim_end_matches("_cast").to_owned(), id.parse()?));
                 }
             }
             if let Some(rest) = line.split("serving http://").nth(1) {

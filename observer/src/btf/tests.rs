@@ -81,4 +81,11 @@ fn reads_the_running_kernel() {
     assert_eq!(btf.enum_value("sock_flags", "SOCK_KEEPOPEN").unwrap(), 3);
     assert!(btf.has_type("btf_trace_inet_sock_set_state"));
     assert!(!btf.has_type("btf_trace_no_such_tracepoint"));
+    // The IDs `bpftool btf dump file /sys/kernel/btf/vmlinux` prints as
+    // `[ID] STRUCT 'tcp_sock'` and `[ID] FUNC 'bpf_skc_to_tcp_sock'`-style
+    // lines; the kernel checks both at load, so here only their shape.
+    let id = btf.struct_id("tcp_sock").unwrap();
+    assert!(id > 0 && btf.struct_id("no_such_struct").is_err());
+    assert!(btf.func_id("tcp_sendmsg_locked").is_some(), "a kernel function is a FUNC");
+    assert_eq!(btf.func_id("no_such_function"), None);
 }
