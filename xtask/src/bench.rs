@@ -810,8 +810,8 @@ fn memory_phase(plan: &Plan) -> Result<Value> {
     let rows: Value = serde_json::from_str(&http_get(&o.http, "/api/v1/destinations")?)?;
     let destinations = rows.as_array().map_or(0, Vec::len);
     let rss = rss_kib(o.pid())?;
-    // The resident set swings by 20 MiB while a socket-table refresh or a
-    // scrape is under way: the peak is what a host must have room for.
+    // The peak (start-up's BTF parsing, a socket-table refresh, a scrape)
+    // is what a host must have room for.
     let peak = status_kib(o.pid(), "VmHWM:")?;
     let mut map_bytes = 0u64;
     let mut seen = std::collections::BTreeSet::new();
@@ -1131,7 +1131,7 @@ fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "3. **Churn**: 2 client threads doing connect, 32-byte request, response, close, {} s per run, with and without observer.", hp["seconds_per_run"]);
     let _ = writeln!(s, "4. **Pipeline**: `observer debug bench-pipeline`: {} synthetic kernel records over 1000 destinations (60% reuses, peer and local closes, connection events) decoded, aggregated and counted in the metrics on one core.", pl["events_per_run"]);
     let _ = writeln!(s, "5. **Ring buffer**: `observer run --min-idle 0s` so every request is a reuse (two events per round trip), 4 connections paced to offer 25k, 50k, 100k, 200k events/s, then unpaced, then 50k again with 10 clients scraping `/metrics` and `/api/v1/destinations` in a loop (any loss there fails the run); events delivered per second and `observer_events_lost_total` from `/metrics`.");
-    let _ = writeln!(s, "6. **Memory**: {} connections to {} listening ports on loopback (both ends tracked), one connection per port closed to give each destination evidence; daemon VmRSS after the socket table refresh and its peak (VmHWM, the figure judged: the resident set swings by some 20 MiB while a refresh or a scrape is under way), and the `bytes_memlock` of its maps (bpftool); socket-local storage as the unreclaimable slab (`SUnreclaim`) the kernel gives back when the daemon stops with the connections still open.\n", me["connections"], me["destinations"]);
+    let _ = writeln!(s, "6. **Memory**: {} connections to {} listening ports on loopback (both ends tracked), one connection per port closed to give each destination evidence; daemon VmRSS after the socket table refresh and its peak (VmHWM, the figure judged: it covers start-up, where the kernel's BTF is parsed, and every refresh and scrape), and the `bytes_memlock` of its maps (bpftool); socket-local storage as the unreclaimable slab (`SUnreclaim`) the kernel gives back when the daemon stops with the connections still open.\n", me["connections"], me["destinations"]);
     let _ = writeln!(s, "## Figures\n\n### 1. Hot path, separate runs (round trips per second)\n\n| mode | round trips/s (min / median / max) |\n|---|---|");
     for mode in ["none", "observer", "bpftrace"] {
         let _ = writeln!(s, "| {mode} | {} |", mmm(&hp["round_trips_per_second"][mode], 1.0, ""));
