@@ -118,12 +118,8 @@ const RECV_CAST: Hook =
     Hook { program: "tcp_rcv_space_adjust_cast", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
 
 /// Hooks every set shares: BTF tracepoints present since 4.16.
-const STATE_HOOKS: &[Hook] = &[
-    Hook::tp("inet_sock_set_state"),
-    RECV,
-    Hook::tp("tcp_receive_reset"),
-    Hook::tp("tcp_retransmit_skb"),
-];
+const STATE_HOOKS: &[Hook] =
+    &[Hook::tp("inet_sock_set_state"), RECV, Hook::tp("tcp_receive_reset"), Hook::tp("tcp_retransmit_skb")];
 
 /// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
 /// time-wait sockets since 6.9.
@@ -346,6 +342,46 @@ pub fn raise_memlock() -> bool {
     unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const lim) == 0 }
 }
 
+/// BTF IDs of the `bpf_rdonly_cast` kfunc and of `struct tcp_sock`.
+type KfuncIds = (u32, u32);
+
+/// What the running kernel's BTF decides: the probe set, the struct
+/// offsets, and the IDs of the `bpf_rdonly_cast` kfunc and `struct
+/// tcp_sock` where the kernel has that kfunc (6.2+). Logs the choice.
+fn inspect_kernel() -> Result<(ProbeSet, Offsets, Option<KfuncIds>), BpfError> {
+    // Our BTF reader and aya's each hold a parsed copy of the kernel's
+    // types (tens of MB): this one is gone before aya's is made.
+    let btf = Btf::from_sys_fs()?;
+    let (set, why) = ProbeSet::detect(&btf)?;
+    let cast = match (btf.func_id("bpf_rdonly_cast"), btf.struct_id("tcp_sock")) {
+        (Some(f), Ok(t)) => Some((f, t)),
+        _ => None,
+    };
+    let recv = if cast.is_some() {
+        "the receive probe reaches tcp_sock by the bpf_rdonly_cast kfunc (6.2+)"
+    } else {
+        "the receive probe reaches tcp_sock by the bpf_skc_to_tcp_sock helper (no bpf_rdonly_cast before 6.2)"
+    };
+    log::info!("probe set {}: {why}; {recv}", set.name());
+    Ok((set, resolve_offsets(&btf)?, cast))
+}
+
+/// The object to load, with the kfunc call patched when `cast` is known
+/// (see `observer_common::kfunc`: the loader cannot link it), and the
+/// `TCP_SOCK_BTF_ID` global (0 when the receive probe uses the helper).
+fn object_for(cast: Option<KfuncIds>) -> (Vec<u8>, u64) {
+    let mut object = OBJECT.to_vec();
+    let tcp_sock = match cast {
+        Some((func, tcp_sock)) if kfunc::patch(&mut object, func) > 0 => u64::from(tcp_sock),
+        Some(_) => {
+            log::warn!("the object has no bpf_rdonly_cast call to patch: the receive probe uses the helper");
+            0
+        }
+        None => 0,
+    };
+    (object, tcp_sock)
+}
+
 impl Probes {
     /// Load the embedded object with `config` and attach the probe set.
     pub fn load(config: &ProbeConfig) -> Result<Self, BpfError> {
@@ -361,32 +397,8 @@ impl Probes {
         }
         // Our BTF reader and aya's each hold a parsed copy of the kernel's
         // types (tens of MB): one at a time keeps the daemon's peak down.
-        let (set, offsets, cast) = {
-            let btf = Btf::from_sys_fs()?;
-            let (set, why) = ProbeSet::detect(&btf)?;
-            let cast = match (btf.func_id("bpf_rdonly_cast"), btf.struct_id("tcp_sock")) {
-                (Some(f), Ok(t)) => Some((f, t)),
-                _ => None,
-            };
-            let recv = if cast.is_some() {
-                "the receive probe reaches tcp_sock by the bpf_rdonly_cast kfunc (6.2+)"
-            } else {
-                "the receive probe reaches tcp_sock by the bpf_skc_to_tcp_sock helper (no bpf_rdonly_cast before 6.2)"
-            };
-            log::info!("probe set {}: {why}; {recv}", set.name());
-            (set, resolve_offsets(&btf)?, cast)
-        };
-        // The kfunc call is a raw instruction the loader cannot link: write
-        // in the kfunc's ID here (see `observer_common::kfunc`).
-        let mut object = OBJECT.to_vec();
-        let cast = cast.filter(|&(func, _)| {
-            let n = kfunc::patch(&mut object, func);
-            if n == 0 {
-                log::warn!("the object has no bpf_rdonly_cast call to patch: the receive probe uses the helper");
-            }
-            n > 0
-        });
-        let tcp_sock_btf_id = cast.map_or(0, |(_, t)| u64::from(t));
+        let (set, offsets, cast) = inspect_kernel()?;
+        let (object, tcp_sock_btf_id) = object_for(cast);
         // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
         // loads below need a copy of their own, parsed once the loader's is
         // gone.
@@ -412,7 +424,8 @@ impl Probes {
         let mut hot = Vec::new();
         let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
-        let hooks = set.hooks().into_iter().map(|h| if cast.is_some() && h.program == RECV.program { RECV_CAST } else { h });
+        let hooks =
+            set.hooks().into_iter().map(|h| if cast.is_some() && h.program == RECV.program { RECV_CAST } else { h });
         for hook in hooks.chain(empty.iter().copied()) {
             let hook = &hook;
             // The real send and receive probes, not the empty ones beside them.

@@ -102,6 +102,26 @@ fn daemon_detaches_everything_on_sigterm() -> Result<()> {
     for id in &ids {
         ensure!(prog_loaded(*id), "program {id} should be loaded while the daemon runs");
     }
+    // The receive probe reaches tcp_sock by the bpf_rdonly_cast kfunc
+    // where the kernel has it (6.2+), which the verifier inlines: no call
+    // is left in the program as loaded. Before 6.2 it calls the helper.
+    let kfunc = sh("bpftool btf dump file /sys/kernel/btf/vmlinux")?.contains("FUNC 'bpf_rdonly_cast'");
+    let recv = daemon
+        .stderr_lines()
+        .iter()
+        .find(|l| l.contains("attached tp_btf/tcp_rcv_space_adjust "))
+        .cloned()
+        .context("the receive probe's line")?;
+    let id: u32 = recv.rsplit("id ").next().unwrap_or_default().trim_end_matches(')').parse()?;
+    let xlated = sh(&format!("bpftool prog dump xlated id {id}"))?;
+    if kfunc {
+        ensure!(recv.contains("(program tcp_rcv_space_adjust_cast,"), "{recv}");
+        ensure!(!xlated.contains("skc_to_tcp_sock") && !xlated.contains("rdonly_cast"), "{xlated}");
+    } else {
+        ensure!(recv.contains("(program tcp_rcv_space_adjust,"), "{recv}");
+        ensure!(xlated.contains("bpf_skc_to_tcp_sock"), "{xlated}");
+    }
+    eprintln!("MEASURED receive probe: {}", if kfunc { "bpf_rdonly_cast, inlined" } else { "bpf_skc_to_tcp_sock" });
     let status = daemon.terminate()?;
     assert_eq!(status.code(), Some(0), "exit code after SIGTERM");
     for id in &ids {

@@ -14,25 +14,10 @@ use std::{
 
 use anyhow::{ensure, Context as _, Result};
 use common::{
-    client_records, script, sh, start_server, ClientReuse, Daemon, Netns, Topology, ECHO_SERVER, HTTP_RECONNECTING,
-    RECONNECTING_CLIENT,
+    client_records, matching, reuses_from, script, sh, start_server, Daemon, Netns, Topology, ECHO_SERVER,
+    HTTP_RECONNECTING, RECONNECTING_CLIENT,
 };
 use observer::event::{EventKind, How, Outcome, Role, SockEvent};
-
-fn reuses_from(events: &[SockEvent], local: SocketAddr) -> Vec<SockEvent> {
-    events.iter().filter(|e| e.kind == EventKind::Reuse && e.local == local).cloned().collect()
-}
-
-/// The observer reuse event that matches a client record (same socket,
-/// closest idle age), and the idle-age disagreement in seconds.
-fn matching(events: &[SockEvent], rec: &ClientReuse) -> Result<(SockEvent, f64)> {
-    let candidates = reuses_from(events, rec.local_addr());
-    let best = candidates
-        .iter()
-        .min_by(|a, b| (a.idle_seconds - rec.idle).abs().total_cmp(&(b.idle_seconds - rec.idle).abs()))
-        .with_context(|| format!("no reuse event for {rec:?}; events: {events:#?}"))?;
-    Ok((best.clone(), (best.idle_seconds - rec.idle).abs()))
-}
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]

@@ -18,26 +18,14 @@ use anyhow::{bail, ensure, Context as _, Result};
 use common::{client_records, script, sh, start_server, ClientReuse, Daemon, Topology, HTTP_RECONNECTING};
 use observer::event::{EventKind, How, Outcome, Role, SockEvent};
 
-fn reuses_of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {
-    events.iter().filter(|e| e.kind == EventKind::Reuse && e.local == local).collect()
-}
-
 /// Check each client record against observer's reuse event on the same
 /// socket: reuses within `timeout` are `ok`, later ones failed before any
 /// request byte reached a live peer. Returns the failed reuses' idle ages.
 fn check_reuses(events: &[SockEvent], recs: &[ClientReuse], timeout: f64) -> Result<Vec<f64>> {
     let mut failed = Vec::new();
     for rec in recs {
-        let ev = reuses_of(events, rec.local_addr())
-            .into_iter()
-            .min_by(|a, b| (a.idle_seconds - rec.idle).abs().total_cmp(&(b.idle_seconds - rec.idle).abs()))
-            .with_context(|| format!("no reuse event for {rec:?}"))?;
-        assert!(
-            (ev.idle_seconds - rec.idle).abs() < common::idle_precision(),
-            "idle age {} vs the client's {}",
-            ev.idle_seconds,
-            rec.idle
-        );
+        let (ev, err) = common::matching(events, rec)?;
+        assert!(err < common::idle_precision(), "idle age {} vs the client's {}", ev.idle_seconds, rec.idle);
         assert_eq!(ev.role, Role::Client);
         if rec.gap < timeout {
             assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
@@ -209,7 +197,8 @@ fn postgres_idle_session_timeout_fails_late_reuses_only() -> Result<()> {
     let recs = client_records(&out)?;
     ensure!(recs.len() == 4, "client printed {recs:?}");
     daemon.wait_for("outcomes of all four reuses", Duration::from_secs(5), |evs| {
-        recs.iter().all(|r| reuses_of(evs, r.local_addr()).iter().any(|e| (e.idle_seconds - r.idle).abs() < 0.1))
+        recs.iter()
+            .all(|r| common::reuses_from(evs, r.local_addr()).iter().any(|e| (e.idle_seconds - r.idle).abs() < 0.1))
     })?;
     std::thread::sleep(Duration::from_millis(700));
     let events = daemon.events();

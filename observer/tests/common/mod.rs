@@ -438,6 +438,22 @@ impl ClientReuse {
     }
 }
 
+/// Reuse events on the socket `local`.
+pub fn reuses_from(events: &[SockEvent], local: std::net::SocketAddr) -> Vec<SockEvent> {
+    events.iter().filter(|e| e.kind == observer::event::EventKind::Reuse && e.local == local).cloned().collect()
+}
+
+/// The observer reuse event that matches a client record (same socket,
+/// closest idle age), and the idle-age disagreement in seconds.
+pub fn matching(events: &[SockEvent], rec: &ClientReuse) -> Result<(SockEvent, f64)> {
+    let best = reuses_from(events, rec.local_addr())
+        .into_iter()
+        .min_by(|a, b| (a.idle_seconds - rec.idle).abs().total_cmp(&(b.idle_seconds - rec.idle).abs()))
+        .with_context(|| format!("no reuse event for {rec:?}; events: {events:#?}"))?;
+    let err = (best.idle_seconds - rec.idle).abs();
+    Ok((best, err))
+}
+
 /// Parse the JSON lines a test client printed.
 pub fn client_records(stdout: &str) -> Result<Vec<ClientReuse>> {
     stdout
