@@ -395,8 +395,6 @@ impl Probes {
                 config.ring_buffer_bytes
             )));
         }
-        // Our BTF reader and aya's each hold a parsed copy of the kernel's
-        // types (tens of MB): one at a time keeps the daemon's peak down.
         let (set, offsets, cast) = inspect_kernel()?;
         let (object, tcp_sock_btf_id) = object_for(cast);
         // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
@@ -424,8 +422,9 @@ impl Probes {
         let mut hot = Vec::new();
         let mut iter_link = None;
         let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
-        let hooks =
-            set.hooks().into_iter().map(|h| if cast.is_some() && h.program == RECV.program { RECV_CAST } else { h });
+        // The kfunc variant only once its call is patched.
+        let cast = tcp_sock_btf_id != 0;
+        let hooks = set.hooks().into_iter().map(|h| if cast && h.program == RECV.program { RECV_CAST } else { h });
         for hook in hooks.chain(empty.iter().copied()) {
             let hook = &hook;
             // The real send and receive probes, not the empty ones beside them.

@@ -286,8 +286,9 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         warn!("--max-sockets is ignored: per-socket state lives in socket-local storage, freed with each socket");
     }
     let probes = Probes::load(&config).context("bringing up the probes")?;
-    // Loading parsed the kernel's BTF twice (tens of MB, freed now); glibc
-    // keeps freed heap resident until asked to give it back.
+    // Loading parsed the kernel's BTF three times, one copy at a time (tens
+    // of MB each, freed now); glibc keeps freed heap resident until asked
+    // to give it back.
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only returns free pages of the allocator's own
     // arenas to the kernel.
