@@ -172,19 +172,23 @@ fn window_and_last_hour() {
     assert_eq!(row(&rows, "10.0.0.2:443").failures_window, 0, "the 0 s failure left the 2 h window");
 }
 
-#[test]
-fn at_risk_counts_idle_sockets_past_the_timeout() {
-    let mut agg = Aggregator::new(Config::default());
-    let mut ts = 0.0;
-    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 58.0, 62.0, 70.0], Outcome::Eof);
-    let view = |idle: f64, remote: &str| SocketView {
+/// An idle client socket to `remote`, as the socket table gives it.
+fn view(idle: f64, remote: &str) -> SocketView {
+    SocketView {
         local: "10.0.0.1:40001".parse().unwrap(),
         remote: remote.parse().unwrap(),
         role: Role::Client,
         idle_seconds: idle,
         netns: 0,
         cgroup_id: 0,
-    };
+    }
+}
+
+#[test]
+fn at_risk_counts_idle_sockets_past_the_timeout() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 58.0, 62.0, 70.0], Outcome::Eof);
     agg.set_sockets(&[
         view(10.0, "10.0.0.2:443"),
         view(59.0, "10.0.0.2:443"),
@@ -209,14 +213,6 @@ fn at_risk_floor_is_the_smallest_threshold() {
     // Without a point estimate a threshold is the largest idle age proven
     // to survive: 58 s and 4 s here.
     assert_eq!(floor, 4.0);
-    let view = |idle: f64, remote: &str| SocketView {
-        local: "10.0.0.1:40001".parse().unwrap(),
-        remote: remote.parse().unwrap(),
-        role: Role::Client,
-        idle_seconds: idle,
-        netns: 0,
-        cgroup_id: 0,
-    };
     let all: Vec<SocketView> = [1.0, 4.0, 5.5, 30.0, 59.0, 61.0, 300.0]
         .iter()
         .flat_map(|&idle| ["10.0.0.2:443", "10.0.0.3:443", "10.0.0.4:443"].map(|d| view(idle, d)))
