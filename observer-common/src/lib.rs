@@ -154,12 +154,13 @@ pub mod globals {
 pub mod kfunc {
     /// Placeholder immediate of the `bpf_rdonly_cast` call.
     pub const RDONLY_CAST_MARKER: u32 = 0x0b5e_7ca5;
-    /// `BPF_JMP | BPF_CALL` (0x85), `src_reg` = `BPF_PSEUDO_KFUNC_CALL` (2),
-    /// `dst_reg` 0, `off` 0 (vmlinux BTF), `imm` the marker; as the
-    /// little-endian `u64` the instruction is in the object.
-    pub const RDONLY_CAST_CALL: u64 = 0x85 | (2 << 12) | ((RDONLY_CAST_MARKER as u64) << 32);
+    /// The marker call as the little-endian `u64` the eBPF crate's `.quad`
+    /// writes into the object.
+    pub const RDONLY_CAST_CALL: u64 = u64::from_le_bytes(call_bytes(RDONLY_CAST_MARKER));
 
-    /// The instruction's bytes.
+    /// The call's bytes: `BPF_JMP | BPF_CALL` (0x85), `src_reg` =
+    /// `BPF_PSEUDO_KFUNC_CALL` (2), `dst_reg` 0, `off` 0 (vmlinux BTF),
+    /// `imm` the kfunc's BTF ID.
     #[must_use]
     pub const fn call_bytes(imm: u32) -> [u8; 8] {
         let i = imm.to_le_bytes();

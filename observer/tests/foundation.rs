@@ -116,10 +116,10 @@ fn daemon_detaches_everything_on_sigterm() -> Result<()> {
     let xlated = sh(&format!("bpftool prog dump xlated id {id}"))?;
     if kfunc {
         ensure!(recv.contains("(program tcp_rcv_space_adjust_cast,"), "{recv}");
-        ensure!(!xlated.contains("skc_to_tcp_sock") && !xlated.contains("rdonly_cast"), "{xlated}");
+        ensure!(!xlated.contains("call bpf_skc_to_tcp_sock") && !xlated.contains("call bpf_rdonly_cast"), "{xlated}");
     } else {
         ensure!(recv.contains("(program tcp_rcv_space_adjust,"), "{recv}");
-        ensure!(xlated.contains("bpf_skc_to_tcp_sock"), "{xlated}");
+        ensure!(xlated.contains("call bpf_skc_to_tcp_sock"), "{xlated}");
     }
     eprintln!("MEASURED receive probe: {}", if kfunc { "bpf_rdonly_cast, inlined" } else { "bpf_skc_to_tcp_sock" });
     let status = daemon.terminate()?;
