@@ -48,6 +48,10 @@ pub mod kind {
     /// Server side: a client wrote on a connection we had already closed
     /// idle, and the kernel answered with an RST.
     pub const LATE_REUSE: u8 = 8;
+    /// The application closed a client socket the peer had closed (FIN or
+    /// RST) or the kernel had timed out while idle, without writing on it:
+    /// the pool discarded a dead socket instead of failing on it.
+    pub const DISCARDED_DEAD: u8 = 9;
 }
 
 /// Role of a socket. Values are part of the wire format.
@@ -72,6 +76,10 @@ pub mod outcome {
     /// The reuse's bytes were retransmitted and still unacknowledged
     /// after `stall_after` when the socket ended.
     pub const STALL: u8 = 4;
+    /// The kernel had already given up on the socket while it was idle
+    /// (keep-alive or retransmission timeout, `ETIMEDOUT`) when the
+    /// application wrote: the write failed before a byte left the host.
+    pub const TIMED_OUT: u8 = 5;
 }
 
 /// How a stall ended, how a peer closed, or how an `ok` reuse ended.
@@ -112,6 +120,32 @@ pub mod flags {
     pub const CONTROL_WRITE: u8 = 32;
     /// The request this event is about was a reuse (first after idle).
     pub const REUSE: u8 = 64;
+    /// The reuse write failed in the kernel before any byte left the host:
+    /// the socket had been reset or timed out while idle.
+    pub const FAILED_BEFORE_SEND: u8 = 128;
+}
+
+/// [`SockState::dead`]: how the socket died while idle (no request
+/// outstanding), in the low bits, and what the application did since.
+pub mod dead {
+    /// Alive (or it died with a request outstanding, which that request's
+    /// outcome reports).
+    pub const NONE: u8 = 0;
+    /// The peer's FIN arrived (`CLOSE_WAIT`): a write still goes out.
+    pub const FIN: u8 = 1;
+    /// The peer's RST arrived (`CLOSE`, `sk_err` = `ECONNRESET`).
+    pub const RST: u8 = 2;
+    /// The kernel gave up (`CLOSE` with `sk_err` set, no RST): keep-alive
+    /// probes or a retransmission went unanswered.
+    pub const TIMEOUT: u8 = 3;
+    /// Mask of the kind.
+    pub const KIND: u8 = 0x03;
+    /// The death was an idle close (it came at least `MIN_IDLE_NS` after
+    /// the last data): a `peer_close_while_idle` was emitted for it.
+    pub const IDLE: u8 = 0x40;
+    /// The application has acted on it: it wrote a request (a failed
+    /// reuse) or closed the socket (`discarded_dead`). Reported once.
+    pub const USED: u8 = 0x80;
 }
 
 /// Indices into the `COUNTERS` per-CPU array.
@@ -123,8 +157,11 @@ pub mod counter {
     /// A reuse ended with no outcome: unanswered within the bound, a
     /// one-way writer, or the socket ended without a verdict.
     pub const REUSE_UNRESOLVED: u32 = 2;
+    /// A dead socket could not be entered in the `DOOMED` map (full): it
+    /// is missing from `doomed_idle_sockets`.
+    pub const DOOMED_FULL: u32 = 3;
     /// Number of counters.
-    pub const COUNT: u32 = 3;
+    pub const COUNT: u32 = 4;
 }
 
 /// Names of the load-time globals in the eBPF object. Every `OFF_*` is a
@@ -229,6 +266,8 @@ pub mod busy {
 /// Names of maps in the eBPF object.
 pub mod maps {
     pub const EVENTS: &str = "EVENTS";
+    /// The dead sockets processes still hold: socket id -> `DoomedRecord`.
+    pub const DOOMED: &str = "DOOMED";
     pub const COUNTERS: &str = "COUNTERS";
     /// Two `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
     /// kept current by userspace and by the probes off the hot path; and the
@@ -427,7 +466,10 @@ pub struct SockState {
     pub cgroup_id: u64,
     /// Inode of the socket's network namespace.
     pub netns: u32,
-    pub pad: u32,
+    /// How the socket died while idle, and whether that was acted on
+    /// ([`dead`]).
+    pub dead: u8,
+    pub pad: [u8; 3],
 }
 
 impl SockState {
@@ -459,7 +501,8 @@ impl SockState {
         comm: [0; 16],
         cgroup_id: 0,
         netns: 0,
-        pad: 0,
+        dead: 0,
+        pad: [0; 3],
     };
 }
 
@@ -494,6 +537,39 @@ pub struct SockRecord {
 pub const SOCK_RECORD_SIZE: usize = 80;
 const _: () = assert!(core::mem::size_of::<SockRecord>() == SOCK_RECORD_SIZE);
 
+/// A client socket that is dead while a process still holds it, as the
+/// probes keep it in the `DOOMED` map (keyed by socket id): the peer closed
+/// it (`CLOSE_WAIT`) or reset it, or the kernel timed it out (`CLOSE`, the
+/// error pending), with nothing outstanding, and the application has
+/// neither written on it nor closed it since.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DoomedRecord {
+    pub id: u64,
+    /// Last data either way (ns, boot clock).
+    pub last_ns: u64,
+    /// cgroup v2 id of the socket's recorded process (0 = none yet).
+    pub cgroup_id: u64,
+    pub saddr: [u8; 16],
+    pub daddr: [u8; 16],
+    /// Inode of the socket's network namespace.
+    pub netns: u32,
+    /// The socket's recorded process (0 = none yet).
+    pub tgid: u32,
+    pub sport: u16,
+    pub dport: u16,
+    pub family: u16,
+    pub role: u8,
+    /// How it died: `dead::FIN`, `dead::RST` or `dead::TIMEOUT`.
+    pub how: u8,
+    /// Command name of `tgid`, NUL padded.
+    pub comm: [u8; 16],
+}
+
+/// Size of [`DoomedRecord`].
+pub const DOOMED_RECORD_SIZE: usize = 88;
+const _: () = assert!(core::mem::size_of::<DoomedRecord>() == DOOMED_RECORD_SIZE);
+
 /// Key of the table of connections our server side closed idle (for
 /// `late_reuse`): local and remote address and port.
 #[repr(C)]
@@ -526,6 +602,7 @@ mod pod {
     unsafe impl aya::Pod for super::Event {}
     unsafe impl aya::Pod for super::SockState {}
     unsafe impl aya::Pod for super::SockRecord {}
+    unsafe impl aya::Pod for super::DoomedRecord {}
     unsafe impl aya::Pod for super::Offsets {}
 }
 
@@ -580,5 +657,10 @@ mod tests {
         assert_eq!(offset_of!(SockRecord, cgroup_id), 72);
         assert_eq!(offset_of!(TupleKey, pad), 38);
         assert_eq!(core::mem::size_of::<ClosedIdle>(), 16);
+        assert_eq!(offset_of!(DoomedRecord, saddr), 24);
+        assert_eq!(offset_of!(DoomedRecord, netns), 56);
+        assert_eq!(offset_of!(DoomedRecord, how), 71);
+        assert_eq!(offset_of!(DoomedRecord, comm), 72);
+        assert_eq!(offset_of!(SockState, dead), 172);
     }
 }

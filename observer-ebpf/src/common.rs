@@ -36,10 +36,11 @@ use aya_ebpf::{
         generated::{bpf_get_current_cgroup_id, bpf_jiffies64, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
     },
     macros::{btf_map, map},
-    maps::{Array, LruHashMap, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
-    busy, counter, flags, how, kind, outcome, role, ClosedIdle, Event, Offsets, SockState, TupleKey, AF_INET, AF_INET6,
+    busy, counter, dead, flags, how, kind, outcome, role, ClosedIdle, DoomedRecord, Event, Offsets, SockState,
+    TupleKey, AF_INET, AF_INET6,
 };
 
 /// Events to userspace. Userspace resizes it at load time.
@@ -63,6 +64,14 @@ pub static ID_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
 /// (their full socket is gone by the time the client writes).
 #[map]
 pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Client sockets that died idle while a process holds them (socket id ->
+/// record), from the death until the application writes on the socket or
+/// closes it. Not preallocated: kernel memory only for the entries there
+/// are; a full map is counted (`counter::DOOMED_FULL`).
+#[map]
+pub static DOOMED: HashMap<u64, DoomedRecord> =
+    HashMap::with_max_entries(65_536, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
 /// Clocks: slot 0 is `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (ns spent
 /// suspended), to put the kernel's monotonic `tcp_clock_cache` on the boot
@@ -592,6 +601,125 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     entry.submit(0);
 }
 
+/// The socket died with nothing outstanding (`kind`: `dead::FIN`, `RST`
+/// or `TIMEOUT`); `idle_close` when that was an idle close (a
+/// `peer_close_while_idle` was emitted). A later kind replaces an earlier
+/// one (a FIN, then an RST: the socket is closed now); what the
+/// application did stays.
+#[inline(always)]
+fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
+    let mut d = (st.dead & !dead::KIND) | kind;
+    if idle_close {
+        d |= dead::IDLE;
+    }
+    st.dead = d;
+    if unused_death(st) != dead::NONE && st.id != 0 {
+        let rec = DoomedRecord {
+            id: st.id,
+            last_ns: last_activity(st),
+            cgroup_id: st.cgroup_id,
+            saddr: st.saddr,
+            daddr: st.daddr,
+            netns: st.netns,
+            tgid: st.tgid,
+            sport: st.sport,
+            dport: st.dport,
+            family: st.family,
+            role: st.role,
+            how: kind,
+            comm: st.comm,
+        };
+        if DOOMED.insert(&st.id, &rec, 0).is_err() {
+            count(counter::DOOMED_FULL);
+        }
+    }
+}
+
+/// The application acted on a dead socket (wrote on it or closed it): it
+/// is no longer held dead.
+#[inline(always)]
+fn undoom(st: &SockState) {
+    if st.dead & dead::KIND != dead::NONE {
+        let _ = DOOMED.remove(&st.id);
+    }
+}
+
+/// The kind of death the application has not acted on yet, on a socket
+/// whose writes are requests (a client); `dead::NONE` otherwise.
+#[inline(always)]
+pub fn unused_death(st: &SockState) -> u8 {
+    if st.dead & dead::USED != 0 || !tracks_requests(st) {
+        return dead::NONE;
+    }
+    st.dead & dead::KIND
+}
+
+/// The socket was reset or timed out while idle: every write on it fails
+/// in the kernel before a byte leaves the host (`tcp_sendmsg_locked` sees a
+/// `CLOSE` socket and returns the pending error, then `EPIPE`).
+#[inline(always)]
+pub fn write_fails(st: &SockState) -> bool {
+    matches!(st.dead & dead::KIND, dead::RST | dead::TIMEOUT)
+}
+
+/// The application wrote on a socket that the kernel had already failed
+/// while idle, and the write failed before a byte was sent. The first such
+/// write after at least `MIN_IDLE_NS` is a failed reuse (`reset` or
+/// `timed_out`, `failed_before_send`, safe to retry); reported once.
+#[inline(always)]
+pub fn on_failed_write(sk: *const c_void, st: &mut SockState, now: u64) {
+    let death = unused_death(st);
+    if death != dead::RST && death != dead::TIMEOUT {
+        return;
+    }
+    st.dead |= dead::USED;
+    undoom(st);
+    let last = last_activity(st);
+    if last == 0 || now.saturating_sub(last) < min_idle_ns() {
+        return;
+    }
+    set_process(st);
+    emit(sk, st, kind::REUSE, now, |e| {
+        e.outcome = if death == dead::RST { outcome::RESET } else { outcome::TIMED_OUT };
+        e.how = if death == dead::RST { how::RST } else { how::TIMEOUT };
+        e.flags |= flags::FAILED_BEFORE_SEND | flags::FIN_BEFORE_WRITE;
+    });
+}
+
+/// The application closed a client socket that died idle, without
+/// writing on it since: `discarded_dead`, once. `since` is when it died
+/// (0 = unknown).
+#[inline(always)]
+fn discarded(sk: *const c_void, st: &mut SockState, now: u64, since: u64) {
+    let death = unused_death(st);
+    undoom(st);
+    if death == dead::NONE || st.dead & dead::IDLE == 0 {
+        return;
+    }
+    st.dead |= dead::USED;
+    emit(sk, st, kind::DISCARDED_DEAD, now, |e| {
+        e.how = match death {
+            dead::FIN => how::FIN,
+            dead::RST => how::RST,
+            _ => how::TIMEOUT,
+        };
+        if since != 0 {
+            e.elapsed_ns = now.saturating_sub(since);
+        }
+    });
+}
+
+/// The socket is being destroyed (`tcp_destroy_sock`): for a socket reset
+/// or timed out while idle, the application's `close()` (no state change
+/// is left to see).
+#[inline(always)]
+pub fn on_destroy(sk: *const c_void, st: &mut SockState, now: u64) {
+    if write_fails(st) {
+        discarded(sk, st, now, 0);
+    }
+    undoom(st);
+}
+
 /// Forget the outstanding request.
 #[inline(always)]
 fn clear_request(st: &mut SockState) {
@@ -748,6 +876,10 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
             }
             if st.peer_fin_ns != 0 {
                 st.flags |= st::FIN_BEFORE_REQ;
+                // A request written on the closed socket: its outcome
+                // reports the failure, never `discarded_dead`.
+                st.dead |= dead::USED;
+                undoom(st);
             }
             if idle >= min_idle_ns() {
                 st.flags |= st::REUSE;
@@ -795,7 +927,9 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     let goodbye = goodbye_anchor(sk, st, now);
     if goodbye != 0 {
         clear_request(st);
-        if now.saturating_sub(goodbye) >= min_idle_ns() {
+        let idle_close = now.saturating_sub(goodbye) >= min_idle_ns();
+        mark_dead(st, dead::FIN, idle_close);
+        if idle_close {
             emit(sk, st, kind::PEER_CLOSE, now, |e| {
                 e.idle_ns = now - goodbye;
                 e.how = how::FIN;
@@ -817,7 +951,9 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     let anchor = last_activity(st);
-    if anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns() {
+    let idle_close = anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns();
+    mark_dead(st, dead::FIN, idle_close);
+    if idle_close {
         emit(sk, st, kind::PEER_CLOSE, now, |e| {
             e.idle_ns = now - anchor;
             e.how = how::FIN;
@@ -839,7 +975,9 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
     let goodbye = if st.peer_fin_ns == 0 { goodbye_anchor(sk, st, now) } else { 0 };
     if goodbye != 0 {
         clear_request(st);
-        if now.saturating_sub(goodbye) >= min_idle_ns() {
+        let idle_close = now.saturating_sub(goodbye) >= min_idle_ns();
+        mark_dead(st, dead::RST, idle_close);
+        if idle_close {
             emit(sk, st, kind::PEER_CLOSE, now, |e| {
                 e.idle_ns = now - goodbye;
                 e.how = how::RST;
@@ -859,7 +997,11 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     let last = last_activity(st);
-    if st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns() {
+    let idle_close = st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns();
+    // After an idle FIN the RST ends a socket that was already an idle
+    // close: it stays one.
+    mark_dead(st, dead::RST, idle_close || st.dead & dead::IDLE != 0);
+    if idle_close {
         emit(sk, st, kind::PEER_CLOSE, now, |e| e.how = how::RST);
     }
 }
@@ -897,6 +1039,12 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
         return;
     }
     st.flags |= st::LOCAL_CLOSED;
+    if st.dead & dead::KIND == dead::FIN {
+        // The peer closed it idle and nothing was written since but, at
+        // most, an answer to its close (`close_notify` after the EOF).
+        discarded(sk, st, now, st.peer_fin_ns);
+    }
+    undoom(st);
     expire_request(st, now);
     // Our own close_notify/GOAWAY and then the close: part of the close.
     // Not a reuse written blind after the peer's FIN (the FIN unread), the
@@ -1036,6 +1184,11 @@ pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
             st.flags |= st::LOCAL_CLOSED;
             if st.req_ns != 0 && !expire_request(st, now) {
                 local_ended_request(sk, st, now, how::TIMEOUT, true, request_bytes(sk, st));
+            } else if st.req_ns == 0 {
+                // Killed idle (keep-alive probes unanswered): the next
+                // write fails before a byte is sent.
+                let last = last_activity(st);
+                mark_dead(st, dead::TIMEOUT, last != 0 && now.saturating_sub(last) >= min_idle_ns());
             }
         } else {
             on_local_close(sk, st, now, how::LOCAL_CLOSE);
@@ -1111,6 +1264,10 @@ pub fn on_established(sk: *mut c_void, client: bool, now: u64) {
         return;
     }
     st.role = if client { role::CLIENT } else { role::SERVER };
+    // A socket connected again after it died (`connect()` on a closed
+    // socket) is alive.
+    undoom(st);
+    st.dead = dead::NONE;
     refresh_clocks(now);
     // Establishment counts as activity: a connection opened and then left
     // idle in a pool ages from here.

@@ -6,8 +6,10 @@
 //! storage: send (`tp_btf/tcp_sendmsg_locked`, or `fentry` on the same
 //! function where the tracepoint is missing) and receive
 //! (`tp_btf/tcp_rcv_space_adjust`) on the hot path; `inet_sock_set_state`,
-//! `tcp_receive_reset`, `tcp_retransmit_skb` and `tcp_send_reset` for state
-//! changes; `iter/tcp` for the socket table. Kernel struct offsets come
+//! `tcp_receive_reset`, `tcp_retransmit_skb`, `tcp_send_reset` and
+//! `tcp_destroy_sock` for state changes; `sock_send_length` (or the
+//! `fentry` send probe's entry) for writes the kernel fails before sending;
+//! `iter/tcp` for the socket table. Kernel struct offsets come
 //! from userspace at load time (resolved from the running kernel's BTF).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
@@ -26,9 +28,13 @@ mod inet_sock_set_state;
 #[cfg(target_arch = "bpf")]
 mod iter_tcp;
 #[cfg(target_arch = "bpf")]
+mod sock_send_length;
+#[cfg(target_arch = "bpf")]
 mod tcp_rcv_space_adjust;
 #[cfg(target_arch = "bpf")]
 mod tcp_receive_reset;
+#[cfg(target_arch = "bpf")]
+mod tcp_destroy_sock;
 #[cfg(target_arch = "bpf")]
 mod tcp_retransmit_skb;
 #[cfg(target_arch = "bpf")]

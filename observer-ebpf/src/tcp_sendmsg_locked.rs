@@ -5,6 +5,12 @@
 //! it. On kernels without that tracepoint the same body runs as
 //! `fentry/tcp_sendmsg_locked` (5.5+ with BTF).
 //!
+//! A write on a socket reset or timed out while idle fails in the kernel
+//! before it queues a byte. The tracepoint never sees it (it fires only
+//! as payload is queued): `sock_send_length` decides it there. `fentry`
+//! runs at the function's entry, so on that probe set this probe decides
+//! it: the socket is `CLOSE` and the write returns its error.
+//!
 //! Cost: one socket-local storage lookup per write, plus a timestamp except
 //! for a write right after the last read, a client's next request or a
 //! server's answer (jiffies instead, no helper call); two field reads when
@@ -17,7 +23,7 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext},
 };
 
-use crate::common::{adopt, busy_write_time, now, on_send, start_busy_write};
+use crate::common::{adopt, busy_write_time, now, on_failed_write, on_send, start_busy_write, write_fails};
 
 #[inline(always)]
 fn send(sk: *mut c_void) {
@@ -26,6 +32,10 @@ fn send(sk: *mut c_void) {
     }
     // A socket established before the probes attached is adopted here.
     let Some(st) = adopt(sk) else { return };
+    if write_fails(st) {
+        on_failed_write(sk, st, now());
+        return;
+    }
     // A write in a busy exchange needs no clock read (the clock is most of
     // this probe's cost).
     if let Some(t) = busy_write_time(st) {

@@ -39,7 +39,7 @@ use std::{
 
 use crate::{
     estimate::{self, Interval},
-    event::{Role, SockEvent, SocketView},
+    event::{DoomedView, Role, SockEvent, SocketView},
     evidence::{Evidence, Observation, Observed},
     verdict::{self, ClientFindings, ServerFindings},
 };
@@ -119,6 +119,9 @@ struct DestState {
     first_failure_ns: Option<u64>,
     last_failure_ns: Option<u64>,
     at_risk: u64,
+    /// Dead sockets held now, and by whom.
+    doomed: u64,
+    doomed_owners: BTreeMap<ProcessOwner, u64>,
     /// The interval as of `since_cache` observations ago.
     cached: Option<Interval>,
     since_cache: usize,
@@ -153,6 +156,8 @@ impl DestState {
             first_failure_ns: None,
             last_failure_ns: None,
             at_risk: 0,
+            doomed: 0,
+            doomed_owners: BTreeMap::new(),
             cached: None,
             since_cache: 0,
             kept: 0,
@@ -588,6 +593,31 @@ impl Aggregator {
         }
     }
 
+    /// Replace the doomed-socket view: client sockets that are dead while
+    /// their process holds them, each with its owner. A socket whose
+    /// destination has no row counts in `other` when that row exists, else
+    /// nowhere (no evidence of the destination yet: its peer close, which
+    /// made a row, is what killed it, so this is rare and brief).
+    pub fn set_doomed(&mut self, doomed: &[(DoomedView, ProcessOwner)]) {
+        for st in self.dests.values_mut() {
+            st.doomed = 0;
+            st.doomed_owners.clear();
+        }
+        for (d, who) in doomed {
+            let own = DestKey { dest: Destination::Addr(d.remote), role: Role::Client, netns: self.netns_of(d.netns) };
+            let key =
+                if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, netns: 0, ..own } };
+            if let Some(st) = self.dests.get_mut(&key) {
+                st.doomed += 1;
+                if let Some(n) = st.doomed_owners.get_mut(who) {
+                    *n += 1;
+                } else if st.doomed_owners.len() < MAX_PROCESSES {
+                    st.doomed_owners.insert(who.clone(), 1);
+                }
+            }
+        }
+    }
+
     /// The destination table, sorted by destination, as of `now_ns`.
     pub fn rows(&mut self, now_ns: u64) -> Vec<DestinationRow> {
         self.tick(now_ns);
@@ -655,6 +685,9 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         client_max_reuse_idle_seconds: None,
         client_pool_idle_timeout_seconds: None,
         at_risk_idle_sockets: st.at_risk,
+        doomed_idle_sockets: st.doomed,
+        doomed_owners: st.doomed_owners.keys().cloned().collect(),
+        discarded_dead: counts.discarded_dead,
         first_failure_unix_ns: st.first_failure_ns,
         last_failure_unix_ns: st.last_failure_ns,
         processes: st

@@ -11,11 +11,11 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, MapData, PerCpuArray, RingBuf},
+    maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
     programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
-use observer_common::{counter, globals, kfunc, maps, Offsets, SockRecord};
+use observer_common::{counter, globals, kfunc, maps, DoomedRecord, Offsets, SockRecord};
 
 use crate::{
     btf::{Btf, BtfError},
@@ -117,9 +117,19 @@ const RECV: Hook = Hook::tp("tcp_rcv_space_adjust");
 const RECV_CAST: Hook =
     Hook { program: "tcp_rcv_space_adjust_cast", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
 
-/// Hooks every set shares: BTF tracepoints present since 4.16.
-const STATE_HOOKS: &[Hook] =
-    &[Hook::tp("inet_sock_set_state"), RECV, Hook::tp("tcp_receive_reset"), Hook::tp("tcp_retransmit_skb")];
+/// Hooks every set shares: BTF tracepoints present since 4.16
+/// (`tcp_destroy_sock` since 5.3).
+const STATE_HOOKS: &[Hook] = &[
+    Hook::tp("inet_sock_set_state"),
+    RECV,
+    Hook::tp("tcp_receive_reset"),
+    Hook::tp("tcp_retransmit_skb"),
+    Hook::tp("tcp_destroy_sock"),
+];
+
+/// Writes the kernel fails before sending, on the `tp_btf` set (6.3+):
+/// the `tcp_sendmsg_locked` tracepoint never fires for them.
+const SEND_ERROR_TP: Hook = Hook::tp("sock_send_length");
 
 /// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
 /// time-wait sockets since 6.9.
@@ -132,6 +142,7 @@ const RESET_FENTRY: &[Hook] = &[
 
 /// The socket table, every set: `iter/tcp`.
 const ITER: Hook = Hook { program: "iter_tcp", kind: HookKind::Iter, name: "tcp" };
+
 
 /// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
 const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
@@ -173,7 +184,8 @@ impl ProbeSet {
                 return Err(BpfError::MissingHook(format!("the tracepoint {}", hook.name)));
             }
         }
-        if btf.has_type(&format!("btf_trace_{}", SEND_TP.name)) {
+        let tp = |h: &Hook| btf.has_type(&format!("btf_trace_{}", h.name));
+        if tp(&SEND_TP) && tp(&SEND_ERROR_TP) {
             Ok((Self::TpBtf, "the tcp_sendmsg_locked tracepoint exists (6.16+)"))
         } else {
             Ok((
@@ -185,11 +197,12 @@ impl ProbeSet {
 
     #[must_use]
     pub fn hooks(self) -> Vec<Hook> {
-        let (send, reset): (Hook, &[Hook]) = match self {
-            Self::TpBtf => (SEND_TP, std::slice::from_ref(&RESET_TP)),
-            Self::FEntrySend => (SEND_FENTRY, RESET_FENTRY),
+        let (send, reset): (&[Hook], &[Hook]) = match self {
+            Self::TpBtf => (&[SEND_TP, SEND_ERROR_TP], std::slice::from_ref(&RESET_TP)),
+            Self::FEntrySend => (std::slice::from_ref(&SEND_FENTRY), RESET_FENTRY),
         };
-        std::iter::once(send)
+        send.iter()
+            .copied()
             .chain(STATE_HOOKS.iter().copied())
             .chain(reset.iter().copied())
             .chain(std::iter::once(ITER))
@@ -215,6 +228,8 @@ pub struct KernelCounters {
     /// Reuses that ended without an outcome (unanswered within the bound,
     /// one-way writers, sockets that ended without a verdict).
     pub reuse_unresolved: u64,
+    /// Dead sockets not entered in the doomed table (full).
+    pub doomed_full: u64,
 }
 
 /// One attached probe, for logs and tests.
@@ -317,6 +332,8 @@ pub fn check_capabilities() -> Result<(), BpfError> {
 pub struct Probes {
     /// Link of the `iter/tcp` program; each read creates an iterator from it.
     iter_link: std::os::fd::OwnedFd,
+    /// The dead sockets processes hold (`DOOMED`: socket id -> record).
+    doomed: HashMap<MapData, u64, DoomedRecord>,
     /// Whether reading other network namespaces' sockets was refused (logged once).
     netns_refused: std::sync::atomic::AtomicBool,
     /// Owns the programs and their links: dropping it detaches everything.
@@ -471,6 +488,8 @@ impl Probes {
         }
         let iter_link =
             iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
+        let doomed = HashMap::try_from(ebpf.take_map(maps::DOOMED).ok_or(BpfError::MissingMap(maps::DOOMED))?)
+            .map_err(|source| BpfError::Map { name: maps::DOOMED, source })?;
         let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
             .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
         let counters =
@@ -478,6 +497,7 @@ impl Probes {
                 .map_err(|source| BpfError::Map { name: maps::COUNTERS, source })?;
         Ok(Self {
             iter_link,
+            doomed,
             netns_refused: std::sync::atomic::AtomicBool::new(false),
             ebpf,
             hot,
@@ -576,6 +596,7 @@ impl Probes {
             ringbuf_full: sum(counter::RINGBUF_FULL)?,
             map_full: sum(counter::MAP_FULL)?,
             reuse_unresolved: sum(counter::REUSE_UNRESOLVED)?,
+            doomed_full: sum(counter::DOOMED_FULL)?,
         })
     }
 
@@ -607,6 +628,26 @@ impl Probes {
         Ok(n)
     }
 
+    /// Call `f` on every client socket that is dead while a process still
+    /// holds it (see `observer_common::DoomedRecord`); returns how many.
+    /// The map covers every network namespace, reset sockets (which the
+    /// TCP hash tables no longer hold) included. An entry removed while
+    /// the map is walked is skipped.
+    pub fn for_each_doomed(&self, mut f: impl FnMut(&DoomedRecord)) -> Result<usize, BpfError> {
+        let mut n = 0;
+        for item in self.doomed.iter() {
+            match item {
+                Ok((_, rec)) => {
+                    f(&rec);
+                    n += 1;
+                }
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(source) => return Err(BpfError::Map { name: maps::DOOMED, source }),
+            }
+        }
+        Ok(n)
+    }
+
     /// The clock used to convert kernel timestamps.
     #[must_use]
     pub const fn clock(&self) -> Clock {
@@ -617,7 +658,6 @@ impl Probes {
 /// BPF iterator plumbing aya does not expose: the link's fd, and iterators
 /// created inside other network namespaces.
 mod iter {
-    use observer_common::{SockRecord, SOCK_RECORD_SIZE};
     use std::{
         collections::HashSet,
         fs::File,
@@ -678,10 +718,12 @@ mod iter {
         })
     }
 
-    /// Read an iterator to its end, calling `f` on each record; returns
-    /// how many there were.
-    pub fn stream(mut file: File, f: &mut impl FnMut(&SockRecord)) -> io::Result<usize> {
-        let mut buf = vec![0u8; SOCK_RECORD_SIZE * 512];
+    /// Read an iterator to its end, calling `f` on each record (a
+    /// `#[repr(C)]` POD record without padding, as the program writes it);
+    /// returns how many there were.
+    pub fn stream<R: aya::Pod>(mut file: File, f: &mut impl FnMut(&R)) -> io::Result<usize> {
+        let size = std::mem::size_of::<R>();
+        let mut buf = vec![0u8; size * 512];
         let (mut filled, mut n) = (0, 0);
         loop {
             let got = match file.read(&mut buf[filled..]) {
@@ -692,10 +734,10 @@ mod iter {
             };
             filled += got;
             // A read may end inside a record: keep its start for the next.
-            let whole = filled - filled % SOCK_RECORD_SIZE;
-            for c in buf[..whole].chunks_exact(SOCK_RECORD_SIZE) {
+            let whole = filled - filled % size;
+            for c in buf[..whole].chunks_exact(size) {
                 // SAFETY: exact-size chunk of a POD record without padding.
-                f(&unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<SockRecord>()) });
+                f(&unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<R>()) });
                 n += 1;
             }
             buf.copy_within(whole..filled, 0);

@@ -27,6 +27,7 @@ use crate::{
     http::{self, Handler, Response},
     metrics::{self, Metrics},
     owner::{self, Filter, Resolver},
+    table::ProcessOwner,
     store::{self, Record, Store, Writer},
 };
 
@@ -343,6 +344,25 @@ fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
         }
         Err(e) => warn!("reading the socket table: {e}"),
     }
+    let mut doomed = Vec::new();
+    let walked = probes.for_each_doomed(|rec| {
+        let Some(d) = crate::event::doomed_of(rec, now) else { return };
+        let owner = sinks.owners.resolve(d.cgroup_id);
+        if !sinks.filter.is_empty() && !sinks.filter.keeps(d.netns, owner.as_deref().map(|o| o.cgroup.as_str())) {
+            return;
+        }
+        let who = ProcessOwner {
+            process: if d.comm.is_empty() { "?".to_owned() } else { d.comm.clone() },
+            container: owner.as_ref().and_then(|o| o.container.clone()),
+            pod: owner.as_ref().and_then(|o| o.pod.clone()),
+            unit: owner.as_ref().and_then(|o| o.unit.clone()),
+        };
+        doomed.push((d, who));
+    });
+    match walked {
+        Ok(_) => shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_doomed(&doomed),
+        Err(e) => warn!("reading the dead sockets: {e}"),
+    }
 }
 
 /// The running kernel's release (`uname -r`).
@@ -548,7 +568,14 @@ fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metri
         Ok(now) => {
             metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
             metrics.lost(metrics::reason::SOCKET_TABLE_FULL, now.map_full.saturating_sub(reported.map_full));
+            metrics.lost(metrics::reason::DOOMED_TABLE_FULL, now.doomed_full.saturating_sub(reported.doomed_full));
             metrics.reuses_unresolved(now.reuse_unresolved.saturating_sub(reported.reuse_unresolved));
+            if now.doomed_full > reported.doomed_full {
+                warn!(
+                    "{} dead sockets could not be counted in doomed_idle_sockets: the kernel's table of them (65,536) was full",
+                    now.doomed_full - reported.doomed_full
+                );
+            }
             if now.ringbuf_full > reported.ringbuf_full {
                 warn!(
                     "lost {} events because the ring buffer was full ({} in total); raise --ring-buffer",

@@ -10,7 +10,9 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use observer_common::{flags, how, kind, outcome, role, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE};
+use observer_common::{
+    dead, flags, how, kind, outcome, role, DoomedRecord, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE,
+};
 use serde::{Deserialize, Serialize};
 
 /// Why a record could not be decoded.
@@ -47,6 +49,10 @@ pub enum EventKind {
     /// Server side: a client wrote on a connection we had already closed
     /// idle, and the kernel answered with an RST.
     LateReuse,
+    /// The application closed a client socket the peer had closed or the
+    /// kernel had timed out while idle, without writing on it: the pool
+    /// (or its reader) discarded a dead socket instead of failing on it.
+    DiscardedDead,
 }
 
 impl EventKind {
@@ -62,6 +68,7 @@ impl EventKind {
             Self::RequestAborted => "request_aborted",
             Self::RequestTimeout => "request_timeout",
             Self::LateReuse => "late_reuse",
+            Self::DiscardedDead => "discarded_dead",
         }
     }
 }
@@ -93,10 +100,13 @@ pub enum Outcome {
     Eof,
     Reset,
     Stall,
+    /// The kernel had timed the socket out while idle (keep-alive or
+    /// retransmission timeout): the write failed before a byte was sent.
+    TimedOut,
 }
 
 impl Outcome {
-    pub const ALL: [Self; 4] = [Self::Ok, Self::Eof, Self::Reset, Self::Stall];
+    pub const ALL: [Self; 5] = [Self::Ok, Self::Eof, Self::Reset, Self::Stall, Self::TimedOut];
 
     #[must_use]
     pub const fn as_str(self) -> &'static str {
@@ -105,6 +115,7 @@ impl Outcome {
             Self::Eof => "eof",
             Self::Reset => "reset",
             Self::Stall => "stall",
+            Self::TimedOut => "timed_out",
         }
     }
 
@@ -168,10 +179,15 @@ pub struct SockEvent {
     /// Retransmits of the request before the outcome.
     #[serde(default)]
     pub retransmits: u32,
-    /// The peer's FIN came before the reuse write: no byte reached a live
-    /// peer, one retry on a fresh connection is safe.
+    /// The peer's FIN came before the reuse write, or the kernel had
+    /// already failed the socket: no byte reached a live peer, one retry on
+    /// a fresh connection is safe.
     #[serde(default)]
     pub safe_to_retry: bool,
+    /// The reuse write failed in the kernel before any byte left the host
+    /// (the socket had been reset or timed out while idle).
+    #[serde(default)]
+    pub failed_before_send: bool,
     /// Peer close: `fin`/`rst`; stall: how it ended.
     #[serde(default)]
     pub how: Option<How>,
@@ -260,6 +276,45 @@ pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
         role,
         idle_seconds: secs(now_ns.saturating_sub(rec.last_ns)),
         netns: rec.netns,
+        cgroup_id: rec.cgroup_id,
+    })
+}
+
+/// A client socket that is dead while its process still holds it (the
+/// peer closed or reset it, or the kernel timed it out, with nothing
+/// outstanding, and nothing was written since): it fails on first use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoomedView {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// How it died: `fin`, `rst` or `timeout`.
+    pub how: How,
+    /// Seconds since the last payload either way.
+    pub idle_seconds: f64,
+    pub netns: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+}
+
+/// Decode a doomed-socket record, with its idle age at `now_ns` (boot clock).
+#[must_use]
+pub fn doomed_of(rec: &DoomedRecord, now_ns: u64) -> Option<DoomedView> {
+    let how = match rec.how {
+        dead::FIN => How::Fin,
+        dead::RST => How::Rst,
+        dead::TIMEOUT => How::Timeout,
+        _ => return None,
+    };
+    let comm_len = rec.comm.iter().position(|&b| b == 0).unwrap_or(rec.comm.len());
+    Some(DoomedView {
+        local: addr(rec.family, rec.saddr, rec.sport).ok()?,
+        remote: addr(rec.family, rec.daddr, rec.dport).ok()?,
+        how,
+        idle_seconds: if rec.last_ns == 0 { 0.0 } else { secs(now_ns.saturating_sub(rec.last_ns)) },
+        netns: rec.netns,
+        pid: rec.tgid,
+        comm: String::from_utf8_lossy(&rec.comm[..comm_len]).into_owned(),
         cgroup_id: rec.cgroup_id,
     })
 }
@@ -375,6 +430,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         kind::REQUEST_ABORTED => EventKind::RequestAborted,
         kind::REQUEST_TIMEOUT => EventKind::RequestTimeout,
         kind::LATE_REUSE => EventKind::LateReuse,
+        kind::DISCARDED_DEAD => EventKind::DiscardedDead,
         other => return Err(DecodeError::Kind(other)),
     };
     let local = addr(raw.family, raw.saddr, raw.sport)?;
@@ -389,6 +445,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         outcome::EOF => Some(Outcome::Eof),
         outcome::RESET => Some(Outcome::Reset),
         outcome::STALL => Some(Outcome::Stall),
+        outcome::TIMED_OUT => Some(Outcome::TimedOut),
         _ => None,
     };
     let how = match raw.how {
@@ -407,8 +464,10 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         (true, j, Some(hz)) if j > 0 && hz > 0 => Some(f64::from(j) / f64::from(hz)),
         _ => None,
     };
-    let timed =
-        matches!(kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse);
+    let timed = matches!(
+        kind,
+        EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse
+    ) || (kind == EventKind::DiscardedDead && raw.elapsed_ns != 0);
     Ok(SockEvent {
         ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
         kind,
@@ -422,6 +481,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         elapsed_seconds: timed.then(|| secs(raw.elapsed_ns)),
         retransmits: raw.retransmits,
         safe_to_retry: raw.flags & flags::FIN_BEFORE_WRITE != 0,
+        failed_before_send: raw.flags & flags::FAILED_BEFORE_SEND != 0,
         how,
         request_outstanding: raw.flags & flags::REQUEST_OUTSTANDING != 0,
         peer_closed_first: raw.flags & flags::PEER_CLOSED_FIRST != 0,
@@ -466,6 +526,7 @@ impl SockEvent {
             elapsed_seconds: None,
             retransmits: 0,
             safe_to_retry: false,
+            failed_before_send: false,
             how: None,
             request_outstanding: false,
             peer_closed_first: false,
@@ -529,6 +590,9 @@ impl fmt::Display for SockEvent {
         }
         if self.outcome.is_some() {
             write!(f, " retransmits={} safe_to_retry={}", self.retransmits, self.safe_to_retry)?;
+        }
+        if self.failed_before_send {
+            write!(f, " failed_before_send")?;
         }
         if let Some(h) = self.how {
             write!(f, " how={}", h.as_str())?;

@@ -71,6 +71,9 @@ pub enum Observation {
     /// Server side: a client wrote `elapsed` s after we closed the
     /// connection idle at `idle`.
     LateReuse { idle: f64, elapsed: f64 },
+    /// The pool closed a socket that had died idle without writing on it
+    /// (counted; the peer close that killed it is the timeout evidence).
+    DiscardedDead,
 }
 
 /// An observation with its time and socket.
@@ -90,6 +93,10 @@ pub fn failure_mode(ev: &SockEvent) -> FailureMode {
     match (ev.kind, ev.outcome, ev.how) {
         (EventKind::PeerCloseWhileIdle, _, Some(How::Rst)) => FailureMode::Rst,
         (EventKind::PeerCloseWhileIdle, _, _) => FailureMode::Fin,
+        // A reuse written on a socket the peer had reset (or the kernel had
+        // timed out) while idle failed because of that.
+        (_, Some(Outcome::Reset), _) if ev.failed_before_send => FailureMode::Rst,
+        (_, Some(Outcome::TimedOut), _) => FailureMode::SilentDrop,
         // A reuse written after the peer's FIN failed because of that FIN.
         (_, Some(Outcome::Eof | Outcome::Reset), _) if ev.safe_to_retry => FailureMode::Fin,
         (_, Some(Outcome::Eof), _) => FailureMode::Fin,
@@ -121,6 +128,7 @@ impl Observed {
             EventKind::RequestAborted => Observation::RequestAborted { elapsed },
             EventKind::RequestTimeout => Observation::RequestTimeout { elapsed },
             EventKind::LateReuse => Observation::LateReuse { idle, elapsed },
+            EventKind::DiscardedDead => Observation::DiscardedDead,
             _ => return None,
         };
         #[allow(clippy::cast_possible_truncation, reason = "keep-alive times are far below f32 precision limits")]
@@ -140,7 +148,7 @@ impl Observed {
             Observation::Reuse { idle, .. }
             | Observation::PeerIdleClose { idle, .. }
             | Observation::LocalIdleClose { idle } => idle,
-            Observation::RequestAborted { .. } | Observation::RequestTimeout { .. } => 0.0,
+            Observation::RequestAborted { .. } | Observation::RequestTimeout { .. } | Observation::DiscardedDead => 0.0,
             Observation::LateReuse { idle, elapsed } => idle + elapsed,
         };
         self.ts_ns.saturating_sub(secs_to_ns(idle))
@@ -199,6 +207,8 @@ pub struct Counts {
     pub restart_failures: u64,
     pub aborted: u64,
     pub timeouts: u64,
+    /// Dead sockets the pool discarded without writing on them.
+    pub discarded_dead: u64,
 }
 
 impl Counts {
@@ -212,6 +222,7 @@ impl Counts {
         self.restart_failures += o.restart_failures;
         self.aborted += o.aborted;
         self.timeouts += o.timeouts;
+        self.discarded_dead += o.discarded_dead;
     }
 }
 
@@ -448,6 +459,7 @@ impl Evidence {
                 s.counts.timeouts += 1;
                 push_capped(&mut self.timeouts, Timed { ts_ns: o.ts_ns, value: elapsed, epoch }, MAX_TIMED);
             }
+            Observation::DiscardedDead => s.counts.discarded_dead += 1,
             Observation::LateReuse { idle, elapsed } => {
                 s.counts.late_reuses += 1;
                 s.max_reuse_idle = max_opt(s.max_reuse_idle, Some(idle + elapsed));

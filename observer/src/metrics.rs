@@ -93,7 +93,10 @@ pub mod reason {
     pub const SOCKET_TABLE_FULL: &str = "socket_table_full";
     /// The evidence store could not keep up.
     pub const STORE_BACKLOG: &str = "store_backlog";
-    pub const ALL: &[&str] = &[RING_BUFFER_FULL, SOCKET_TABLE_FULL, STORE_BACKLOG];
+    /// The kernel's table of dead sockets held was full: a dead socket is
+    /// missing from `observer_doomed_idle_sockets`.
+    pub const DOOMED_TABLE_FULL: &str = "doomed_table_full";
+    pub const ALL: &[&str] = &[RING_BUFFER_FULL, SOCKET_TABLE_FULL, STORE_BACKLOG, DOOMED_TABLE_FULL];
 }
 
 /// All metrics of the daemon.
@@ -107,6 +110,8 @@ pub struct Metrics {
     recommended: Family<DestLabels, FGauge>,
     mismatch: Family<MismatchLabels, Gauge>,
     at_risk: Family<DestLabels, Gauge>,
+    doomed: Family<DestLabels, Gauge>,
+    discarded_dead: Family<DestLabels, Counter>,
     peer_deadline: Family<DestLabels, FGauge>,
     our_timeout: Family<DestLabels, FGauge>,
     server_timeout: Family<DestLabels, FGauge>,
@@ -143,6 +148,8 @@ impl Metrics {
             recommended: Family::default(),
             mismatch: Family::default(),
             at_risk: Family::default(),
+            doomed: Family::default(),
+            discarded_dead: Family::default(),
             peer_deadline: Family::default(),
             our_timeout: Family::default(),
             server_timeout: Family::default(),
@@ -204,6 +211,16 @@ impl Metrics {
             "observer_at_risk_idle_sockets",
             "Sockets idle right now past the path idle timeout (they will fail on first use)",
             m.at_risk.clone(),
+        );
+        registry.register(
+            "observer_doomed_idle_sockets",
+            "Client sockets held now that are already dead: the peer closed or reset them, or the kernel timed them out, while idle (exact, from the kernel)",
+            m.doomed.clone(),
+        );
+        registry.register(
+            "observer_discarded_dead",
+            "Dead sockets the pool closed without writing on them (failures its validation or reader avoided)",
+            m.discarded_dead.clone(),
         );
         registry.register_with_unit(
             "observer_peer_request_deadline",
@@ -302,6 +319,9 @@ impl Metrics {
             EventKind::LateReuse => {
                 self.late_reuses.get_or_create(&DestLabels { destination, role, netns }).inc();
             }
+            EventKind::DiscardedDead => {
+                self.discarded_dead.get_or_create(&DestLabels { destination, role, netns }).inc();
+            }
             _ => {}
         }
     }
@@ -363,6 +383,7 @@ impl Metrics {
             }
             self.local_idle_close.remove(&d);
             self.late_reuses.remove(&d);
+            self.discarded_dead.remove(&d);
             self.restarts.remove(&d);
         }
     }
@@ -390,6 +411,7 @@ impl Metrics {
         self.recommended.clear();
         self.mismatch.clear();
         self.at_risk.clear();
+        self.doomed.clear();
         self.peer_deadline.clear();
         self.our_timeout.clear();
         self.server_timeout.clear();
@@ -449,6 +471,9 @@ impl Metrics {
             }
             if r.path_idle_timeout_upper_seconds.is_some() {
                 self.at_risk.get_or_create(&d()).set(i64::try_from(r.at_risk_idle_sockets).unwrap_or(i64::MAX));
+            }
+            if r.role == crate::event::Role::Client {
+                self.doomed.get_or_create(&d()).set(i64::try_from(r.doomed_idle_sockets).unwrap_or(i64::MAX));
             }
         }
     }

@@ -148,6 +148,7 @@ fn is_evidence(ev: &SockEvent) -> bool {
             | EventKind::RequestAborted
             | EventKind::RequestTimeout
             | EventKind::LateReuse
+            | EventKind::DiscardedDead
     )
 }
 

@@ -302,6 +302,20 @@ pub struct DestinationRow {
     #[serde(default)]
     pub client_pool_idle_timeout_seconds: Option<f64>,
     pub at_risk_idle_sockets: u64,
+    /// Client row: sockets a process holds now that are already dead (the
+    /// peer closed or reset them, or the kernel timed them out, while idle,
+    /// and nothing was written since): each fails on first use. Exact, from
+    /// the kernel's socket state, refreshed with the at-risk view.
+    #[serde(default)]
+    pub doomed_idle_sockets: u64,
+    /// Who holds them (at most 16).
+    #[serde(default)]
+    pub doomed_owners: Vec<ProcessOwner>,
+    /// Client row: dead sockets the pool closed without writing on them
+    /// (its checkout validation or reader saw the peer's close), in the
+    /// window: failures it avoided.
+    #[serde(default)]
+    pub discarded_dead: u64,
     pub first_failure_unix_ns: Option<u64>,
     pub last_failure_unix_ns: Option<u64>,
     pub processes: Vec<String>,
