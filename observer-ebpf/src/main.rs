@@ -30,11 +30,11 @@ mod iter_tcp;
 #[cfg(target_arch = "bpf")]
 mod sock_send_length;
 #[cfg(target_arch = "bpf")]
+mod tcp_destroy_sock;
+#[cfg(target_arch = "bpf")]
 mod tcp_rcv_space_adjust;
 #[cfg(target_arch = "bpf")]
 mod tcp_receive_reset;
-#[cfg(target_arch = "bpf")]
-mod tcp_destroy_sock;
 #[cfg(target_arch = "bpf")]
 mod tcp_retransmit_skb;
 #[cfg(target_arch = "bpf")]

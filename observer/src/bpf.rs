@@ -143,7 +143,6 @@ const RESET_FENTRY: &[Hook] = &[
 /// The socket table, every set: `iter/tcp`.
 const ITER: Hook = Hook { program: "iter_tcp", kind: HookKind::Iter, name: "tcp" };
 
-
 /// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
 const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
 /// Send hook elsewhere: `fentry` on the same function.

@@ -27,8 +27,8 @@ use crate::{
     http::{self, Handler, Response},
     metrics::{self, Metrics},
     owner::{self, Filter, Resolver},
-    table::ProcessOwner,
     store::{self, Record, Store, Writer},
+    table::ProcessOwner,
 };
 
 /// How often the at-risk view is refreshed from the kernel's socket table.

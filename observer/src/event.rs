@@ -464,10 +464,9 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         (true, j, Some(hz)) if j > 0 && hz > 0 => Some(f64::from(j) / f64::from(hz)),
         _ => None,
     };
-    let timed = matches!(
-        kind,
-        EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse
-    ) || (kind == EventKind::DiscardedDead && raw.elapsed_ns != 0);
+    let timed =
+        matches!(kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse)
+            || (kind == EventKind::DiscardedDead && raw.elapsed_ns != 0);
     Ok(SockEvent {
         ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
         kind,

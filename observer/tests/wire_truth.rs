@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::{net::SocketAddr, path::PathBuf, sync::OnceLock, time::Duration};
+use std::{net::SocketAddr, time::Duration};
 
 use anyhow::{ensure, Context as _, Result};
 use common::{
@@ -289,39 +289,9 @@ fn client_read_timeout_is_request_timeout() -> Result<()> {
     Ok(())
 }
 
-/// The Go TLS tool (`tests/go/tlstool.go`), built once per test run.
-fn tlstool() -> Result<PathBuf> {
-    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tlstool");
-            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/tlstool.go");
-            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-            let bin = dir.join("tlstool");
-            // Built by an earlier run (the kernel-matrix VM sees the host's
-            // files read-only and reuses the host's build).
-            let fresh = |b: &PathBuf| -> Option<bool> {
-                Some(std::fs::metadata(b).ok()?.modified().ok()? >= std::fs::metadata(&src).ok()?.modified().ok()?)
-            };
-            if fresh(&bin) == Some(true) {
-                return Ok(bin);
-            }
-            sh(&format!(
-                "cd {d} && GO111MODULE=off GOCACHE={d}/cache GOPATH={d}/gopath HOME={d} go build -o {b} {s}",
-                d = dir.display(),
-                b = bin.display(),
-                s = src.display()
-            ))
-            .map_err(|e| format!("building tlstool (Debian's golang-go): {e:#}"))?;
-            Ok(bin)
-        })
-        .clone()
-        .map_err(anyhow::Error::msg)
-}
-
 /// nginx with TLS on `server_v4:8443`, `keepalive_timeout` in seconds.
 fn start_nginx_tls(topo: &Topology, dir: &std::path::Path, keepalive_s: u32) -> Result<Killed> {
-    sh(&format!("{} cert {}", tlstool()?.display(), dir.display()))?;
+    sh(&format!("{} cert {}", common::tlstool()?.display(), dir.display()))?;
     let tls = format!("ssl; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem", d = dir.display());
     common::start_nginx_with(topo, dir, keepalive_s, 8443, &tls)
 }
@@ -335,7 +305,7 @@ fn go_clients(
     args: &str,
     until: EventKind,
 ) -> Result<(Vec<SocketAddr>, Vec<SockEvent>)> {
-    let tool = tlstool()?;
+    let tool = common::tlstool()?;
     let mut socks = Vec::new();
     for _ in 0..2 {
         let out =
@@ -383,8 +353,11 @@ fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
 #[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()> {
     let topo = Topology::pair("tlssrv")?;
-    let _srv =
-        start_server(&topo.ns, topo.server, &format!("{} server {}:8443 2s", tlstool()?.display(), topo.server_v4))?;
+    let _srv = start_server(
+        &topo.ns,
+        topo.server,
+        &format!("{} server {}:8443 2s", common::tlstool()?.display(), topo.server_v4),
+    )?;
     let daemon = Daemon::start(&[])?;
     let (socks, events) = go_clients(&topo, &daemon, "30s 3500ms", EventKind::PeerCloseWhileIdle)?;
     let mut idles = Vec::new();
@@ -457,7 +430,7 @@ while True:
 fn tls_bare_fin_then_close_notify_from_a_reader_is_no_reuse() -> Result<()> {
     let topo = Topology::pair("tlsfin")?;
     let dir = tempfile::tempdir()?;
-    sh(&format!("{} cert {}", tlstool()?.display(), dir.path().display()))?;
+    sh(&format!("{} cert {}", common::tlstool()?.display(), dir.path().display()))?;
     let server = script(BARE_FIN_TLS_SERVER)?;
     let _srv = start_server(
         &topo.ns,

@@ -88,6 +88,8 @@ const TEST_PACKAGES: &[&str] = &[
     "nftables",
     "conntrack",
     "nginx-light",
+    // HAProxy's `option nolinger` idle resets (tests/dead_sockets.rs).
+    "haproxy",
     "python3",
     "iputils-ping",
     "prometheus",

@@ -25,7 +25,7 @@ use crate::{apt_install, cargo, output_ok, status, workspace_root};
 /// others (unit tests, `path_cli`, `store_kill`, `report_render` with
 /// Chromium, `prometheus` with a Prometheus server) test no kernel
 /// behaviour and would only be slow under TCG.
-const SUITES: &[&str] = &["foundation", "probes", "wire_truth", "diagnosis", "owners", "servers"];
+const SUITES: &[&str] = &["foundation", "probes", "wire_truth", "diagnosis", "owners", "servers", "dead_sockets"];
 const VIRTME_NG: &str = "virtme-ng==1.42";
 
 /// A kernel of the matrix.

@@ -5,8 +5,9 @@
 
 use std::{
     io::{BufRead, BufReader},
+    path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::{mpsc, Arc, Mutex},
+    sync::{mpsc, Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -721,4 +722,34 @@ pub fn wait_line(rx: &mpsc::Receiver<String>, needle: &str, secs: f64) -> Result
             Err(_) => bail!("no line with `{needle}` within {:.0} s", tolerance(secs)),
         }
     }
+}
+
+/// The Go TLS tool (`tests/go/tlstool.go`), built once per test run.
+pub fn tlstool() -> Result<PathBuf> {
+    static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tlstool");
+            let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/tlstool.go");
+            std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+            let bin = dir.join("tlstool");
+            // Built by an earlier run (the kernel-matrix VM sees the host's
+            // files read-only and reuses the host's build).
+            let fresh = |b: &PathBuf| -> Option<bool> {
+                Some(std::fs::metadata(b).ok()?.modified().ok()? >= std::fs::metadata(&src).ok()?.modified().ok()?)
+            };
+            if fresh(&bin) == Some(true) {
+                return Ok(bin);
+            }
+            sh(&format!(
+                "cd {d} && GO111MODULE=off GOCACHE={d}/cache GOPATH={d}/gopath HOME={d} go build -o {b} {s}",
+                d = dir.display(),
+                b = bin.display(),
+                s = src.display()
+            ))
+            .map_err(|e| format!("building tlstool (Debian's golang-go): {e:#}"))?;
+            Ok(bin)
+        })
+        .clone()
+        .map_err(anyhow::Error::msg)
 }

@@ -4,7 +4,9 @@
 //
 //	tlstool cert DIR                      write DIR/cert.pem and DIR/key.pem
 //	tlstool server ADDR IDLE              HTTPS server closing idle conns after IDLE
-//	tlstool client URL IDLE_CONN WAIT     one GET, then keep the pool WAIT long
+//	tlstool client URL IDLE_CONN WAIT [again]
+//	                                      one GET, then keep the pool WAIT long
+//	                                      (and GET again)
 package main
 
 import (
@@ -94,14 +96,22 @@ func main() {
 			},
 		}
 		client := &http.Client{Transport: tr}
-		resp, err := client.Get(os.Args[2])
-		must(err)
-		io.ReadAll(resp.Body)
-		resp.Body.Close()
-		host, port, err := net.SplitHostPort(local)
-		must(err)
-		out, _ := json.Marshal(map[string]interface{}{"local": []string{host, port}, "status": resp.StatusCode})
-		fmt.Println(string(out))
+		get := func() {
+			resp, err := client.Get(os.Args[2])
+			must(err)
+			io.ReadAll(resp.Body)
+			resp.Body.Close()
+			host, port, err := net.SplitHostPort(local)
+			must(err)
+			out, _ := json.Marshal(map[string]interface{}{"local": []string{host, port}, "status": resp.StatusCode})
+			fmt.Println(string(out))
+		}
+		get()
 		time.Sleep(dur(os.Args[4]))
+		// `again`: a second GET after the wait (on a pooled connection if
+		// it is still alive, on a fresh one if the pool discarded it).
+		if len(os.Args) > 5 && os.Args[5] == "again" {
+			get()
+		}
 	}
 }

@@ -1,0 +1,387 @@
+//! Root end-to-end tests of sockets that die while a pool holds them idle:
+//! a reuse the kernel fails before a byte leaves the host (the peer's RST
+//! or the kernel's keep-alive timeout came first) is a failed reuse
+//! (`failed_before_send`); a dead socket the pool closes unwritten is
+//! `discarded_dead`; the dead sockets held right now are counted exactly
+//! (`doomed_idle_sockets`). Real HAProxy, nginx, Go `net/http`, conntrack
+//! and Python peers, each test in namespaces of its own.
+
+#[macro_use]
+mod common;
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use common::{
+    client_records, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING,
+};
+use observer::{
+    aggregate::DestinationRow,
+    event::{EventKind, How, Outcome, Role, SockEvent},
+    table::Verdict,
+};
+
+/// The client row of `dest`, once `pred` holds for it (polled through
+/// `observer status --json`), or an error with the last rows seen.
+fn row_when(daemon: &Daemon, dest: &str, secs: f64, pred: impl Fn(&DestinationRow) -> bool) -> Result<DestinationRow> {
+    let deadline = Instant::now() + Duration::from_secs_f64(common::tolerance(secs));
+    loop {
+        let rows = daemon.status()?;
+        if let Some(r) = rows.iter().find(|r| r.destination == dest && r.role == Role::Client) {
+            if pred(r) {
+                return Ok(r.clone());
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("the row of {dest} never matched; rows: {rows:#?}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {
+    events.iter().filter(|e| e.local == local).collect()
+}
+
+/// HAProxy with `option nolinger` in front of nginx: it ends client
+/// connections idle for `timeout http-keep-alive` with an RST (2.6: its
+/// FIN, then the RST).
+fn start_haproxy(topo: &Topology, dir: &std::path::Path, keep_alive_ms: u32) -> Result<Killed> {
+    let conf = dir.join("haproxy.cfg");
+    std::fs::write(
+        &conf,
+        format!(
+            "defaults\n  mode http\n  timeout connect 2s\n  timeout client 30s\n  timeout server 30s\n\
+             \x20 timeout http-keep-alive {keep_alive_ms}ms\n  option nolinger\n\
+             frontend fe\n  bind {v4}:8090\n  default_backend be\n\
+             backend be\n  server nginx {v4}:8080\n",
+            v4 = topo.server_v4
+        ),
+    )?;
+    let haproxy = Killed(topo.ns.spawn(topo.server, &format!("haproxy -db -f {}", conf.display()))?);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8090") {
+        if Instant::now() > deadline {
+            bail!("haproxy did not start listening (Debian's `haproxy`; `cargo xtask test` installs it)");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(haproxy)
+}
+
+/// The headline symptom: HAProxy resets a pooled connection while it is
+/// idle, the pool (no reader) writes its next request on it minutes or
+/// seconds later, and the kernel fails that write with ECONNRESET before a
+/// packet leaves the host. Every such reuse the client reports is a
+/// failed reuse (`reset`, `failed_before_send`, safe to retry), counted
+/// once, and the row shows the 1.5 s timeout and the mismatch.
+#[test]
+#[ignore = "needs root, a 5.15+ kernel, haproxy and nginx: run `cargo xtask test`"]
+fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> {
+    let topo = Topology::pair("nolinger")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = start_nginx(&topo, dir.path(), 60)?;
+    let _haproxy = start_haproxy(&topo, dir.path(), 1500)?;
+    let daemon = Daemon::start(&[])?;
+    let py = script(HTTP_RECONNECTING)?;
+    let gaps = "1.0,2.2,1.1,2.6,1.2,3.0,1.3,2.4";
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8090 {gaps}", py.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 8, "client printed {recs:?}");
+    daemon.wait_for("an outcome of every reuse", Duration::from_secs(5), |evs| {
+        recs.iter().all(|r| !common::reuses_from(evs, r.local_addr()).is_empty())
+    })?;
+    std::thread::sleep(Duration::from_millis(700));
+    let events = daemon.events();
+    let mut failed = Vec::new();
+    let mut hows = Vec::new();
+    for rec in &recs {
+        let (ev, err) = common::matching(&events, rec)?;
+        assert!(err < common::idle_precision(), "idle age {} vs the client's {}", ev.idle_seconds, rec.idle);
+        if rec.gap < 1.5 {
+            assert_eq!(rec.result, "ok", "{rec:?}");
+            assert_eq!(ev.outcome, Some(Outcome::Ok), "{ev:?}");
+            assert!(!ev.failed_before_send, "{ev:?}");
+        } else {
+            assert_eq!(rec.result, "reset", "the client saw connection reset by peer: {rec:?}");
+            assert_eq!(ev.outcome, Some(Outcome::Reset), "{ev:?}");
+            assert!(ev.failed_before_send && ev.safe_to_retry, "{ev:?}");
+            let mine = of(&events, rec.local_addr());
+            // HAProxy 2.6 half-closes first: its FIN, then the RST of
+            // `nolinger` (the client's write then fails with EPIPE).
+            let close = mine
+                .iter()
+                .find(|e| e.kind == EventKind::PeerCloseWhileIdle)
+                .with_context(|| format!("the idle close before the reuse: {mine:#?}"))?;
+            assert!(matches!(close.how, Some(How::Fin | How::Rst)), "{close:?}");
+            assert!((close.idle_seconds - 1.5).abs() < common::tolerance(0.1), "{close:?}");
+            hows.push(close.how.map_or("?", How::as_str));
+            assert_eq!(
+                mine.iter()
+                    .filter(|e| e.kind == EventKind::Reuse && e.outcome.is_some_and(Outcome::is_failure))
+                    .count(),
+                1,
+                "one failed reuse per dead socket: {mine:#?}"
+            );
+            failed.push((ev.idle_seconds * 1000.0).round() / 1000.0);
+        }
+    }
+    let client_failures = recs.iter().filter(|r| r.result != "ok").count();
+    ensure!(failed.len() == client_failures && client_failures == 4, "{failed:?} vs {recs:?}");
+    let dest = format!("{}:8090", topo.server_v4);
+    let row = row_when(&daemon, &dest, 10.0, |r| r.path_idle_timeout_seconds.is_some())?;
+    assert_eq!(row.failures_window, client_failures as u64, "failures equal the client's count: {row:#?}");
+    let point = row.path_idle_timeout_seconds.context("point")?;
+    assert!((point - 1.5).abs() < common::tolerance(0.1), "point {point}: {row:#?}");
+    assert_eq!(row.verdict, Verdict::Mismatch, "{row:#?}");
+    eprintln!(
+        "MEASURED haproxy nolinger 1500 ms: idle closes {hows:?}; failed reuses before send at {failed:?} s ({} of {} reuses, client saw {client_failures}); row point {point:.3} s, interval [{:.3}, {:?}], mode {:?}, verdict {:?}, recommendation {:?}",
+        failed.len(),
+        recs.len(),
+        row.path_idle_timeout_lower_seconds,
+        row.path_idle_timeout_upper_seconds,
+        row.failure_mode,
+        row.verdict,
+        row.recommended_pool_idle_timeout_seconds,
+    );
+    Ok(())
+}
+
+/// A minimal HTTP/1.1 keep-alive server that resets connections idle for
+/// IDLE seconds (`SO_LINGER` 0, as database servers and firewalls do):
+/// `python3 LINGER0_HTTP_SERVER HOST PORT IDLE`.
+const LINGER0_HTTP_SERVER: &str = r#"
+import socket, struct, sys, threading
+host, port, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(64)
+print("ready", flush=True)
+def serve(c):
+    c.settimeout(idle)
+    buf = b""
+    while True:
+        try:
+            d = c.recv(65536)
+        except socket.timeout:
+            c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            break
+        if not d:
+            break
+        buf += d
+        while b"\r\n\r\n" in buf:
+            _, buf = buf.split(b"\r\n\r\n", 1)
+            c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n")
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// Go's `net/http` keeps a reader on every pooled connection: when the
+/// server resets one idle, the reader sees ECONNRESET and the transport
+/// closes it unwritten, so the next request dials afresh. That is
+/// `discarded_dead` (a failure the pool avoided), never a failed reuse,
+/// and the RSTs still measure the server's idle timeout.
+#[test]
+#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
+fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
+    let topo = Topology::pair("godiscard")?;
+    let server = script(LINGER0_HTTP_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 {} {} 8070 1.5", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let tool = common::tlstool()?;
+    let mut first = Vec::new();
+    for _ in 0..3 {
+        let out = topo
+            .ns
+            .exec(topo.client, &format!("{} client http://{}:8070/ 60s 3s again", tool.display(), topo.server_v4))?;
+        let socks: Vec<SocketAddr> = out
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| -> Result<SocketAddr> {
+                let v: serde_json::Value = serde_json::from_str(l)?;
+                let port: u16 = v["local"][1].as_str().context("port")?.parse()?;
+                Ok(SocketAddr::new(v["local"][0].as_str().context("ip")?.parse()?, port))
+            })
+            .collect::<Result<_>>()?;
+        ensure!(socks.len() == 2 && socks[0] != socks[1], "Go dialed afresh for the second GET: {socks:?}");
+        first.push(socks[0]);
+    }
+    daemon.wait_for("discarded_dead on each first connection", Duration::from_secs(5), |evs| {
+        first.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::DiscardedDead && e.local == *l))
+    })?;
+    std::thread::sleep(Duration::from_millis(700));
+    let events = daemon.events();
+    let mut resets = Vec::new();
+    for l in &first {
+        let mine = of(&events, *l);
+        let reset = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the idle RST")?;
+        assert_eq!(reset.how, Some(How::Rst), "{reset:?}");
+        assert!((reset.idle_seconds - 1.5).abs() < common::tolerance(0.1), "{reset:?}");
+        let discarded = mine.iter().find(|e| e.kind == EventKind::DiscardedDead).context("discarded_dead")?;
+        assert_eq!(discarded.how, Some(How::Rst), "{discarded:?}");
+        assert_eq!(discarded.role, Role::Client);
+        assert!(
+            !mine.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestAborted)),
+            "Go never wrote on the reset connection: {mine:#?}"
+        );
+        resets.push((reset.idle_seconds * 1000.0).round() / 1000.0);
+    }
+    let dest = format!("{}:8070", topo.server_v4);
+    let row = row_when(&daemon, &dest, 10.0, |r| r.discarded_dead >= 3 && r.path_idle_timeout_seconds.is_some())?;
+    assert_eq!(row.failures_window, 0, "no failure: {row:#?}");
+    assert_eq!(row.discarded_dead, 3, "{row:#?}");
+    let point = row.path_idle_timeout_seconds.context("point")?;
+    assert!((point - 1.5).abs() < common::tolerance(0.1), "point {point}: {row:#?}");
+    eprintln!(
+        "MEASURED Go reader vs SO_LINGER 0 server (1.5 s): idle RSTs at {resets:?} s, discarded_dead {}, failures {}, point {point:.3} s, verdict {:?}",
+        row.discarded_dead, row.failures_window, row.verdict
+    );
+    Ok(())
+}
+
+/// A pooled connection with TCP keep-alive (`TCP_KEEPIDLE=2`,
+/// `TCP_KEEPINTVL=1`, `TCP_KEEPCNT=2`) behind a NAT that forgets idle
+/// flows after 1 s and drops what it no longer knows: the probes go
+/// unanswered, the kernel kills the socket while it is idle (ETIMEDOUT at
+/// about 4 s), and the reuse at 8 s fails before a byte is sent.
+/// `python3 KEEPALIVE_CLIENT HOST PORT WAIT`; prints one JSON line.
+const KEEPALIVE_CLIENT: &str = concat!(
+    arrived_fn!(),
+    r#"
+import json, socket, sys, time
+host, port, wait = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.create_connection((host, port), timeout=5)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 2)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
+s.sendall(b"hello"); s.recv(100)
+last = arrived(s)
+time.sleep(max(0.0, last + wait - time.monotonic()))
+rec = {"gap": wait, "idle": time.monotonic() - last, "local": s.getsockname()[:2]}
+try:
+    s.sendall(b"ping")
+    rec["result"] = "ok" if s.recv(100) else "eof"
+except OSError as e:
+    rec["result"] = "timed_out" if e.errno == 110 else "error %d" % e.errno
+print(json.dumps(rec), flush=True)
+s.close()
+"#
+);
+
+#[test]
+#[ignore = "needs root, a 5.15+ kernel and nftables/conntrack: run `cargo xtask test`"]
+fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
+    let topo = Topology::routed("kadeath", 1, "drop")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv = start_server(&topo.ns, topo.server, &format!("python3 {} {} 7610", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(KEEPALIVE_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 7610 8", client.display(), topo.server_v4))?;
+    let recs = client_records(&out)?;
+    ensure!(recs.len() == 1 && recs[0].result == "timed_out", "the client's write failed with ETIMEDOUT: {recs:?}");
+    let rec = &recs[0];
+    daemon.wait_for("the reuse's outcome", Duration::from_secs(5), |evs| {
+        !common::reuses_from(evs, rec.local_addr()).is_empty()
+    })?;
+    std::thread::sleep(Duration::from_millis(700));
+    let events = daemon.events();
+    let reuses = common::reuses_from(&events, rec.local_addr());
+    ensure!(reuses.len() == 1, "one reuse, counted once: {reuses:#?}");
+    let ev = &reuses[0];
+    assert_eq!(ev.outcome, Some(Outcome::TimedOut), "{ev:?}");
+    assert!(ev.failed_before_send && ev.safe_to_retry && ev.keepalive, "{ev:?}");
+    assert!((ev.idle_seconds - rec.idle).abs() < common::idle_precision(), "{ev:?} vs {rec:?}");
+    let mine = of(&events, rec.local_addr());
+    assert!(
+        !mine.iter().any(|e| matches!(e.kind, EventKind::RequestAborted | EventKind::RequestTimeout)),
+        "the dead socket's write is no request: {mine:#?}"
+    );
+    let dest = format!("{}:7610", topo.server_v4);
+    let row = row_when(&daemon, &dest, 10.0, |r| r.failures_window > 0)?;
+    assert_eq!(row.failures_window, 1, "no failure counted twice: {row:#?}");
+    assert_eq!(row.failure_mode, observer::table::FailureMode::SilentDrop, "{row:#?}");
+    eprintln!(
+        "MEASURED keep-alive death behind a 1 s NAT: reuse at {:.3} s timed_out (failed_before_send, keepalive {:?} s); row failures {}, mode {:?}, interval [{:.3}, {:?}]",
+        ev.idle_seconds,
+        ev.keepalive_idle_seconds,
+        row.failures_window,
+        row.failure_mode,
+        row.path_idle_timeout_lower_seconds,
+        row.path_idle_timeout_upper_seconds,
+    );
+    Ok(())
+}
+
+/// A pool of N idle connections, no reader: prints `ready` once all are
+/// idle, holds them HOLD seconds, prints `closing`, closes them unwritten
+/// and lingers: `python3 IDLE_HOLDER HOST PORT N HOLD`.
+const IDLE_HOLDER: &str = r#"
+import socket, sys, time
+host, port, n, hold = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+socks = []
+for _ in range(n):
+    s = socket.create_connection((host, port), timeout=5)
+    s.sendall(b"hi"); s.recv(100)
+    socks.append(s)
+print("ready", flush=True)
+time.sleep(hold)
+print("closing", flush=True)
+for s in socks:
+    s.close()
+time.sleep(30)
+"#;
+
+/// Ten pooled connections idle past the server's 2 s idle close: within
+/// one refresh of the close, `doomed_idle_sockets` is exactly 10 and names
+/// the holding process; after the pool closes them unwritten it is 0, and
+/// each close was `discarded_dead`, not a failure.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
+    let topo = Topology::pair("doomed")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv = start_server(&topo.ns, topo.server, &format!("python3 {} {} 7620 2", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let holder = script(IDLE_HOLDER)?;
+    let mut pool =
+        Killed(topo.ns.spawn(topo.client, &format!("python3 {} {} 7620 10 12", holder.display(), topo.server_v4))?);
+    let lines = common::lines_of(&mut pool.0)?;
+    common::wait_line(&lines, "ready", 10.0)?;
+    let dest = format!("{}:7620", topo.server_v4);
+    // The server closes at 2 s; the at-risk view refreshes every 5 s.
+    let held = row_when(&daemon, &dest, 9.0, |r| r.doomed_idle_sockets == 10)?;
+    assert!(held.doomed_owners.iter().any(|o| o.process == "python3"), "the holder is named: {held:#?}");
+    assert_eq!(held.failures_window, 0, "{held:#?}");
+    common::wait_line(&lines, "closing", 15.0)?;
+    let after = row_when(&daemon, &dest, 8.0, |r| r.doomed_idle_sockets == 0 && r.discarded_dead == 10)?;
+    assert_eq!(after.failures_window, 0, "closing a dead socket unwritten is no failure: {after:#?}");
+    assert!(after.doomed_owners.is_empty(), "{after:#?}");
+    let events = daemon.events();
+    let discarded: Vec<&SockEvent> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::DiscardedDead && e.remote.port() == 7620)
+        .inspect(|e| assert_eq!(e.how, Some(How::Fin), "{e:?}"))
+        .collect();
+    ensure!(discarded.len() == 10, "{discarded:#?}");
+    let metrics =
+        String::from_utf8(observer::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let doomed_line = metrics
+        .lines()
+        .find(|l| l.starts_with("observer_doomed_idle_sockets{") && l.contains(&dest))
+        .context("observer_doomed_idle_sockets for the destination")?;
+    assert!(doomed_line.ends_with(" 0"), "{doomed_line}");
+    eprintln!(
+        "MEASURED doomed pool of 10 behind a 2 s server: doomed_idle_sockets {} held by {:?}, then {} after the pool closed them; discarded_dead {}",
+        held.doomed_idle_sockets,
+        held.doomed_owners.iter().map(|o| o.label()).collect::<Vec<_>>(),
+        after.doomed_idle_sockets,
+        after.discarded_dead
+    );
+    Ok(())
+}
