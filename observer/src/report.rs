@@ -54,7 +54,13 @@ pub struct Summary {
     pub last_failure_unix_ns: Option<u64>,
     pub reuses: u64,
     pub failures: u64,
+    /// Failed reuses the kernel failed before a byte left the host (the
+    /// socket had been reset or timed out while idle).
+    pub failures_before_send: u64,
     pub peer_idle_closes: u64,
+    /// Dead sockets the pool closed without writing on them (failures its
+    /// validation or reader avoided).
+    pub discarded_dead: u64,
 }
 
 impl OurSide {
@@ -113,6 +119,8 @@ pub struct Sample {
     pub outcome: String,
     pub retransmits: u32,
     pub safe_to_retry: bool,
+    /// The write failed in the kernel before any byte left the host.
+    pub failed_before_send: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -317,6 +325,7 @@ fn samples(failures: &[&SockEvent]) -> Samples {
                 outcome: e.outcome.map_or("-", |o| o.as_str()).to_owned(),
                 retransmits: e.retransmits,
                 safe_to_retry: e.safe_to_retry,
+                failed_before_send: e.failed_before_send,
             })
             .collect(),
     }
@@ -452,7 +461,9 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             last_failure_unix_ns: failures.last().map(|e| e.ts_unix_ns),
             reuses: reuses.len() as u64,
             failures: failures.len() as u64,
+            failures_before_send: failures.iter().filter(|e| e.failed_before_send).count() as u64,
             peer_idle_closes: mine.iter().filter(|e| e.kind == EventKind::PeerCloseWhileIdle).count() as u64,
+            discarded_dead: row.discarded_dead,
         },
         our_side: OurSide {
             pool_idle_timeout_seconds: row.pool_idle_timeout_seconds,

@@ -126,8 +126,10 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         "REUSES/1H",
         "FAILURES/1H",
         "AT RISK",
+        "DOOMED",
+        "DISCARDED",
     ];
-    let cells: Vec<[String; 12]> = rows
+    let cells: Vec<[String; 14]> = rows
         .iter()
         .map(|r| {
             let pool = match r.role {
@@ -147,6 +149,8 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 r.reuses.to_string(),
                 r.failures.to_string(),
                 r.at_risk_idle_sockets.to_string(),
+                r.doomed_idle_sockets.to_string(),
+                r.discarded_dead.to_string(),
             ]
         })
         .collect();
@@ -178,6 +182,15 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
             let _ = writeln!(
                 out,
                 "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"
+            );
+        }
+        if r.doomed_idle_sockets > 0 {
+            let holders: Vec<String> = r.doomed_owners.iter().map(crate::table::ProcessOwner::label).collect();
+            let _ = writeln!(
+                out,
+                "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle) and will fail on first use; held by {}",
+                r.doomed_idle_sockets,
+                if holders.is_empty() { "?".to_owned() } else { holders.join(", ") }
             );
         }
         if r.late_reuses > 0 {

@@ -27,6 +27,8 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 <tr><th>Evidence</th><td>{le} reuses survived up to {lo}; {ue} observations failed from {up}; {pe} peer closes in the point cluster</td></tr>
 <tr><th>Failure mode</th><td>{mode}</td></tr>
 <tr><th>Reuses / failed reuses / peer idle closes</th><td>{reuses} / {failures} / {pcs}</td></tr>
+<tr><th>Failed before a byte was sent (the socket was already reset or timed out)</th><td>{fbs}</td></tr>
+<tr><th>Dead sockets the pool discarded unwritten</th><td>{dd}</td></tr>
 <tr><th>First failure</th><td>{ff}</td></tr><tr><th>Last failure</th><td>{lf}</td></tr></table>
 "#,
         d = esc(&r.destination),
@@ -45,6 +47,8 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
         reuses = s.reuses,
         failures = s.failures,
         pcs = s.peer_idle_closes,
+        fbs = s.failures_before_send,
+        dd = s.discarded_dead,
         ff = opt_time(s.first_failure_unix_ns),
         lf = opt_time(s.last_failure_unix_ns),
     );
@@ -105,7 +109,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
             esc(&x.process),
             x.pid,
             x.idle_seconds,
-            esc(&x.outcome),
+            esc(&if x.failed_before_send { format!("{}, failed before send", x.outcome) } else { x.outcome.clone() }),
             x.retransmits,
             x.safe_to_retry
         );

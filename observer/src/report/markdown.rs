@@ -40,8 +40,8 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(m, "| Failure mode | {} |", s.failure_mode.as_str());
     let _ = writeln!(
         m,
-        "| Reuses / failed reuses / peer idle closes | {} / {} / {} |",
-        s.reuses, s.failures, s.peer_idle_closes
+        "| Reuses / failed reuses / peer idle closes | {} / {} / {} |\n| Failed before a byte was sent (the socket was already reset or timed out) | {} |\n| Dead sockets the pool discarded unwritten | {} |",
+        s.reuses, s.failures, s.peer_idle_closes, s.failures_before_send, s.discarded_dead
     );
     let _ = writeln!(
         m,
@@ -110,7 +110,7 @@ pub fn markdown(r: &Report) -> String {
             cell(&x.process),
             x.pid,
             x.idle_seconds,
-            x.outcome,
+            if x.failed_before_send { format!("{}, failed before send", x.outcome) } else { x.outcome.clone() },
             x.retransmits,
             x.safe_to_retry
         );
