@@ -629,7 +629,7 @@ fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
             how: kind,
             comm: st.comm,
         };
-        if DOOMED.insert(&st.id, &rec, 0).is_err() {
+        if DOOMED.insert(st.id, rec, 0).is_err() {
             count(counter::DOOMED_FULL);
         }
     }
@@ -640,7 +640,7 @@ fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
 #[inline(always)]
 fn undoom(st: &SockState) {
     if st.dead & dead::KIND != dead::NONE {
-        let _ = DOOMED.remove(&st.id);
+        let _ = DOOMED.remove(st.id);
     }
 }
 

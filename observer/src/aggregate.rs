@@ -132,11 +132,17 @@ struct DestState {
 /// sockets' when there are any, else keep-alive refreshed ones'.
 fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
     let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
-    let silent = estimate::interval_weighted(&ev.alive(false), &dead);
+    let closes: Vec<f64> = ev.dead().filter(|d| !d.reuse).map(|d| d.idle).collect();
+    let band = estimate::spread(&closes);
+    let interval = |alive: &[(f64, u64)]| match band {
+        Some(b) => estimate::spread_interval(alive, &dead, b),
+        None => estimate::interval_weighted(alive, &dead),
+    };
+    let silent = interval(&ev.alive(false));
     if silent.lower.is_some() {
         return (silent, Some(LowerBasis::Silent));
     }
-    let all = estimate::interval_weighted(&ev.alive(true), &dead);
+    let all = interval(&ev.alive(true));
     if all.lower.is_some() {
         (all, Some(LowerBasis::Keepalive))
     } else {
@@ -215,6 +221,13 @@ impl DestState {
         if !self.change_due() {
             return None;
         }
+        if self.is_spread() {
+            // The "new" timeout is the same band's other edge: a sweep's
+            // jitter, not a change.
+            self.contradictions.clear();
+            self.cached = None;
+            return None;
+        }
         let start = self.contradictions[0].ts_ns;
         self.contradictions.clear();
         self.ev.new_epoch(start);
@@ -247,7 +260,12 @@ impl DestState {
             Observation::PeerIdleClose { idle, .. } => (idle, true, false),
             _ => return,
         };
-        let contradiction = if dead {
+        // Inside a spread timeout's band, evidence either way is the sweep's
+        // jitter.
+        let jitter = before.spread.is_some_and(|b| b.holds(idle));
+        let contradiction = if jitter {
+            None
+        } else if dead {
             before.lower.filter(|&l| idle < l).map(|_| true)
         } else if silent_alive {
             before.upper.filter(|&u| idle > u).map(|_| false)
@@ -271,6 +289,13 @@ impl DestState {
         if self.contradictions.iter().any(refutes) {
             self.contradictions.clear();
         }
+    }
+
+    /// The epoch's peer closes, the contradicting ones included, fill one
+    /// band: a spread timeout.
+    fn is_spread(&self) -> bool {
+        let closes: Vec<f64> = self.ev.dead().filter(|d| !d.reuse).map(|d| d.idle).collect();
+        estimate::spread(&closes).is_some()
     }
 
     fn change_due(&self) -> bool {
@@ -555,7 +580,7 @@ impl Aggregator {
             .filter(|(k, _)| k.role == Role::Client)
             .filter_map(|(k, st)| {
                 let i = st.interval_cached();
-                let point = st.point().first().map(|c| c.value);
+                let point = i.spread.map(|b| b.start).or_else(|| st.point().first().map(|c| c.value));
                 if point.is_none() {
                     i.upper?;
                 }
@@ -656,6 +681,7 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         path_point_evidence: 0,
         path_outliers: 0,
         path_lower_basis: None,
+        path_idle_timeout_spread_seconds: None,
         mixed_paths: Vec::new(),
         pool_idle_timeout_seconds: None,
         pool_max_reuse_idle_seconds: None,
@@ -722,13 +748,18 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         }
         let mode = modes.values().max_by_key(|(n, _)| *n).map(|(_, m)| *m);
         let total_peer: usize = ev.dead().filter(|d| !d.reuse).count();
-        let point = peer_clusters.first().copied();
+        // A spread timeout's point is its band's start (what bites), never
+        // a chance cluster inside the band.
+        let point = match interval.spread {
+            Some(b) => Some(estimate::Cluster { value: b.start, count: b.count }),
+            None => peer_clusters.first().copied(),
+        };
         let f = ClientFindings {
             interval,
             lower_basis: basis,
             point: point.map(|c| c.value),
             point_evidence: point.map_or(0, |c| c.count),
-            paths: peer_clusters.len(),
+            paths: if interval.spread.is_some() { 1 } else { peer_clusters.len() },
             pool: estimate::cluster(&ev.local_closes()).map(|c| c.value),
             consistent_failures: interval.upper.map_or(0, |u| ev.dead().filter(|d| d.reuse && d.idle >= u).count()),
             failure_mode: mode,
@@ -742,7 +773,8 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         r.path_point_evidence = f.point_evidence;
         r.path_outliers = interval.outliers;
         r.path_lower_basis = basis;
-        if peer_clusters.len() > 1 {
+        r.path_idle_timeout_spread_seconds = interval.spread.map(|b| [b.earliest, b.latest]);
+        if peer_clusters.len() > 1 && interval.spread.is_none() {
             #[allow(clippy::cast_precision_loss, reason = "counts far below 2^52")]
             let share = |n: usize| (n as f64 / total_peer.max(1) as f64 * 1000.0).round() / 1000.0;
             r.mixed_paths = peer_clusters

@@ -634,7 +634,7 @@ impl Probes {
     /// the map is walked is skipped.
     pub fn for_each_doomed(&self, mut f: impl FnMut(&DoomedRecord)) -> Result<usize, BpfError> {
         let mut n = 0;
-        for item in self.doomed.iter() {
+        for item in &self.doomed {
             match item {
                 Ok((_, rec)) => {
                     f(&rec);

@@ -36,6 +36,29 @@
 //! three of them lie within 5% of each other they form a cluster and its
 //! median is the point estimate. The same rule gives the pool's own idle
 //! timeout from local closes of idle sockets.
+//!
+//! # Spread timeouts
+//!
+//! Many servers and middleboxes enforce an idle timeout with a periodic
+//! sweep or a coarse clock: a server that checks its clients once a second
+//! against whole seconds closes a "2 s" connection anywhere between 2 and
+//! 3 s. Its peer closes form no cluster; they fill one band, and survivals
+//! and failures interleave inside it, so the minimum-misclassification
+//! boundary lands anywhere in the band and a chance cluster of three closes
+//! would give a point outside the interval. [`spread`] recognises the band
+//! from the peer closes alone: at least five, spread over more than twice
+//! the cluster tolerance and at most a factor of two, with no gap wider
+//! than half the band (two paths leave a gap: those are `mixed_paths`), and
+//! no cluster holding half of them (a sharp timeout with a few stragglers
+//! is a cluster). The band's start is what bites, and it lies below the
+//! earliest close seen: closes spread over the band land on average one
+//! spacing after its start. The point is therefore a conservative start,
+//! the earliest close less half the band's observed width (for the five or
+//! more closes a band needs, at least twice their average spacing), never
+//! below half the latest close; the recommendation is 0.8 x it. The
+//! interval becomes `[largest survival below that start, earliest close]`,
+//! so the point always lies inside it, and evidence inside the band is the
+//! sweep's jitter, never a change of timeout.
 
 use serde::{Deserialize, Serialize};
 
@@ -52,6 +75,10 @@ pub struct Interval {
     pub upper_evidence: usize,
     /// Observations on the wrong side of the chosen boundary.
     pub outliers: usize,
+    /// A spread timeout's band (see [`spread`]): the interval ends at its
+    /// earliest edge, and evidence inside it is no contradiction.
+    #[serde(default)]
+    pub spread: Option<Spread>,
 }
 
 impl Interval {
@@ -122,6 +149,7 @@ pub fn interval_weighted(alive: &[(f64, u64)], dead: &[f64]) -> Interval {
         lower_evidence: n(below.iter().map(|p| p.1).sum()),
         upper_evidence: n(above.iter().map(|p| p.2).sum()),
         outliers: n(outliers),
+        spread: None,
     }
 }
 
@@ -198,6 +226,76 @@ pub fn clusters(values: &[f64]) -> Vec<Cluster> {
     }
     found.sort_by(|a, b| a.value.total_cmp(&b.value));
     found
+}
+
+/// The band of a timeout enforced by a sweep or a coarse clock.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Spread {
+    /// The band's start, estimated conservatively (the point estimate).
+    pub start: f64,
+    /// The earliest peer close: below it no socket was closed.
+    pub earliest: f64,
+    /// The latest peer close.
+    pub latest: f64,
+    /// Peer closes in the band.
+    pub count: usize,
+}
+
+impl Spread {
+    /// Does `t` lie in the band (its latest edge with the cluster
+    /// tolerance: a sweep's last close is no sharper than a cluster)?
+    #[must_use]
+    pub fn holds(&self, t: f64) -> bool {
+        t >= self.start && t <= self.latest * (1.0 + CLUSTER_SPREAD)
+    }
+}
+
+/// Minimum peer closes to recognise a spread timeout.
+pub const SPREAD_MIN: usize = 5;
+
+/// The band of a spread timeout, from the peer idle closes (see the module
+/// doc), or None when they do not fill one band.
+#[must_use]
+pub fn spread(closes: &[f64]) -> Option<Spread> {
+    let mut v: Vec<f64> = closes.iter().copied().filter(|x| x.is_finite() && *x > 0.0).collect();
+    if v.len() < SPREAD_MIN {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let (earliest, latest) = (v[0], v[v.len() - 1]);
+    if latest <= earliest * (1.0 + 2.0 * CLUSTER_SPREAD) || latest > 2.0 * earliest {
+        return None;
+    }
+    let widest_gap = v.windows(2).map(|w| w[1] - w[0]).fold(0.0, f64::max);
+    if widest_gap > (latest - earliest) / 2.0 {
+        return None;
+    }
+    if cluster(&v).is_some_and(|c| 2 * c.count >= v.len()) {
+        return None;
+    }
+    let start = (earliest - (latest - earliest) / 2.0).max(latest / 2.0);
+    Some(Spread { start, earliest, latest, count: v.len() })
+}
+
+/// The interval of a spread timeout: from the largest survival below the
+/// band's start to its earliest close. Dead ages at or past that close
+/// bound it; survivals inside the band are its jitter; survivals past the
+/// band's end and deaths below the lower bound are the outliers.
+#[must_use]
+pub fn spread_interval(alive: &[(f64, u64)], dead: &[f64], band: Spread) -> Interval {
+    let n = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
+    let below: Vec<&(f64, u64)> = alive.iter().filter(|a| a.0 < band.start).collect();
+    let lower = below.iter().map(|a| a.0).reduce(f64::max);
+    let alive_outliers: u64 = alive.iter().filter(|a| !band.holds(a.0) && a.0 >= band.start).map(|a| a.1).sum();
+    let dead_outliers = lower.map_or(0, |l| dead.iter().filter(|&&d| d < l).count());
+    Interval {
+        lower,
+        upper: Some(band.earliest),
+        lower_evidence: n(below.iter().map(|a| a.1).sum()),
+        upper_evidence: dead.iter().filter(|&&d| d >= band.earliest).count(),
+        outliers: n(alive_outliers).saturating_add(dead_outliers),
+        spread: Some(band),
+    }
 }
 
 /// The seeds' rule: the client's idle timeout should be about 0.8 x the

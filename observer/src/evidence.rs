@@ -95,13 +95,13 @@ pub fn failure_mode(ev: &SockEvent) -> FailureMode {
         (EventKind::PeerCloseWhileIdle, _, _) => FailureMode::Fin,
         // A reuse written on a socket the peer had reset (or the kernel had
         // timed out) while idle failed because of that.
+        // (A timed-out one, like a stall, shows a silent drop.)
         (_, Some(Outcome::Reset), _) if ev.failed_before_send => FailureMode::Rst,
-        (_, Some(Outcome::TimedOut), _) => FailureMode::SilentDrop,
+        (_, Some(Outcome::TimedOut | Outcome::Stall), _) => FailureMode::SilentDrop,
         // A reuse written after the peer's FIN failed because of that FIN.
         (_, Some(Outcome::Eof | Outcome::Reset), _) if ev.safe_to_retry => FailureMode::Fin,
         (_, Some(Outcome::Eof), _) => FailureMode::Fin,
         (_, Some(Outcome::Reset), _) => FailureMode::Rst,
-        (_, Some(Outcome::Stall), _) => FailureMode::SilentDrop,
         _ => FailureMode::None,
     }
 }

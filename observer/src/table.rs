@@ -237,6 +237,11 @@ pub struct DestinationRow {
     /// Which survivals the lower bound rests on (null without one).
     #[serde(default)]
     pub path_lower_basis: Option<LowerBasis>,
+    /// A timeout enforced by a sweep or a coarse clock: the band of its
+    /// peer closes, `[earliest, latest]` (null: a sharp timeout). The point
+    /// and the recommendation then come from the earliest edge.
+    #[serde(default)]
+    pub path_idle_timeout_spread_seconds: Option<[f64; 2]>,
     /// Two or more distinct clusters of peer idle closes.
     #[serde(default)]
     pub mixed_paths: Vec<PathShare>,

@@ -379,7 +379,7 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     eprintln!(
         "MEASURED doomed pool of 10 behind a 2 s server: doomed_idle_sockets {} held by {:?}, then {} after the pool closed them; discarded_dead {}",
         held.doomed_idle_sockets,
-        held.doomed_owners.iter().map(|o| o.label()).collect::<Vec<_>>(),
+        held.doomed_owners.iter().map(observer::aggregate::ProcessOwner::label).collect::<Vec<_>>(),
         after.doomed_idle_sockets,
         after.discarded_dead
     );

@@ -68,7 +68,7 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
 }
 
 /// Live table and offline analysis of the recording agree (the at-risk
-/// view is live-only: it comes from the kernel's socket table).
+/// and doomed views are live-only: they come from the kernel's tables).
 fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &std::path::Path) -> Result<()> {
     let status = daemon.terminate()?;
     ensure!(status.success(), "daemon exit {status}");
@@ -78,6 +78,8 @@ fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &st
     let mut live = live.to_vec();
     for r in live.iter_mut().chain(offline.iter_mut()) {
         r.at_risk_idle_sockets = 0;
+        r.doomed_idle_sockets = 0;
+        r.doomed_owners.clear();
     }
     // Server-side rows see the same traffic; compare everything.
     assert_eq!(live, offline, "observer analyze differs from the live daemon");
@@ -361,5 +363,113 @@ fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
     assert!(r.last_change.is_none(), "{r:#?}");
     assert_ne!(r.verdict, Verdict::Mismatch, "{r:#?}");
     assert_eq!(r.recommended_pool_idle_timeout_seconds, None);
+    Ok(())
+}
+
+/// An echo server that enforces its idle timeout with a once-a-second
+/// sweep, as many servers and balancers' timer wheels do: a client idle
+/// 2 s or more at a sweep is closed (FIN), so a "2 s" connection is closed
+/// anywhere between 2 and 3 s: `python3 SWEEPING_SERVER HOST PORT IDLE`.
+const SWEEPING_SERVER: &str = r#"
+import socket, sys, threading, time
+host, port, idle = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port)); s.listen(128)
+last = {}
+lock = threading.Lock()
+print("ready", flush=True)
+def sweep():
+    while True:
+        time.sleep(1.0)
+        now = time.monotonic()
+        with lock:
+            for c, t in list(last.items()):
+                if now - t >= idle:
+                    del last[c]
+                    try:
+                        c.shutdown(socket.SHUT_RDWR)
+                    except OSError:
+                        pass
+def serve(c):
+    with lock:
+        last[c] = time.monotonic()
+    while True:
+        try:
+            d = c.recv(65536)
+        except OSError:
+            break
+        if not d:
+            break
+        c.sendall(d)
+        with lock:
+            if c in last:
+                last[c] = time.monotonic()
+    with lock:
+        last.pop(c, None)
+    c.close()
+threading.Thread(target=sweep, daemon=True).start()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+
+/// A timeout enforced by a once-a-second sweep closes "2 s" connections
+/// anywhere in [2, 3] s: survivals and failures interleave there. Run the
+/// same schedule five times on fresh daemons (a pool without a reader
+/// reusing after 1 to 4.5 s): every run must give the same kind of answer,
+/// a spread within [2, 3.2], a recommendation of at most 1.6 s (0.8 x the
+/// earliest close), no point outside the interval, and no change of
+/// timeout read from the jitter.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
+    let topo = Topology::pair("swept")?;
+    let server = script(SWEEPING_SERVER)?;
+    let _srv = start_server(&topo.ns, topo.server, &format!("python3 {} {} 9050 2", server.display(), topo.server_v4))?;
+    let client = script(RECONNECTING_CLIENT)?;
+    let dest = format!("{}:9050", topo.server_v4);
+    // 24 gaps evenly over [1, 4.5] s, dealt to 4 clients.
+    let all: Vec<f64> = (0..24).map(|k| 1.0 + 3.5 * (f64::from(k) + 0.5) / 24.0).collect();
+    let mut answers = Vec::new();
+    for run in 0..5 {
+        let daemon = Daemon::start(&[])?;
+        let mut children = Vec::new();
+        for c in 0..4 {
+            let g: Vec<String> = all.iter().skip(c).step_by(4).map(|g| format!("{g:.3}")).collect();
+            children.push(topo.ns.spawn(
+                topo.client,
+                &format!("python3 {} {} 9050 {} 5", client.display(), topo.server_v4, g.join(",")),
+            )?);
+        }
+        wait_all(children)?;
+        let rows = settle(&daemon)?;
+        let r = row(&rows, &dest)?;
+        let [earliest, latest] =
+            r.path_idle_timeout_spread_seconds.with_context(|| format!("run {run}: no spread: {r:#?}"))?;
+        assert!(
+            earliest >= 2.0 - PRECISION && latest <= 3.2 && earliest < latest,
+            "run {run}: spread [{earliest}, {latest}]: {r:#?}"
+        );
+        let rec = r.recommended_pool_idle_timeout_seconds.with_context(|| format!("run {run}: {r:#?}"))?;
+        let upper = r.path_idle_timeout_upper_seconds.context("upper")?;
+        let p = r.path_idle_timeout_seconds.with_context(|| format!("run {run}: the band's start: {r:#?}"))?;
+        assert!(
+            p >= r.path_idle_timeout_lower_seconds && p <= upper && upper <= earliest,
+            "run {run}: point {p} outside [{}, {upper}]",
+            r.path_idle_timeout_lower_seconds
+        );
+        assert!(rec <= 1.6 + PRECISION && (rec - 0.8 * p).abs() < 0.002, "run {run}: recommended {rec}, point {p}");
+        assert_eq!(r.last_change, None, "run {run}: the sweep's jitter is no change of timeout: {r:#?}");
+        assert_eq!(r.verdict, Verdict::Mismatch, "run {run}: {r:#?}");
+        answers.push(format!(
+            "[{earliest:.3}, {latest:.3}] point {:?} interval [{:.3}, {upper:.3}] rec {rec:.3} ({} closes, {} failures of {} reuses)",
+            r.path_idle_timeout_seconds,
+            r.path_idle_timeout_lower_seconds,
+            r.path_point_evidence,
+            r.failures_window,
+            r.reuses_window
+        ));
+    }
+    eprintln!("MEASURED swept 2 s timeout, five runs: {answers:#?}");
     Ok(())
 }

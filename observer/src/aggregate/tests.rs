@@ -553,3 +553,91 @@ fn one_address_in_two_namespaces_is_two_rows() {
     assert_eq!(host.owners[0].container, None);
     assert_eq!(host.processes, vec!["app".to_owned()]);
 }
+
+fn dead_view(remote: &str, netns: u32, comm: &str) -> (DoomedView, ProcessOwner) {
+    let d = DoomedView {
+        local: "10.0.0.1:40002".parse().unwrap(),
+        remote: remote.parse().unwrap(),
+        how: How::Rst,
+        idle_seconds: 12.0,
+        netns,
+        pid: 9,
+        comm: comm.to_owned(),
+        cgroup_id: 0,
+    };
+    let who = ProcessOwner { process: comm.to_owned(), container: None, pod: None, unit: None };
+    (d, who)
+}
+
+/// A reuse the kernel failed before sending is a failure like any other at
+/// its age, in `rst` mode; a discarded dead socket is counted and is no
+/// failure and no timeout evidence.
+#[test]
+fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    for k in 0..4 {
+        ts += 3.0;
+        agg.ingest(&reuse(ts, "10.0.0.2:5432", 1.0 + f64::from(k) * 0.1, Outcome::Ok));
+        ts += 5.0;
+        let mut close = peer_close(ts, "10.0.0.2:5432", 2.0);
+        close.how = Some(How::Rst);
+        agg.ingest(&close);
+        ts += 3.0;
+        let mut failed = reuse(ts, "10.0.0.2:5432", 5.0, Outcome::Reset);
+        failed.failed_before_send = true;
+        failed.safe_to_retry = true;
+        agg.ingest(&failed);
+    }
+    for _ in 0..3 {
+        ts += 1.0;
+        agg.ingest(&ev(ts, EventKind::DiscardedDead, "10.0.0.2:5432", 4.0));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:5432");
+    assert_eq!((r.failures_window, r.reuses_window), (4, 8), "{r:#?}");
+    assert_eq!(r.discarded_dead, 3);
+    assert_eq!(r.failure_mode, FailureMode::Rst, "{r:#?}");
+    assert_eq!(r.path_idle_timeout_seconds, Some(2.0), "the idle resets measure the timeout: {r:#?}");
+    assert!(r.verdict.is_mismatch(), "{r:#?}");
+}
+
+/// A timed-out socket's failed reuse reads as a silent drop.
+#[test]
+fn timed_out_reuse_is_a_silent_drop() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut failed = reuse(10.0, "10.0.0.3:80", 8.0, Outcome::TimedOut);
+    failed.failed_before_send = true;
+    agg.ingest(&failed);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.3:80");
+    assert_eq!(r.failures_window, 1);
+    assert_eq!(r.failure_mode, FailureMode::SilentDrop);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(8.0));
+}
+
+/// The doomed view replaces itself: counted into its own row (by
+/// namespace), with owners; a destination without a row counts nowhere.
+#[test]
+fn doomed_sockets_count_in_their_row_and_are_replaced() {
+    let mut agg = Aggregator::new(Config { host_netns: 1, ..Config::default() });
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 70.0], Outcome::Eof);
+    agg.set_doomed(&[
+        dead_view("10.0.0.2:443", 1, "api"),
+        dead_view("10.0.0.2:443", 1, "api"),
+        dead_view("10.0.0.2:443", 1, "worker"),
+        dead_view("10.0.0.2:443", 77, "api"),
+        dead_view("10.0.0.9:1", 1, "api"),
+    ]);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!(r.doomed_idle_sockets, 3, "{r:#?}");
+    let names: Vec<&str> = r.doomed_owners.iter().map(|o| o.process.as_str()).collect();
+    assert_eq!(names, ["api", "worker"]);
+    assert!(rows.iter().all(|r| r.destination != "10.0.0.9:1"), "no row is made by the view");
+    agg.set_doomed(&[]);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!((r.doomed_idle_sockets, r.doomed_owners.len()), (0, 0));
+}

@@ -123,3 +123,59 @@ proptest! {
         prop_assert!(i.upper.is_some_and(|u| u >= t));
     }
 }
+
+#[test]
+fn a_sweep_fills_one_band() {
+    // A once-a-second sweep of a 2 s timeout: closes anywhere in [2, 3].
+    let closes = [2.06, 2.9, 2.41, 2.2, 2.75, 2.55];
+    let b = spread(&closes).unwrap();
+    assert_eq!((b.earliest, b.latest, b.count), (2.06, 2.9, 6));
+    assert!((b.start - 1.64).abs() < 1e-9, "2.06 less half of 0.84: {b:?}");
+    let alive = [(1.0, 3), (1.5, 1), (1.9, 1), (2.3, 1), (2.8, 1), (3.2, 1)];
+    let i = spread_interval(&alive, &[2.06, 2.2, 2.41, 2.55, 2.75, 2.9, 3.5, 4.4], b);
+    assert_eq!((i.lower, i.upper), (Some(1.5), Some(2.06)));
+    assert_eq!((i.lower_evidence, i.upper_evidence), (4, 8));
+    assert_eq!(i.outliers, 1, "only the survival past the band's end (3.2)");
+    assert!(b.holds(1.9) && b.holds(2.3) && b.holds(3.0) && !b.holds(1.6) && !b.holds(3.1));
+    assert!(i.lower.unwrap() <= b.start && b.start <= i.upper.unwrap(), "the point lies in the interval");
+}
+
+#[test]
+fn sharp_timeouts_and_mixed_paths_are_no_spread() {
+    // A sharp 60 s timeout with jitter: a cluster.
+    assert_eq!(spread(&[60.0, 60.1, 59.9, 60.05, 60.2, 59.95]), None);
+    // Two backends behind one address: a gap.
+    assert_eq!(spread(&[5.0, 5.1, 5.05, 60.0, 60.2, 59.9]), None);
+    // A cluster with a few stragglers is the cluster.
+    assert_eq!(spread(&[60.0, 60.1, 60.05, 59.9, 45.0, 50.0, 55.0]), None);
+    // Too few to tell.
+    assert_eq!(spread(&[2.1, 2.5, 2.9, 2.3]), None);
+    // Wider than a factor of two is no sweep of one timeout.
+    assert_eq!(spread(&[2.0, 2.8, 3.6, 4.4, 5.0]), None);
+}
+
+proptest! {
+    /// A sweep every `period` s of a timeout `t` (a connection idle past `t`
+    /// is closed at the first sweep after that: anywhere in [t, t + period])
+    /// seen through enough closes is a spread whose earliest edge is at or
+    /// past `t`, and the recommendation from it stays below 0.8 x the
+    /// earliest close that ever happens.
+    #[test]
+    fn a_sweep_is_recognised_and_its_edge_never_overstated(
+        t in 1.0f64..300.0,
+        frac in 0.3f64..1.0,
+        phases in prop::collection::vec(0.0f64..1.0, 8..40),
+    ) {
+        let period = t * frac;
+        let closes: Vec<f64> = phases.iter().map(|p| t + p * period).collect();
+        let min = closes.iter().copied().fold(f64::INFINITY, f64::min);
+        if let Some(b) = spread(&closes) {
+            prop_assert!(b.earliest >= t && b.earliest == min && b.latest <= t + period);
+            prop_assert!(b.start <= b.earliest && b.start >= b.latest / 2.0);
+            prop_assert!(recommended_pool_idle(b.start) <= 0.8 * min + 0.001);
+        }
+        // With closes spread evenly enough, the band is always seen.
+        let even: Vec<f64> = (0..10).map(|k| t + period * (f64::from(k) + 0.5) / 10.0).collect();
+        prop_assert!(spread(&even).is_some(), "{even:?}");
+    }
+}

@@ -121,3 +121,60 @@ fn process_names_cannot_reach_the_terminal() {
     assert!(!line.contains('\u{1b}'), "{line:?}");
     assert!(line.contains("evil\\u{1b}[2Jname"), "{line}");
 }
+
+#[test]
+fn decodes_a_reuse_that_failed_before_send_and_a_discarded_dead_socket() {
+    let mut e = fixture_v4();
+    e.outcome = outcome::TIMED_OUT;
+    e.how = how::TIMEOUT;
+    e.flags = flags::FAILED_BEFORE_SEND | flags::FIN_BEFORE_WRITE;
+    let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
+    assert_eq!(ev.outcome, Some(Outcome::TimedOut));
+    assert!(ev.failed_before_send && ev.safe_to_retry);
+    assert!(ev.to_json_line().contains(r#""outcome":"timed_out""#), "{}", ev.to_json_line());
+    assert!(ev.to_string().contains("failed_before_send"), "{ev}");
+    e.kind = kind::DISCARDED_DEAD;
+    e.flags = 0;
+    e.how = how::RST;
+    e.elapsed_ns = 0;
+    let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
+    assert_eq!(ev.kind, EventKind::DiscardedDead);
+    assert_eq!((ev.outcome, ev.how, ev.elapsed_seconds), (None, Some(How::Rst), None));
+    assert!(!ev.failed_before_send);
+    e.elapsed_ns = 2_000_000_000;
+    let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
+    assert_eq!(ev.elapsed_seconds, Some(2.0), "time from the peer's FIN to our close");
+    // A recording written before these fields existed still reads.
+    let old: SockEvent = serde_json::from_str(r#"{"ts_unix_ns":1,"kind":"reuse","role":"client","pid":1,"comm":"c","local":"10.0.0.1:1","remote":"10.0.0.2:2","idle_seconds":1.0,"outcome":"reset"}"#).unwrap();
+    assert!(!old.failed_before_send);
+}
+
+#[test]
+fn decodes_doomed_records() {
+    let mut rec = DoomedRecord {
+        id: 1,
+        last_ns: 1_000_000_000,
+        cgroup_id: 5,
+        saddr: [0; 16],
+        daddr: [0; 16],
+        netns: 7,
+        tgid: 42,
+        sport: 40_000,
+        dport: 5432,
+        family: AF_INET,
+        role: role::CLIENT,
+        how: dead::FIN,
+        comm: [0; 16],
+    };
+    rec.saddr[..4].copy_from_slice(&[10, 0, 0, 1]);
+    rec.daddr[..4].copy_from_slice(&[10, 0, 0, 2]);
+    rec.comm[..3].copy_from_slice(b"api");
+    let v = doomed_of(&rec, 4_500_000_000).unwrap();
+    assert_eq!(v.remote, "10.0.0.2:5432".parse().unwrap());
+    assert_eq!((v.how, v.comm.as_str(), v.pid, v.netns), (How::Fin, "api", 42, 7));
+    assert!((v.idle_seconds - 3.5).abs() < 1e-9);
+    rec.how = dead::TIMEOUT;
+    assert_eq!(doomed_of(&rec, 0).unwrap().how, How::Timeout);
+    rec.how = 0;
+    assert!(doomed_of(&rec, 0).is_none(), "a record without a death is no doomed socket");
+}

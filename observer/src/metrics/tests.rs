@@ -189,3 +189,42 @@ fn namespaces_label_only_their_own_series() {
     );
     assert!(!text.contains("netns=\"\""), "{text}");
 }
+
+#[test]
+fn doomed_and_discarded_dead_are_exported_per_client_row() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:5432";
+    feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, 2.0, None, d));
+    feed(&m, &mut agg, &ev(EventKind::DiscardedDead, 3.0, None, d));
+    feed(&m, &mut agg, &ev(EventKind::DiscardedDead, 3.5, None, d));
+    let mut failed = ev(EventKind::Reuse, 9.0, Some(Outcome::TimedOut), d);
+    failed.failed_before_send = true;
+    feed(&m, &mut agg, &failed);
+    let doomed = crate::event::DoomedView {
+        local: "10.0.0.1:40001".parse().unwrap(),
+        remote: d.parse().unwrap(),
+        how: How::Fin,
+        idle_seconds: 4.0,
+        netns: 0,
+        pid: 1,
+        comm: "api".into(),
+        cgroup_id: 0,
+    };
+    let who = crate::table::ProcessOwner { process: "api".into(), container: None, pod: None, unit: None };
+    agg.set_doomed(&[(doomed.clone(), who.clone()), (doomed, who)]);
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    for line in [
+        "# TYPE observer_doomed_idle_sockets gauge",
+        r#"observer_doomed_idle_sockets{destination="10.0.0.2:5432",role="client"} 2"#,
+        "# TYPE observer_discarded_dead_total counter",
+        r#"observer_discarded_dead_total{destination="10.0.0.2:5432",role="client"} 2"#,
+        r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:5432",role="client",outcome="timed_out"} 1"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    m.forget(&[crate::table::RowId { destination: d.into(), role: Role::Client, netns: None }]);
+    assert!(!m.encode().contains("observer_discarded_dead_total{"), "forgotten with its row");
+}

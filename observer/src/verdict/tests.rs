@@ -1,7 +1,7 @@
 use super::*;
 
 fn interval(lower: Option<f64>, upper: Option<f64>) -> Interval {
-    Interval { lower, upper, lower_evidence: 1, upper_evidence: 1, outliers: 0 }
+    Interval { lower, upper, lower_evidence: 1, upper_evidence: 1, outliers: 0, spread: None }
 }
 
 #[test]
@@ -33,7 +33,14 @@ fn peer_closes_diagnose_before_the_first_failure() {
 #[test]
 fn an_outlier_failure_keeps_ok() {
     let j = judge_client(&ClientFindings {
-        interval: Interval { lower: Some(30.0), upper: None, lower_evidence: 50, upper_evidence: 0, outliers: 1 },
+        interval: Interval {
+            lower: Some(30.0),
+            upper: None,
+            lower_evidence: 50,
+            upper_evidence: 0,
+            outliers: 1,
+            spread: None,
+        },
         lower_basis: Some(LowerBasis::Silent),
         pool: Some(20.0),
         consistent_failures: 0,
