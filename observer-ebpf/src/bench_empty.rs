@@ -1,4 +1,5 @@
-//! Empty BTF tracepoint programs on the hot-path hooks, attached only by
+//! Empty BTF tracepoint programs on the hot-path hooks and the state-change
+//! hook, attached only by
 //! `observer run --bench-empty-probes`: their run time is the fixed cost of
 //! a program plus the stats accounting, which `cargo xtask bench`
 //! subtracts from the real probes' figures.
@@ -12,5 +13,10 @@ pub fn bench_empty_send(_ctx: BtfTracePointContext) -> i32 {
 
 #[btf_tracepoint(function = "tcp_rcv_space_adjust")]
 pub fn bench_empty_recv(_ctx: BtfTracePointContext) -> i32 {
+    0
+}
+
+#[btf_tracepoint(function = "inet_sock_set_state")]
+pub fn bench_empty_state(_ctx: BtfTracePointContext) -> i32 {
     0
 }

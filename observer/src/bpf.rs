@@ -162,6 +162,7 @@ enum HotLink {
 const BENCH_EMPTY: &[Hook] = &[
     Hook { program: "bench_empty_send", kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
     Hook { program: "bench_empty_recv", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },
+    Hook { program: "bench_empty_state", kind: HookKind::BtfTracePoint, name: "inet_sock_set_state" },
 ];
 
 /// The set of hooks chosen for the running kernel.

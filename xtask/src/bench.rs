@@ -612,7 +612,15 @@ fn kernel_cost(plan: &Plan, bt_script: &Path) -> Result<Value> {
         pingpong(4, plan.duration)?;
         let theirs = per_run(&b.progs)?;
         b.stop()?;
+        // The state-change hooks, warm: connection churn (every connection
+        // runs inet_sock_set_state about eight times between both ends).
+        let o = Observer::start(&["--bench-empty-probes"], &tmp("cost-churn"))?;
+        churn(2, plan.duration)?;
+        let churned = per_run(&o.progs)?;
+        o.stop()?;
         let get = |m: &BTreeMap<String, (f64, u64)>, k: &str| m.get(k).map_or(f64::NAN, |v| v.0);
+        let state = get(&churned, "inet_sock_set_state");
+        let e_state = get(&churned, "bench_empty_state");
         let send = get(&ours, "tcp_sendmsg_locked");
         let recv = get(&ours, "tcp_rcv_space_adjust");
         let e_send = get(&ours, "bench_empty_send");
@@ -622,6 +630,9 @@ fn kernel_cost(plan: &Plan, bt_script: &Path) -> Result<Value> {
             "bpftrace_ns_per_run": theirs.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
             "send_net_ns": send - e_send,
             "recv_net_ns": recv - e_recv,
+            "churn_ns_per_run": churned.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
+            "state_gross_ns": state,
+            "state_net_ns": state - e_state,
         }))
     })();
     sh("sysctl -qw kernel.bpf_stats_enabled=0")?;
@@ -905,8 +916,11 @@ pub fn run_phase(phase: &str) -> Result<()> {
     let value = match phase {
         "hot_path_interleaved" => hot_path_interleaved(&plan)?,
         "memory" => memory_phase(&plan)?,
+        "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
         other => {
-            anyhow::bail!("no bench phase `{other}`; the phases that run alone are hot_path_interleaved and memory")
+            anyhow::bail!(
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost and memory"
+            )
         }
     };
     let dir = crate::workspace_root().join("target/bench");
@@ -1173,6 +1187,24 @@ fn markdown(r: &Value) -> String {
         s,
         "\nNet (minus the empty program on the same hook): send {send_net:.0} ns, receive {recv_net:.0} ns.\n"
     );
+    if let Some(map) = kc["churn_ns_per_run"].as_object() {
+        let _ = writeln!(
+            s,
+            "Under connection churn (2 client threads, {} s; the state-change hooks warm):\n\n| program | ns/run | runs |\n|---|---|---|",
+            hp["seconds_per_run"]
+        );
+        for (k, v) in
+            map.iter().filter(|(k, _)| !k.starts_with("bench_empty_send") && !k.starts_with("bench_empty_recv"))
+        {
+            let _ = writeln!(s, "| observer `{k}` | {} | {} |", int(&v["ns"]), v["runs"]);
+        }
+        let _ = writeln!(
+            s,
+            "\nState change (`inet_sock_set_state`): {} ns per run gross, {} ns net of the empty program on the same hook.\n",
+            int(&kc["state_gross_ns"]),
+            int(&kc["state_net_ns"])
+        );
+    }
     let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
     let _ = writeln!(
         s,

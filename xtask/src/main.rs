@@ -61,7 +61,7 @@ enum Task {
         /// Only rewrite BENCHMARKS.md from target/bench/results.json.
         #[arg(long)]
         report_only: bool,
-        /// Run one phase (`hot_path_interleaved`, `memory`) and write
+        /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `memory`) and write
         /// target/bench/<phase>.json, not the report (development).
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
