@@ -2,7 +2,8 @@
 //! `newstate`): establishment (role), the peer's FIN (`ESTABLISHED ->
 //! CLOSE_WAIT`), our close, and the final `CLOSE`; `connect()` (`CLOSE ->
 //! SYN_SENT`) records the connecting process and its cgroup. Addresses come from
-//! `struct sock_common` at BTF offsets, once per connection.
+//! `struct sock_common` at BTF offsets, once per connection, by direct
+//! loads from the hook's BTF `struct sock *` (no helper call).
 
 use core::ffi::c_void;
 
@@ -22,7 +23,8 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
     if sk.is_null() || sk_protocol(sk) != IPPROTO_TCP {
         return 0;
     }
-    let now = now();
+    // The clock is read only by the transitions that use it (not by
+    // `connect()`, `FIN_WAIT1 -> FIN_WAIT2` or `TIME_WAIT`).
     if old == S::CLOSE && new == S::SYN_SENT {
         // `connect()` runs in the connecting process: record it (and its
         // cgroup) now, so a pooled connection that is closed before its
@@ -32,20 +34,20 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
             set_process(st);
         }
     } else if new == S::ESTABLISHED && (old == S::SYN_SENT || old == S::SYN_RECV) {
-        on_established(sk, old == S::SYN_SENT, now);
+        on_established(sk, old == S::SYN_SENT, now());
     } else if old == S::ESTABLISHED && new == S::CLOSE_WAIT {
         if let Some(st) = adopt(sk) {
-            on_peer_fin(sk, st, now);
+            on_peer_fin(sk, st, now());
         }
     } else if (old == S::ESTABLISHED && new == S::FIN_WAIT1 && is_full_close(sk))
         || (old == S::CLOSE_WAIT && new == S::LAST_ACK)
     {
         if let Some(st) = adopt(sk) {
-            on_local_close(sk, st, now, how::LOCAL_CLOSE);
+            on_local_close(sk, st, now(), how::LOCAL_CLOSE);
         }
     } else if new == S::CLOSE && old != S::LISTEN && old != S::SYN_SENT && old != S::SYN_RECV {
         if let Some(st) = storage(sk, false) {
-            on_closed(sk, st, old, now);
+            on_closed(sk, st, old, now());
         }
     }
     0
