@@ -325,10 +325,13 @@ pub struct Offsets {
     /// `tcp_sock.tcp_clock_cache`: `CLOCK_MONOTONIC` ns of the socket's
     /// latest segment processed (4.20+), read directly as the receive time.
     pub tcp_clock_cache: u64,
+    /// `tcp_sock.rcv_tstamp`: jiffies of the last segment received (data,
+    /// or the answer to a keep-alive probe).
+    pub rcv_tstamp: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 21;
+pub const OFFSETS_COUNT: usize = 22;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.

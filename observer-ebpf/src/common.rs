@@ -135,6 +135,7 @@ static OFFSETS: Offsets = Offsets {
     skc_net: 0,
     net_ns_inum: 0,
     tcp_clock_cache: 0,
+    rcv_tstamp: 0,
 };
 
 /// A write of at most this many bytes immediately followed by our close
@@ -1210,6 +1211,30 @@ fn local_ended_request(sk: *const c_void, st: &mut SockState, now: u64, stall_ho
     clear_request(st);
 }
 
+/// The kernel killed an idle socket whose keep-alive probes went
+/// unanswered: the path dropped the flow while it was silent. Reported as
+/// a `peer_close_while_idle` with `how` = `timeout`, its idle age the time
+/// since the last segment received (the last data or answered probe; the
+/// first unanswered probe went out one keep-alive idle time after it) and
+/// `elapsed_ns` the time since the last data. Without keep-alive, or with
+/// the tick unknown, nothing is reported.
+#[inline(always)]
+fn keepalive_death(sk: *const c_void, st: &SockState, now: u64, last: u64) {
+    let tick = global(&raw const TICK_NS);
+    if tick == 0 || last == 0 || !keepalive(sk).0 {
+        return;
+    }
+    let rcv: u32 = field(sk, &raw const OFFSETS.rcv_tstamp);
+    // SAFETY: helper without preconditions.
+    let jiffies = unsafe { bpf_jiffies64() } as u32;
+    let silent = u64::from(jiffies.wrapping_sub(rcv)) * tick;
+    emit(sk, st, kind::PEER_CLOSE, now, |e| {
+        e.idle_ns = silent;
+        e.elapsed_ns = now.saturating_sub(last);
+        e.how = how::TIMEOUT;
+    });
+}
+
 /// The socket reached `CLOSE` from `old` (`tcp_done`, an abort, or the end
 /// of an orderly close).
 #[inline(always)]
@@ -1228,6 +1253,7 @@ pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
                 // write fails before a byte is sent.
                 let last = last_activity(st);
                 mark_dead(st, dead::TIMEOUT, last != 0 && now.saturating_sub(last) >= min_idle_ns());
+                keepalive_death(sk, st, now, last);
             }
         } else {
             on_local_close(sk, st, now, how::LOCAL_CLOSE);

@@ -132,7 +132,7 @@ struct DestState {
 /// sockets' when there are any, else keep-alive refreshed ones'.
 fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
     let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
-    let closes: Vec<f64> = ev.dead().filter(|d| !d.reuse).map(|d| d.idle).collect();
+    let closes: Vec<f64> = ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
     let band = estimate::spread(&closes);
     let interval = |alive: &[(f64, u64)]| match band {
         Some(b) => estimate::spread_interval(alive, &dead, b),
@@ -186,7 +186,7 @@ impl DestState {
     }
 
     fn point(&self) -> Vec<estimate::Cluster> {
-        let peer: Vec<f64> = self.ev.dead().filter(|d| !d.reuse).map(|d| d.idle).collect();
+        let peer: Vec<f64> = self.ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
         estimate::clusters(&peer)
     }
 
@@ -257,7 +257,9 @@ impl DestState {
     fn note_contradiction(&mut self, o: &Observed, before: &Interval) {
         let (idle, dead, silent_alive) = match o.obs {
             Observation::Reuse { idle, failed, refreshed } => (idle, failed.is_some(), failed.is_none() && !refreshed),
-            Observation::PeerIdleClose { idle, .. } => (idle, true, false),
+            Observation::PeerIdleClose { idle, .. } | Observation::KeepaliveDeath { silent: idle } => {
+                (idle, true, false)
+            }
             _ => return,
         };
         // Inside a spread timeout's band, evidence either way is the sweep's
@@ -294,7 +296,7 @@ impl DestState {
     /// The epoch's peer closes, the contradicting ones included, fill one
     /// band: a spread timeout.
     fn is_spread(&self) -> bool {
-        let closes: Vec<f64> = self.ev.dead().filter(|d| !d.reuse).map(|d| d.idle).collect();
+        let closes: Vec<f64> = self.ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
         estimate::spread(&closes).is_some()
     }
 
@@ -747,7 +749,7 @@ fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
             modes.entry(d.mode.as_str()).or_insert((0, d.mode)).0 += 1;
         }
         let mode = modes.values().max_by_key(|(n, _)| *n).map(|(_, m)| *m);
-        let total_peer: usize = ev.dead().filter(|d| !d.reuse).count();
+        let total_peer: usize = ev.dead().filter(|d| d.close).count();
         // A spread timeout's point is its band's start (what bites), never
         // a chance cluster inside the band.
         let point = match interval.spread {

@@ -275,6 +275,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
             Err(_) => 0,
         },
         tcp_clock_cache: btf.offset("tcp_sock", "tcp_clock_cache")?,
+        rcv_tstamp: btf.offset("tcp_sock", "rcv_tstamp")?,
     })
 }
 

@@ -466,7 +466,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
     };
     let timed =
         matches!(kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse)
-            || (kind == EventKind::DiscardedDead && raw.elapsed_ns != 0);
+            || (matches!(kind, EventKind::DiscardedDead | EventKind::PeerCloseWhileIdle) && raw.elapsed_ns != 0);
     Ok(SockEvent {
         ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
         kind,

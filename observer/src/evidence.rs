@@ -62,6 +62,11 @@ pub enum Observation {
     Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool },
     /// The peer closed an idle socket.
     PeerIdleClose { idle: f64, mode: FailureMode },
+    /// The kernel killed an idle socket whose keep-alive probes went
+    /// unanswered: the flow was dead after `silent` s without a packet
+    /// (the first unanswered probe's silent age). An upper bound, never a
+    /// point: the flow died at some time before.
+    KeepaliveDeath { silent: f64 },
     /// Our side closed an idle socket on its own initiative.
     LocalIdleClose { idle: f64 },
     /// The peer closed or reset with our request outstanding.
@@ -123,6 +128,11 @@ impl Observed {
                 // Unknown keep-alive time counts as refreshed: the weaker claim.
                 refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
             },
+            EventKind::PeerCloseWhileIdle if ev.how == Some(How::Timeout) => Observation::KeepaliveDeath {
+                // The first unanswered probe went out one keep-alive idle
+                // time after the last segment received, when that is known.
+                silent: if ka_idle > 0.0 && ka_idle < idle { ka_idle } else { idle },
+            },
             EventKind::PeerCloseWhileIdle => Observation::PeerIdleClose { idle, mode: failure_mode(ev) },
             EventKind::LocalClose if ev.is_pool_idle_close() => Observation::LocalIdleClose { idle },
             EventKind::RequestAborted => Observation::RequestAborted { elapsed },
@@ -147,7 +157,8 @@ impl Observed {
         let idle = match self.obs {
             Observation::Reuse { idle, .. }
             | Observation::PeerIdleClose { idle, .. }
-            | Observation::LocalIdleClose { idle } => idle,
+            | Observation::LocalIdleClose { idle }
+            | Observation::KeepaliveDeath { silent: idle } => idle,
             Observation::RequestAborted { .. } | Observation::RequestTimeout { .. } | Observation::DiscardedDead => 0.0,
             Observation::LateReuse { idle, elapsed } => idle + elapsed,
         };
@@ -167,8 +178,11 @@ pub struct Dead {
     pub idle: f64,
     pub sock_id: u64,
     pub mode: FailureMode,
-    /// A failed reuse (else a peer idle close).
+    /// A failed reuse (else a peer idle close or a keep-alive death).
     pub reuse: bool,
+    /// A peer idle close: a direct measurement of a hop's timeout (a point
+    /// candidate); a failed reuse or a keep-alive death only bounds it.
+    pub close: bool,
     pub epoch: u32,
 }
 
@@ -430,19 +444,26 @@ impl Evidence {
                     }
                 } else {
                     s.add_alive(idle, refreshed);
+                    // Its first keep-alive probe was answered: the flow was
+                    // alive after that long without a packet, which holds
+                    // for every hop (silent evidence).
+                    let probe = f64::from(o.keepalive_idle);
+                    if refreshed && probe > 0.0 && probe < idle {
+                        s.add_alive(probe, false);
+                    }
                 }
                 let m = self.minute(o.ts_ns);
                 m.reuses += 1;
                 m.failures += u32::from(failed.is_some());
                 if let (Some(mode), false) = (failed, explained) {
-                    let d = Dead { ts_ns: o.ts_ns, idle, sock_id: o.sock_id, mode, reuse: true, epoch };
+                    let d = Dead { ts_ns: o.ts_ns, idle, sock_id: o.sock_id, mode, reuse: true, close: false, epoch };
                     push_capped(&mut self.dead, d, MAX_DEAD);
                 }
             }
             Observation::PeerIdleClose { idle, mode } => {
                 s.counts.peer_closes += 1;
                 if !explained {
-                    let d = Dead { ts_ns: o.ts_ns, idle, sock_id: o.sock_id, mode, reuse: false, epoch };
+                    let d = Dead { ts_ns: o.ts_ns, idle, sock_id: o.sock_id, mode, reuse: false, close: true, epoch };
                     push_capped(&mut self.dead, d, MAX_DEAD);
                 }
             }
@@ -460,6 +481,12 @@ impl Evidence {
                 push_capped(&mut self.timeouts, Timed { ts_ns: o.ts_ns, value: elapsed, epoch }, MAX_TIMED);
             }
             Observation::DiscardedDead => s.counts.discarded_dead += 1,
+            Observation::KeepaliveDeath { silent } => {
+                let mode = FailureMode::SilentDrop;
+                let d =
+                    Dead { ts_ns: o.ts_ns, idle: silent, sock_id: o.sock_id, mode, reuse: false, close: false, epoch };
+                push_capped(&mut self.dead, d, MAX_DEAD);
+            }
             Observation::LateReuse { idle, elapsed } => {
                 s.counts.late_reuses += 1;
                 s.max_reuse_idle = max_opt(s.max_reuse_idle, Some(idle + elapsed));

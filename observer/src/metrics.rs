@@ -373,7 +373,7 @@ impl Metrics {
                     outcome: o.as_str().to_owned(),
                 });
             }
-            for how in ["fin", "rst"] {
+            for how in ["fin", "rst", "timeout"] {
                 self.peer_idle_close.remove(&PeerLabels {
                     destination: d.destination.clone(),
                     role: d.role.clone(),

@@ -302,12 +302,28 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
         !mine.iter().any(|e| matches!(e.kind, EventKind::RequestAborted | EventKind::RequestTimeout)),
         "the dead socket's write is no request: {mine:#?}"
     );
+    // The kernel's kill is evidence itself: the first unanswered probe went
+    // out 2 s after the last segment received, so a flow silent that long
+    // was dead.
+    let death = mine
+        .iter()
+        .find(|e| e.kind == EventKind::PeerCloseWhileIdle && e.how == Some(How::Timeout))
+        .with_context(|| format!("the keep-alive death: {mine:#?}"))?;
+    assert!(death.keepalive && death.keepalive_idle_seconds == Some(2.0), "{death:?}");
+    assert!(
+        (death.idle_seconds - 4.0).abs() < common::tolerance(0.1),
+        "killed after 2 s + 2 x 1 s of probes: {death:?}"
+    );
     let dest = format!("{}:7610", topo.server_v4);
     let row = row_when(&daemon, &dest, 10.0, |r| r.failures_window > 0)?;
     assert_eq!(row.failures_window, 1, "no failure counted twice: {row:#?}");
     assert_eq!(row.failure_mode, observer::table::FailureMode::SilentDrop, "{row:#?}");
+    let upper = row.path_idle_timeout_upper_seconds.context("an upper bound")?;
+    assert!(upper <= 2.0 + common::tolerance(0.05), "the first unanswered probe bounds the timeout: {row:#?}");
+    assert_eq!(row.path_idle_timeout_seconds, None, "a death found by probes is no point: {row:#?}");
     eprintln!(
-        "MEASURED keep-alive death behind a 1 s NAT: reuse at {:.3} s timed_out (failed_before_send, keepalive {:?} s); row failures {}, mode {:?}, interval [{:.3}, {:?}]",
+        "MEASURED keep-alive death behind a 1 s NAT: killed at {:.3} s silent (first unanswered probe at 2 s); reuse at {:.3} s timed_out (failed_before_send, keepalive {:?} s); row failures {}, mode {:?}, interval [{:.3}, {:?}]",
+        death.idle_seconds,
         ev.idle_seconds,
         ev.keepalive_idle_seconds,
         row.failures_window,

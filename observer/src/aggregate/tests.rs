@@ -438,9 +438,18 @@ fn keepalive_survivals_are_kept_apart() {
         e.keepalive_idle_seconds = Some(10.0);
         agg.ingest(&e);
     }
+    // With the probes' time unknown, nothing is claimed for silent flows.
+    let mut other = Aggregator::new(Config::default());
+    let mut e = reuse(1.0, d, 400.0, Outcome::Ok);
+    e.keepalive = true;
+    other.ingest(&e);
+    let rows = table(&mut other);
+    assert_eq!(row(&rows, d).path_lower_basis, Some(LowerBasis::Keepalive));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!(r.path_lower_basis, Some(LowerBasis::Keepalive));
+    // Each socket's first probe was answered after 10 s without a packet:
+    // that much holds for every hop; the 400 s only for proxies.
+    assert_eq!((r.path_lower_basis, r.path_idle_timeout_lower_seconds), (Some(LowerBasis::Silent), 10.0));
     assert_eq!(r.keepalive_evidence, 5);
     // A silent survival at 30 s becomes the bound the table rests on.
     agg.ingest(&reuse(3000.0, d, 30.0, Outcome::Ok));
@@ -640,4 +649,25 @@ fn doomed_sockets_count_in_their_row_and_are_replaced() {
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
     assert_eq!((r.doomed_idle_sockets, r.doomed_owners.len()), (0, 0));
+}
+
+/// A keep-alive death bounds the timeout from above at the first unanswered
+/// probe's silent age, and is never a point estimate however many there are.
+#[test]
+fn keepalive_deaths_bound_the_timeout_but_make_no_point() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.14:7610";
+    for k in 0..4 {
+        let mut e = ev(f64::from(k) * 10.0, EventKind::PeerCloseWhileIdle, d, 4.0);
+        e.how = Some(How::Timeout);
+        e.keepalive = true;
+        e.keepalive_idle_seconds = Some(2.0);
+        agg.ingest(&e);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(2.0), "{r:#?}");
+    assert_eq!(r.path_idle_timeout_seconds, None, "no point from deaths found by probes: {r:#?}");
+    assert_eq!(r.failure_mode, FailureMode::SilentDrop);
+    assert_eq!(r.failures_window, 0, "a death is no failed reuse");
 }
