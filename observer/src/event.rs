@@ -351,7 +351,8 @@ impl Clock {
 }
 
 /// `CONFIG_HZ` of the running kernel, from `/proc/config.gz` or
-/// `/boot/config-<release>`; `None` when neither is readable.
+/// `/boot/config-<release>`, else from the coarse clock's resolution;
+/// `None` when none of them tells.
 pub(crate) fn kernel_hz() -> Option<u32> {
     use std::io::Read as _;
     static HZ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
@@ -364,8 +365,24 @@ pub(crate) fn kernel_hz() -> Option<u32> {
             let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
             text = std::fs::read_to_string(format!("/boot/config-{}", release.trim())).unwrap_or_default();
         }
-        text.lines().find_map(|l| l.strip_prefix("CONFIG_HZ=")).and_then(|v| v.trim().parse().ok())
+        text.lines()
+            .find_map(|l| l.strip_prefix("CONFIG_HZ="))
+            .and_then(|v| v.trim().parse().ok())
+            .or_else(hz_from_coarse_clock)
     })
+}
+
+/// `CONFIG_HZ` from the coarse clock's resolution (`TICK_NSEC`), for a
+/// kernel whose config is not readable (a VM, a distribution without
+/// `/proc/config.gz` or `/boot/config-*`); None outside HZ 100 to 1000.
+fn hz_from_coarse_clock() -> Option<u32> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid pointer to a timespec.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) } != 0 || ts.tv_sec != 0 {
+        return None;
+    }
+    let tick = u64::try_from(ts.tv_nsec).ok().filter(|ns| (1_000_000..=10_000_000).contains(ns))?;
+    u32::try_from((1_000_000_000 + tick / 2) / tick).ok()
 }
 
 /// `clock_gettime` in ns.

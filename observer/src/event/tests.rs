@@ -178,3 +178,12 @@ fn decodes_doomed_records() {
     rec.how = 0;
     assert!(doomed_of(&rec, 0).is_none(), "a record without a death is no doomed socket");
 }
+
+/// The coarse clock's tick gives the same HZ as the kernel's config, so a
+/// host (or VM) without a readable config still converts keep-alive times.
+#[test]
+fn hz_from_the_coarse_clock_matches_the_config() {
+    let hz = hz_from_coarse_clock().expect("a tick between 1 and 10 ms");
+    assert!((100..=1000).contains(&hz), "{hz}");
+    assert_eq!(kernel_hz(), Some(hz));
+}
