@@ -28,8 +28,9 @@
 //! Evidence that falls on the wrong side of the current interval is a
 //! contradiction. [`CHANGE_AFTER`] of them in one direction, from as many
 //! distinct sockets, spread over at least [`CHANGE_SPREAD_NS`], with
-//! nothing in between that confirms the old interval and no restart to
-//! explain them, start a new epoch: later survivals and the dead evidence
+//! nothing in between that confirms the old interval, no restart to
+//! explain them, and as many observations backing the side of the old
+//! interval they question, start a new epoch: later survivals and the dead evidence
 //! from the first contradiction on make the new estimate.
 
 use std::{
@@ -306,6 +307,26 @@ impl DestState {
         c.len() >= CHANGE_AFTER
             && sockets.len() >= CHANGE_AFTER
             && c.last().map_or(0, |l| l.ts_ns).saturating_sub(c[0].ts_ns) >= CHANGE_SPREAD_NS
+            && self.old_side_backed()
+    }
+
+    /// Is the old interval's side that the contradictions question backed
+    /// by as many observations as they are? Deaths below the lower bound
+    /// must each contradict [`CHANGE_AFTER`] survivals at or past them (a
+    /// longer timeout's survivals past the upper bound, as many deaths at
+    /// or below them); else one early survival, or one early close, would
+    /// outvote three later ones and a sweep's jitter would read as a change.
+    fn old_side_backed(&self) -> bool {
+        let Some(first) = self.contradictions.first() else { return false };
+        let need = u64::try_from(CHANGE_AFTER).unwrap_or(u64::MAX);
+        if first.shorter {
+            let worst = self.contradictions.iter().map(|c| c.idle).fold(f64::NEG_INFINITY, f64::max);
+            self.ev.alive(true).iter().filter(|a| a.0 >= worst).map(|a| a.1).sum::<u64>() >= need
+        } else {
+            let worst = self.contradictions.iter().map(|c| c.idle).fold(f64::INFINITY, f64::min);
+            let deaths = self.ev.dead().filter(|d| d.idle <= worst).count();
+            u64::try_from(deaths).unwrap_or(u64::MAX) >= need
+        }
     }
 
     /// Commit held peer closes that no restart can include any more (as of

@@ -146,6 +146,45 @@ fn a_timeout_change_is_followed_within_a_few_failures() {
     assert!(r.last_change.is_some());
 }
 
+/// A swept timeout seen early: one survival at 2.38 s and one failure at
+/// 2.53 s, then three failures at 2.03 to 2.2 s. One survival does not
+/// outvote three deaths: no change of timeout, and the interval moves.
+#[test]
+fn one_early_survival_is_no_timeout_to_change_from() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:9050";
+    let mut ts = 0.0;
+    for g in [1.0, 1.3, 1.6, 1.9, 2.38] {
+        ts += g;
+        agg.ingest(&reuse(ts, d, g, Outcome::Ok));
+    }
+    ts += 2.53;
+    agg.ingest(&reuse(ts, d, 2.53, Outcome::Eof));
+    for g in [2.03, 2.1, 2.2] {
+        ts += 3.0;
+        agg.ingest(&reuse(ts, d, g, Outcome::Eof));
+    }
+    assert!(agg.take_changes().is_empty(), "one survival at 2.38 s is no established timeout");
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert!(r.last_change.is_none());
+    assert_eq!(r.path_outliers, 1, "the survival at 2.38 s is the outlier: {r:#?}");
+    // The same three deaths against three survivals past them are a change.
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    for g in [1.0, 1.3, 1.6, 2.3, 2.35, 2.38] {
+        ts += g;
+        agg.ingest(&reuse(ts, d, g, Outcome::Ok));
+    }
+    ts += 2.53;
+    agg.ingest(&reuse(ts, d, 2.53, Outcome::Eof));
+    for g in [2.03, 2.1, 2.2] {
+        ts += 3.0;
+        agg.ingest(&reuse(ts, d, g, Outcome::Eof));
+    }
+    assert_eq!(agg.take_changes().len(), 1);
+}
+
 #[test]
 fn cardinality_is_capped() {
     let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
