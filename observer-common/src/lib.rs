@@ -183,6 +183,8 @@ pub mod globals {
     pub const OFFSETS: &str = "OFFSETS";
     /// `u64`: BTF type ID of `struct tcp_sock` (for `bpf_rdonly_cast`).
     pub const TCP_SOCK_BTF_ID: &str = "TCP_SOCK_BTF_ID";
+    /// `u64`: size of the ring buffer in bytes (for the wakeup decision).
+    pub const RING_BYTES: &str = "RING_BYTES";
 }
 
 /// The one kfunc call the probes make, written as a raw instruction
@@ -269,9 +271,9 @@ pub mod maps {
     /// The dead sockets processes still hold: socket id -> `DoomedRecord`.
     pub const DOOMED: &str = "DOOMED";
     pub const COUNTERS: &str = "COUNTERS";
-    /// Two `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
-    /// kept current by userspace and by the probes off the hot path; and the
-    /// probes' own jiffies epoch.
+    /// Three `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
+    /// kept current by userspace and by the probes off the hot path; the
+    /// probes' own jiffies epoch; and when the probes last refreshed them.
     pub const CLOCK_OFFSET: &str = "CLOCK_OFFSET";
 }
 

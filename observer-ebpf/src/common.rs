@@ -79,9 +79,21 @@ pub static DOOMED: HashMap<u64, DoomedRecord> =
 /// second; the probes refresh it off the hot path, so after a resume it is
 /// current before the first request after a quiet spell). Slot 1 is the
 /// monotonic time of jiffy 0 (`mono - jiffies * TICK_NS`), set by the
-/// probes, for [`busy_write_time`].
+/// probes, for [`busy_write_time`]. Slot 2 is the boot time the probes
+/// last refreshed them at, so they do it at most once a second.
 #[map]
-pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(2, 0);
+pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(3, 0);
+
+/// Slot 0 is 1 once our server side has remembered an idle close in
+/// [`CLOSED_IDLE`]: until then a new connection has nothing to forget
+/// there (an LRU delete takes a lock on every connection otherwise).
+#[map]
+pub static CLOSED_IDLE_USED: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Size of the ring buffer in bytes, set at load time (read by [`wakeup`]
+/// instead of asking the ring on every connection).
+#[no_mangle]
+static RING_BYTES: u64 = 1 << 20;
 
 /// Length of a jiffy in ns (`clock_getres(CLOCK_MONOTONIC_COARSE)`), set
 /// at load time; 0 = unknown, and every write reads the clock.
@@ -203,6 +215,11 @@ pub fn now() -> u64 {
 /// `CLOCK_OFFSET` slots.
 const SLOT_SUSPENDED: u32 = 0;
 const SLOT_JIFFY_EPOCH: u32 = 1;
+const SLOT_REFRESHED: u32 = 2;
+/// The probes refresh the clock slots at most this often: every
+/// connection's establishment would otherwise write one shared cache line
+/// from every CPU.
+const REFRESH_NS: u64 = 1_000_000_000;
 
 #[inline(always)]
 fn clock_slot(slot: u32) -> u64 {
@@ -220,10 +237,16 @@ fn set_clock_slot(slot: u32, value: u64) {
 
 /// Store the time spent suspended (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`)
 /// and where jiffies stand against the monotonic clock, given the boot
-/// clock the caller already read. One more clock read: never on a busy
-/// exchange's path.
+/// clock the caller already read, at most once per [`REFRESH_NS`] (a
+/// resume moves the boot clock past that at once). One more clock read:
+/// never on a busy exchange's path.
 #[inline(always)]
 pub fn refresh_clocks(boot: u64) {
+    let last = clock_slot(SLOT_REFRESHED);
+    if last != 0 && boot >= last && boot - last < REFRESH_NS {
+        return;
+    }
+    set_clock_slot(SLOT_REFRESHED, boot);
     // SAFETY: helpers without preconditions.
     let (mono, jiffies) = unsafe { (bpf_ktime_get_ns(), bpf_jiffies64()) };
     set_clock_slot(SLOT_SUSPENDED, boot.saturating_sub(mono));
@@ -629,12 +652,12 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
 /// hook (measured: `cargo xtask bench`, kernel cost under churn).
 #[inline(always)]
 fn wakeup(kind: u8) -> u64 {
-    use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP, BPF_RB_RING_SIZE};
+    use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
     if kind != kind::ESTABLISHED && kind != kind::CLOSED {
         return 0;
     }
     let waiting = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
-    if waiting > EVENTS.query(u64::from(BPF_RB_RING_SIZE)) / 8 {
+    if waiting > global(&raw const RING_BYTES) / 8 {
         u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
         u64::from(BPF_RB_NO_WAKEUP)
@@ -1284,12 +1307,22 @@ fn tuple_key(st: &SockState) -> TupleKey {
 #[inline(always)]
 fn remember_idle_close(st: &SockState, now: u64, idle: u64) {
     let _ = CLOSED_IDLE.insert(tuple_key(st), ClosedIdle { close_ns: now, idle_ns: idle }, 0);
+    if let Some(p) = CLOSED_IDLE_USED.get_ptr_mut(0) {
+        // SAFETY: one aligned u64 store of a constant.
+        unsafe {
+            if *p == 0 {
+                *p = 1;
+            }
+        }
+    }
 }
 
 /// A new connection reuses a 4-tuple: forget an old idle close on it.
 #[inline(always)]
 pub fn forget_idle_close(st: &SockState) {
-    let _ = CLOSED_IDLE.remove(tuple_key(st));
+    if CLOSED_IDLE_USED.get(0).copied().unwrap_or(1) != 0 {
+        let _ = CLOSED_IDLE.remove(tuple_key(st));
+    }
 }
 
 /// The kernel sent an RST from socket `sk` (full or time-wait): if it is

@@ -426,6 +426,7 @@ impl Probes {
             .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
             .override_global(globals::TICK_NS, &tick_ns(), true)
             .override_global(globals::TCP_SOCK_BTF_ID, &tcp_sock_btf_id, true)
+            .override_global(globals::RING_BYTES, &u64::from(config.ring_buffer_bytes), true)
             .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
             .load(&object)?;
         drop(object);
