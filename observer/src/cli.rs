@@ -60,6 +60,45 @@ pub struct ReportArgs {
     /// Read a recording (`run --record`) instead of the store.
     #[arg(long)]
     pub recording: Option<PathBuf>,
+    #[command(flatten)]
+    pub select: SelectArgs,
+}
+
+/// Which row of a destination: needed when one address was seen in both
+/// roles or from several network namespaces.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct SelectArgs {
+    /// The row's role (default: the only one seen).
+    #[arg(long, value_enum)]
+    pub role: Option<RoleArg>,
+    /// The row's network namespace inode, as rows show it (`0`: the
+    /// host's); default: the only one seen.
+    #[arg(long, value_name = "INODE")]
+    pub netns: Option<u32>,
+}
+
+impl SelectArgs {
+    #[must_use]
+    pub fn select(self) -> crate::table::Select {
+        crate::table::Select { role: self.role.map(RoleArg::role), netns: self.netns }
+    }
+}
+
+/// `--role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RoleArg {
+    Client,
+    Server,
+}
+
+impl RoleArg {
+    #[must_use]
+    pub const fn role(self) -> crate::event::Role {
+        match self {
+            Self::Client => crate::event::Role::Client,
+            Self::Server => crate::event::Role::Server,
+        }
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,6 +157,11 @@ pub struct PathCheckArgs {
     /// The daemon's HTTP address, for `--observed`.
     #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
     pub addr: String,
+    /// With `--observed`, the rows' network namespace inode (`0`: the
+    /// host's); default: the only one seen for each hop's address. A hop
+    /// seen from several namespaces is not compared until one is chosen.
+    #[arg(long, value_name = "INODE")]
+    pub netns: Option<u32>,
 }
 
 impl StatusArgs {

@@ -567,7 +567,7 @@ fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metri
     match probes.counters() {
         Ok(now) => {
             metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
-            metrics.lost(metrics::reason::SOCKET_TABLE_FULL, now.map_full.saturating_sub(reported.map_full));
+            metrics.lost(metrics::reason::SOCKET_STORAGE_FULL, now.map_full.saturating_sub(reported.map_full));
             metrics.lost(metrics::reason::DOOMED_TABLE_FULL, now.doomed_full.saturating_sub(reported.doomed_full));
             metrics.reuses_unresolved(now.reuse_unresolved.saturating_sub(reported.reuse_unresolved));
             if now.doomed_full > reported.doomed_full {
@@ -585,7 +585,7 @@ fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metri
             }
             if now.map_full > reported.map_full {
                 warn!(
-                    "{} times a socket could not be tracked because the socket table was full ({} in total); raise --max-sockets",
+                    "{} times the kernel refused socket-local storage for a socket (out of memory; {} in total): those sockets are not observed",
                     now.map_full - reported.map_full,
                     now.map_full
                 );

@@ -91,6 +91,12 @@ impl Role {
             Self::Unknown => "unknown",
         }
     }
+
+    /// The role named by [`Self::as_str`].
+    #[must_use]
+    pub fn parse(s: &str) -> Option<Self> {
+        [Self::Client, Self::Server, Self::Unknown].into_iter().find(|r| r.as_str() == s)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]

@@ -1,8 +1,18 @@
 //! observer: attributes resets, EOFs and stalls on reused TCP sockets to the
 //! idle age of the socket, from the kernel.
 //!
-//! Modules: [`bpf`] (the only aya user), [`event`] (typed events),
-//! [`daemon`] (the `run` command), [`cli`] (arguments).
+//! The data flows kernel -> diagnosis -> surfaces:
+//!
+//! - kernel: [`bpf`] (loading and attaching, the only aya user), [`btf`]
+//!   (field offsets), [`event`] (decoding records into typed events),
+//!   [`owner`] (process, container, pod of a socket);
+//! - diagnosis: [`evidence`] (what each event proves), [`estimate`] (the
+//!   interval and point rules), [`verdict`], [`aggregate`] (per-row state),
+//!   [`table`] (the row, its identity and selection);
+//! - surfaces: [`http`] (the API), [`metrics`], [`status`], [`report`],
+//!   [`store`] (the evidence store), [`path`] (path files and their check);
+//! - the program: [`cli`] (arguments), [`config`] (the config file),
+//!   [`daemon`] (the `run` command), [`bench`] (benchmark helpers).
 
 pub mod aggregate;
 pub mod bench;

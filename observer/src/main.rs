@@ -53,7 +53,9 @@ fn path_cmd(cmd: &PathCommand) -> ExitCode {
                 let rows = http::get(&args.addr, "/api/v1/destinations")
                     .and_then(|b| serde_json::from_slice::<Vec<DestinationRow>>(&b).map_err(|e| e.to_string()));
                 match rows {
-                    Ok(rows) => path::compare_observed(&mut report, &rows),
+                    Ok(rows) => {
+                        path::compare_observed(&mut report, &rows, args.netns, observer::owner::host_netns());
+                    }
                     Err(e) => {
                         eprintln!("observer: error: --observed: {e}");
                         return ExitCode::from(2);
@@ -173,7 +175,10 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
     let input = if let Some(rec) = &args.recording {
         let file = std::fs::File::open(rec).with_context(|| format!("opening {}", rec.display()))?;
         let events = status::read_recording(file).with_context(|| format!("in {}", rec.display()))?;
-        report::input_from_recording(events, dest, u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX))
+        let mut input =
+            report::input_from_recording(events, dest, u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX));
+        input.select = args.select.select();
+        input
     } else {
         let store = Store::open(&args.data_dir).context("opening the evidence store")?;
         report::Input {
@@ -183,6 +188,8 @@ fn report_cmd(args: &ReportArgs) -> Result<()> {
             destination,
             since_ns,
             until_ns: now,
+            select: args.select.select(),
+            host_netns: observer::owner::host_netns(),
         }
     };
     let r = report::build(&input)?;

@@ -90,13 +90,15 @@ pub mod reason {
     /// The kernel's ring buffer was full.
     pub const RING_BUFFER_FULL: &str = "ring_buffer_full";
     /// The kernel's socket table was full (a socket went untracked).
-    pub const SOCKET_TABLE_FULL: &str = "socket_table_full";
+    /// The kernel refused socket-local storage (out of memory); was
+    /// `socket_table_full` before the state moved off a table.
+    pub const SOCKET_STORAGE_FULL: &str = "socket_storage_full";
     /// The evidence store could not keep up.
     pub const STORE_BACKLOG: &str = "store_backlog";
     /// The kernel's table of dead sockets held was full: a dead socket is
     /// missing from `observer_doomed_idle_sockets`.
     pub const DOOMED_TABLE_FULL: &str = "doomed_table_full";
-    pub const ALL: &[&str] = &[RING_BUFFER_FULL, SOCKET_TABLE_FULL, STORE_BACKLOG, DOOMED_TABLE_FULL];
+    pub const ALL: &[&str] = &[RING_BUFFER_FULL, SOCKET_STORAGE_FULL, STORE_BACKLOG, DOOMED_TABLE_FULL];
 }
 
 /// All metrics of the daemon.

@@ -17,8 +17,10 @@ pub use markdown::markdown;
 
 use crate::{
     aggregate::{Aggregator, Change, Config, DestinationRow, FailureMode},
-    event::{EventKind, SockEvent},
+    event::{EventKind, Role, SockEvent},
     path::fmt_secs,
+    store::VolumeCount,
+    table::{Select, SelectError},
 };
 
 /// Samples shown in the failure table at most.
@@ -34,9 +36,14 @@ pub struct Input {
     pub until_ns: u64,
     /// Evidence events for the destination, oldest first.
     pub events: Vec<SockEvent>,
-    /// New connections per minute (unix minute, count).
-    pub volume: Vec<(u64, u64)>,
+    /// New connections per minute, of every row of the destination.
+    pub volume: Vec<VolumeCount>,
     pub changes: Vec<Change>,
+    /// Which row (`--role`, `--netns`); by default the client row if the
+    /// destination was seen as one, else its only row.
+    pub select: Select,
+    /// The inode rows show as `netns: null` (0: every namespace named).
+    pub host_netns: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -144,6 +151,8 @@ pub struct Question {
 pub struct Report {
     pub destination: String,
     pub role: String,
+    /// The row's network namespace inode (null: the host's).
+    pub netns: Option<u32>,
     pub generated_unix_ns: u64,
     pub window_start_unix_ns: u64,
     pub window_end_unix_ns: u64,
@@ -161,10 +170,25 @@ pub struct Report {
     pub findings: Vec<(String, String)>,
 }
 
-/// Nothing to report.
+/// Nothing to report, or no single row to report on.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("no evidence for {0} in the window; check the address (ip:port, IPv6 as [addr]:port), --since, and --data-dir")]
-pub struct NoEvidence(pub String);
+pub enum NoEvidence {
+    #[error(
+        "no evidence for {0} in the window; check the address (ip:port, IPv6 as [addr]:port), --since, and --data-dir"
+    )]
+    Empty(String),
+    #[error(transparent)]
+    Select(#[from] SelectError),
+}
+
+/// The row's side as the report's headline names it: the role, and the
+/// network namespace when it is not the host's.
+fn side(r: &Report) -> String {
+    match r.netns {
+        Some(n) => format!("{} side, network namespace {n}", r.role),
+        None => format!("{} side", r.role),
+    }
+}
 
 fn utc(ns: u64) -> String {
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns)).to_string()
@@ -201,7 +225,7 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
     let since = until.saturating_sub(since_ns);
     let mut volume = std::collections::BTreeMap::new();
     for e in mine.iter().filter(|e| e.kind == EventKind::Established) {
-        *volume.entry(e.ts_unix_ns / 60_000_000_000).or_insert(0u64) += 1;
+        *volume.entry((e.ts_unix_ns / 60_000_000_000, e.role, e.netns)).or_insert(0u64) += 1;
     }
     let evidence = mine
         .into_iter()
@@ -212,8 +236,13 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
         since_ns: since,
         until_ns: until,
         events: evidence,
-        volume: volume.into_iter().collect(),
+        volume: volume
+            .into_iter()
+            .map(|((minute, role, netns), connections)| VolumeCount { minute, role, netns: Some(netns), connections })
+            .collect(),
         changes: Vec::new(),
+        select: Select::default(),
+        host_netns: 0,
     }
 }
 
@@ -259,7 +288,7 @@ fn probability_bins(reuses: &[&SockEvent]) -> Vec<ProbabilityBin> {
     bins
 }
 
-fn timeline(input: &Input, reuses: &[&SockEvent]) -> Vec<TimelineBin> {
+fn timeline(volume: &[&VolumeCount], reuses: &[&SockEvent]) -> Vec<TimelineBin> {
     let (start, end) = match (reuses.first(), reuses.last()) {
         (Some(a), Some(b)) => (a.ts_unix_ns, b.ts_unix_ns.max(a.ts_unix_ns + 1)),
         _ => return Vec::new(),
@@ -282,10 +311,10 @@ fn timeline(input: &Input, reuses: &[&SockEvent]) -> Vec<TimelineBin> {
             b.failures += 1;
         }
     }
-    for &(minute, n) in &input.volume {
-        let ts = minute * 60_000_000_000;
+    for v in volume {
+        let ts = v.minute * 60_000_000_000;
         if ts + 60_000_000_000 >= start && ts <= end {
-            bins[idx(ts.max(start))].new_connections += n;
+            bins[idx(ts.max(start))].new_connections += v.connections;
         }
     }
     bins
@@ -420,24 +449,37 @@ fn findings(row: &DestinationRow) -> Vec<(String, String)> {
 
 /// Build the report.
 pub fn build(input: &Input) -> Result<Report, NoEvidence> {
+    // Rows of their own for every role and namespace the destination was
+    // seen in (the events are of one address).
     let mut agg = Aggregator::new(Config {
         window_ns: input.until_ns.saturating_sub(input.since_ns),
-        max_destinations: 4,
-        host_netns: 0,
+        max_destinations: 4096,
+        host_netns: input.host_netns,
     });
     for e in &input.events {
         agg.ingest(e);
     }
     agg.finish();
     let rows = agg.rows(input.until_ns);
-    let row = rows
-        .iter()
-        .find(|r| r.role == crate::event::Role::Client)
-        .or_else(|| rows.first())
-        .cloned()
-        .ok_or_else(|| NoEvidence(input.destination.clone()))?;
+    if rows.is_empty() {
+        return Err(NoEvidence::Empty(input.destination.clone()));
+    }
+    let mut select = input.select;
+    if select.role.is_none() && rows.iter().any(|r| r.role == Role::Client) {
+        select.role = Some(Role::Client);
+    }
+    let row = select.pick(&rows, &input.destination, input.host_netns)?.clone();
     let role = row.role;
-    let mine: Vec<&SockEvent> = input.events.iter().filter(|e| e.role == role).collect();
+    let id = crate::table::RowId { destination: row.destination.clone(), role, netns: row.netns };
+    let mine: Vec<&SockEvent> = input.events.iter().filter(|e| agg.label_of(e).as_ref() == Some(&id)).collect();
+    // The row's netns as the aggregator names it (null: the host's or
+    // unknown); counts stored before the store knew namespaces count for
+    // every namespace of their role.
+    let ns = |raw: u32| (raw != 0 && raw != input.host_netns).then_some(raw);
+    let volume: Vec<&VolumeCount> =
+        input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.netns)).collect();
+    let changes: Vec<Change> =
+        input.changes.iter().filter(|c| c.role == role && c.netns == row.netns).cloned().collect();
     let reuses: Vec<&SockEvent> =
         mine.iter().copied().filter(|e| e.kind == EventKind::Reuse && e.outcome.is_some()).collect();
     let failures: Vec<&SockEvent> = reuses.iter().copied().filter(|e| is_failure(e)).collect();
@@ -445,9 +487,10 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     Ok(Report {
         destination: input.destination.clone(),
         role: role.as_str().to_owned(),
+        netns: row.netns,
         generated_unix_ns: crate::event::clock_ns(libc::CLOCK_REALTIME),
-        window_start_unix_ns: input.events.first().map_or(input.since_ns, |e| e.ts_unix_ns),
-        window_end_unix_ns: input.events.last().map_or(input.until_ns, |e| e.ts_unix_ns),
+        window_start_unix_ns: mine.first().map_or(input.since_ns, |e| e.ts_unix_ns),
+        window_end_unix_ns: mine.last().map_or(input.until_ns, |e| e.ts_unix_ns),
         summary: Summary {
             path_idle_timeout_seconds: row.path_idle_timeout_seconds,
             path_idle_timeout_lower_seconds: row.path_idle_timeout_lower_seconds,
@@ -477,10 +520,10 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             recommendation: row.recommendation.clone(),
         },
         failure_probability: probability_bins(&reuses),
-        timeline: timeline(input, &reuses),
+        timeline: timeline(&volume, &reuses),
         samples: samples(&failures),
         questions: questions(&row, &text),
-        changes: input.changes.clone(),
+        changes,
         findings: findings(&row),
     })
 }

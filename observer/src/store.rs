@@ -15,6 +15,10 @@
 //!   connections never pushes evidence out of the writer's queue.
 //! - One stored row that does not decode is skipped with a warning.
 //! - The directory is created 0700 and the database files 0600.
+//! - Every row carries its destination, role and network namespace (the
+//!   row identity of [`crate::table::RowId`]); schema 1 had no
+//!   namespace and is migrated in place on open: evidence and changes take
+//!   it from their stored JSON, connection counts keep none (null).
 
 use std::{
     collections::HashMap,
@@ -39,7 +43,8 @@ use crate::{
 
 /// Name of the database file in the data directory.
 pub const DB_FILE: &str = "evidence.sqlite";
-const SCHEMA_VERSION: i64 = 1;
+/// Schema 2: a `netns` column on every table.
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
@@ -50,8 +55,10 @@ pub enum StoreError {
         "opening the evidence store {path}: {source}; check the file and the permissions, or choose another --data-dir"
     )]
     Open { path: PathBuf, source: rusqlite::Error },
-    #[error("the evidence store {path} has schema version {found}, this observer understands {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
+    #[error("the evidence store {path} has schema version {found} (0: none), this observer understands 1 and {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
     Schema { path: PathBuf, found: i64 },
+    #[error("migrating the evidence store {path} from schema 1 to {SCHEMA_VERSION}: {source}; the file is unchanged (the migration is one transaction): free disk space or choose another --data-dir")]
+    Migrate { path: PathBuf, source: rusqlite::Error },
     #[error("evidence store: {0}")]
     Sql(#[from] rusqlite::Error),
     #[error("evidence store: a stored record is not valid: {0}")]
@@ -83,16 +90,30 @@ pub enum Record {
         minute: u64,
         destination: String,
         role: Role,
+        /// The sockets' network namespace inode, as events carry it.
+        netns: u32,
         connections: u64,
     },
 }
 
+/// New connections of one row in one minute, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeCount {
+    /// Unix minute.
+    pub minute: u64,
+    pub role: Role,
+    /// Network namespace inode as events carry it; None for counts stored
+    /// by schema 1, which kept none.
+    pub netns: Option<u32>,
+    pub connections: u64,
+}
+
 /// Per-minute connection counts, aggregated in memory before they reach
-/// the writer: one record per destination and minute.
+/// the writer: one record per destination, role, namespace and minute.
 #[derive(Debug, Default)]
 pub struct Volume {
     minute: u64,
-    counts: HashMap<(String, Role), u64>,
+    counts: HashMap<(String, Role, u32), u64>,
 }
 
 impl Volume {
@@ -106,11 +127,11 @@ impl Volume {
         let minute = ev.ts_unix_ns / 60_000_000_000;
         let out = if minute > self.minute { self.flush() } else { Vec::new() };
         self.minute = self.minute.max(minute);
-        let key = (addr.to_string(), role);
+        let key = (addr.to_string(), role, ev.netns);
         let key = if self.counts.contains_key(&key) || self.counts.len() < Self::MAX_KEYS {
             key
         } else {
-            ("other".to_owned(), role)
+            ("other".to_owned(), role, 0)
         };
         *self.counts.entry(key).or_default() += 1;
         out
@@ -121,7 +142,13 @@ impl Volume {
         let minute = self.minute;
         self.counts
             .drain()
-            .map(|((destination, role), connections)| Record::Volume { minute, destination, role, connections })
+            .map(|((destination, role, netns), connections)| Record::Volume {
+                minute,
+                destination,
+                role,
+                netns,
+                connections,
+            })
             .collect()
     }
 }
@@ -137,6 +164,62 @@ pub struct Pruned {
 pub struct Store {
     conn: Connection,
     path: PathBuf,
+}
+
+/// Schema 2, as a fresh store creates it.
+const SCHEMA: &str = "CREATE TABLE evidence (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER,
+         kind TEXT NOT NULL,
+         event TEXT NOT NULL);
+     CREATE INDEX evidence_ts ON evidence(ts_unix_ns);
+     CREATE INDEX evidence_dest ON evidence(destination, ts_unix_ns);
+     CREATE TABLE changes (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT,
+         netns INTEGER,
+         change TEXT NOT NULL);
+     CREATE TABLE volume (
+         minute INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER NOT NULL,
+         connections INTEGER NOT NULL,
+         PRIMARY KEY (minute, destination, role, netns));";
+
+/// Schema 1 to 2 in one transaction: evidence and changes take their
+/// namespace (and a change its role) from their stored JSON; connection
+/// counts, which never had one, get -1 (read back as unknown).
+fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         ALTER TABLE evidence ADD COLUMN netns INTEGER;
+         UPDATE evidence SET netns = json_extract(event, '$.netns') WHERE json_valid(event);
+         ALTER TABLE changes ADD COLUMN role TEXT;
+         ALTER TABLE changes ADD COLUMN netns INTEGER;
+         UPDATE changes SET role = json_extract(change, '$.role'), netns = json_extract(change, '$.netns')
+             WHERE json_valid(change);
+         CREATE TABLE volume2 (
+             minute INTEGER NOT NULL,
+             destination TEXT NOT NULL,
+             role TEXT NOT NULL,
+             netns INTEGER NOT NULL,
+             connections INTEGER NOT NULL,
+             PRIMARY KEY (minute, destination, role, netns));
+         INSERT INTO volume2 SELECT minute, destination, role, -1, connections FROM volume;
+         DROP TABLE volume;
+         ALTER TABLE volume2 RENAME TO volume;
+         UPDATE meta SET value = 2 WHERE key = 'schema';
+         COMMIT;",
+    )
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })
 }
 
 fn is_evidence(ev: &SockEvent) -> bool {
@@ -174,39 +257,23 @@ impl Store {
             conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
-            conn.execute_batch(
-                "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
-                 CREATE TABLE IF NOT EXISTS evidence (
-                     id INTEGER PRIMARY KEY,
-                     ts_unix_ns INTEGER NOT NULL,
-                     destination TEXT NOT NULL,
-                     role TEXT NOT NULL,
-                     kind TEXT NOT NULL,
-                     event TEXT NOT NULL);
-                 CREATE INDEX IF NOT EXISTS evidence_ts ON evidence(ts_unix_ns);
-                 CREATE INDEX IF NOT EXISTS evidence_dest ON evidence(destination, ts_unix_ns);
-                 CREATE TABLE IF NOT EXISTS changes (
-                     id INTEGER PRIMARY KEY,
-                     ts_unix_ns INTEGER NOT NULL,
-                     destination TEXT NOT NULL,
-                     change TEXT NOT NULL);
-                 CREATE TABLE IF NOT EXISTS volume (
-                     minute INTEGER NOT NULL,
-                     destination TEXT NOT NULL,
-                     role TEXT NOT NULL,
-                     connections INTEGER NOT NULL,
-                     PRIMARY KEY (minute, destination, role));",
-            )
+            conn.execute_batch("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);")
         };
         setup().map_err(|source| StoreError::Open { path: path.clone(), source })?;
         let version: Option<i64> =
             conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional()?;
+        let fresh =
+            conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'evidence'", [], |r| {
+                r.get::<_, i64>(0)
+            })? == 0;
         match version {
-            None => {
+            None if fresh => {
+                conn.execute_batch(SCHEMA)?;
                 conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION])?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
-            Some(found) => return Err(StoreError::Schema { path, found }),
+            Some(1) => migrate_1_to_2(&conn).map_err(|source| StoreError::Migrate { path: path.clone(), source })?,
+            found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
         }
         Ok(Self { conn, path })
     }
@@ -224,14 +291,15 @@ impl Store {
         let mut n = 0;
         {
             let mut ev_stmt = tx.prepare_cached(
-                "INSERT INTO evidence (ts_unix_ns, destination, role, kind, event) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO evidence (ts_unix_ns, destination, role, netns, kind, event) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
             let mut vol_stmt = tx.prepare_cached(
-                "INSERT INTO volume (minute, destination, role, connections) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT (minute, destination, role) DO UPDATE SET connections = connections + ?4",
+                "INSERT INTO volume (minute, destination, role, netns, connections) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (minute, destination, role, netns) DO UPDATE SET connections = connections + ?5",
             )?;
-            let mut ch_stmt =
-                tx.prepare_cached("INSERT INTO changes (ts_unix_ns, destination, change) VALUES (?1, ?2, ?3)")?;
+            let mut ch_stmt = tx.prepare_cached(
+                "INSERT INTO changes (ts_unix_ns, destination, role, netns, change) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
             for r in records {
                 match r {
                     Record::Event(ev) => {
@@ -242,25 +310,39 @@ impl Store {
                                 ts,
                                 addr.to_string(),
                                 role.as_str(),
+                                ev.netns,
                                 ev.kind.as_str(),
                                 serde_json::to_string(ev)?
                             ])?;
                             n += 1;
                         } else if ev.kind == EventKind::Established {
-                            vol_stmt.execute(params![ts / 60_000_000_000, addr.to_string(), role.as_str(), 1])?;
+                            vol_stmt.execute(params![
+                                ts / 60_000_000_000,
+                                addr.to_string(),
+                                role.as_str(),
+                                ev.netns,
+                                1
+                            ])?;
                         }
                     }
-                    Record::Volume { minute, destination, role, connections } => {
+                    Record::Volume { minute, destination, role, netns, connections } => {
                         vol_stmt.execute(params![
                             i64::try_from(*minute).unwrap_or(i64::MAX),
                             destination,
                             role.as_str(),
+                            netns,
                             i64::try_from(*connections).unwrap_or(i64::MAX)
                         ])?;
                     }
                     Record::Change(c) => {
                         let ts = i64::try_from(c.ts_unix_ns).unwrap_or(i64::MAX);
-                        ch_stmt.execute(params![ts, c.destination, serde_json::to_string(c)?])?;
+                        ch_stmt.execute(params![
+                            ts,
+                            c.destination,
+                            c.role.as_str(),
+                            c.netns,
+                            serde_json::to_string(c)?
+                        ])?;
                         n += 1;
                     }
                 }
@@ -329,17 +411,26 @@ impl Store {
         Ok(out)
     }
 
-    /// New connections per minute (unix minute, count) for a destination.
-    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+    /// New connections per minute for a destination, per role and namespace.
+    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<VolumeCount>, StoreError> {
         let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);
         let mut stmt = self.conn.prepare(
-            "SELECT minute, SUM(connections) FROM volume WHERE destination = ?1 AND minute >= ?2 GROUP BY minute ORDER BY minute",
+            "SELECT minute, role, netns, SUM(connections) FROM volume WHERE destination = ?1 AND minute >= ?2
+             GROUP BY minute, role, netns ORDER BY minute",
         )?;
-        let rows = stmt.query_map(params![destination, since], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+        let rows = stmt.query_map(params![destination, since], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?))
+        })?;
         let mut out = Vec::new();
         for r in rows {
-            let (m, c) = r?;
-            out.push((u64::try_from(m).unwrap_or(0), u64::try_from(c).unwrap_or(0)));
+            let (m, role, netns, c) = r?;
+            let Some(role) = Role::parse(&role) else { continue };
+            out.push(VolumeCount {
+                minute: u64::try_from(m).unwrap_or(0),
+                role,
+                netns: u32::try_from(netns).ok(),
+                connections: u64::try_from(c).unwrap_or(0),
+            });
         }
         Ok(out)
     }

@@ -473,3 +473,107 @@ fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
     eprintln!("MEASURED swept 2 s timeout, five runs: {answers:#?}");
     Ok(())
 }
+
+/// Two client namespaces reach one server address (a bridge in the
+/// server's namespace): one reuses past the server's 2 s idle timeout, the
+/// other well inside it. Two rows; a report per namespace with only that
+/// namespace's evidence, and an error naming both without `--netns`;
+/// `path check --observed` compares the chosen namespace's row, or asks.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
+    let ns = common::Netns::create("twons", 3)?;
+    let (a, b, s) = (ns.name(0).to_owned(), ns.name(1).to_owned(), ns.name(2).to_owned());
+    let sh = common::sh;
+    sh(&format!(
+        "ip -n {s} link add br0 type bridge && ip -n {s} addr add 10.201.1.1/24 dev br0 && ip -n {s} link set br0 up"
+    ))?;
+    for (n, ip, port) in [(&a, "10.201.1.2", "pa"), (&b, "10.201.1.3", "pb")] {
+        sh(&format!("ip -n {n} link add c0 type veth peer name {port} netns {s}"))?;
+        sh(&format!("ip -n {s} link set {port} master br0 && ip -n {s} link set {port} up"))?;
+        sh(&format!("ip -n {n} addr add {ip}/24 dev c0 && ip -n {n} link set c0 up"))?;
+    }
+    let inode = |i: usize| -> Result<u32> { Ok(ns.exec(i, "stat -L -c %i /proc/self/ns/net")?.trim().parse()?) };
+    let (ino_a, ino_b) = (inode(0)?, inode(1)?);
+    let echo = script(ECHO_SERVER)?;
+    let _srv = start_server(&ns, 2, &format!("python3 -u {} 10.201.1.1 9060 2", echo.display()))?;
+    let data = tempfile::tempdir()?;
+    let daemon = Daemon::start(&["--data-dir", data.path().to_str().context("path")?])?;
+    let client = script(RECONNECTING_CLIENT)?;
+    let failing: Vec<String> = (0..10).map(|k| format!("{:.2}", 1.0 + 0.25 * f64::from(k))).collect();
+    let children = vec![
+        ns.spawn(0, &format!("python3 {} 10.201.1.1 9060 {} 5", client.display(), failing.join(",")))?,
+        ns.spawn(1, &format!("python3 {} 10.201.1.1 9060 1.0,1.0,1.0,1.0,1.0,1.0 5", client.display()))?,
+    ];
+    wait_all(children)?;
+    let rows = settle(&daemon)?;
+    let dest = "10.201.1.1:9060";
+    let mine: Vec<&DestinationRow> = rows.iter().filter(|r| r.destination == dest && r.role == Role::Client).collect();
+    ensure!(mine.len() == 2, "one row per namespace: {mine:#?}");
+    let ra = mine.iter().find(|r| r.netns == Some(ino_a)).context("namespace A's row")?;
+    let rb = mine.iter().find(|r| r.netns == Some(ino_b)).context("namespace B's row")?;
+    assert!(ra.failures > 0 && ra.verdict == Verdict::Mismatch, "{ra:#?}");
+    assert_eq!(rb.failures, 0, "{rb:#?}");
+    assert_ne!(rb.verdict, Verdict::Mismatch, "{rb:#?}");
+    // Let the store's writer flush (every 500 ms), then report per namespace.
+    std::thread::sleep(Duration::from_secs(2));
+    let report = |extra: &[&str]| -> Result<std::process::Output> {
+        Ok(Command::new(OBSERVER)
+            .args(["report", "--destination", dest, "--format", "json", "--data-dir"])
+            .arg(data.path())
+            .args(extra)
+            .output()?)
+    };
+    let json = |o: std::process::Output| -> Result<serde_json::Value> {
+        ensure!(o.status.success(), "report failed: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(serde_json::from_slice(&o.stdout)?)
+    };
+    let (sa, sb) = (ino_a.to_string(), ino_b.to_string());
+    let rep_a = json(report(&["--netns", &sa])?)?;
+    let rep_b = json(report(&["--role", "client", "--netns", &sb])?)?;
+    assert_eq!(rep_a["netns"], serde_json::json!(ino_a));
+    assert_eq!(rep_a["summary"]["failures"].as_u64(), Some(ra.failures), "{rep_a:#}");
+    assert_eq!(rep_a["summary"]["reuses"].as_u64(), Some(ra.reuses), "{rep_a:#}");
+    assert_eq!(rep_b["netns"], serde_json::json!(ino_b));
+    assert_eq!(rep_b["summary"]["failures"].as_u64(), Some(0), "only B's evidence: {rep_b:#}");
+    assert_eq!(rep_b["summary"]["reuses"].as_u64(), Some(rb.reuses), "{rep_b:#}");
+    let asked = report(&[])?;
+    let err = String::from_utf8_lossy(&asked.stderr);
+    assert!(!asked.status.success() && err.contains(&sa) && err.contains(&sb), "asks which: {err}");
+    // path check: a hop declared at 60 s at that address.
+    let path = data.path().join("path.toml");
+    std::fs::write(
+        &path,
+        format!("[[hop]]\nname = \"pool\"\nclient = true\n\n[[hop]]\nname = \"server\"\nidle_timeout = \"60s\"\naddress = \"{dest}\"\n"),
+    )?;
+    let addr = daemon.http_addr()?;
+    let check = |extra: &[&str]| -> Result<serde_json::Value> {
+        let o = Command::new(OBSERVER)
+            .args(["path", "check", "--observed", "--output", "json", "--addr", &addr])
+            .arg(&path)
+            .args(extra)
+            .output()?;
+        ensure!(o.stdout.starts_with(b"{"), "path check: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(serde_json::from_slice(&o.stdout)?)
+    };
+    let observed = |v: &serde_json::Value| {
+        v["violations"].as_array().map_or(0, |a| a.iter().filter(|x| x["rule"] == "observed").count())
+    };
+    let pa = check(&["--netns", &sa])?;
+    assert_eq!(observed(&pa), 1, "A measured 2 s against 60 s declared: {pa:#}");
+    let pb = check(&["--netns", &sb])?;
+    assert_eq!(observed(&pb), 0, "B proved only survivals: {pb:#}");
+    let p = check(&[])?;
+    assert_eq!(observed(&p), 0, "no row picked by chance: {p:#}");
+    let note = p["notes"].to_string();
+    assert!(note.contains("not compared") && note.contains(&sa) && note.contains(&sb), "{note}");
+    eprintln!(
+        "MEASURED two namespaces: A {ino_a}: {} reuses, {} failures, point {:?}; B {ino_b}: {} reuses, 0 failures; report without --netns: {}",
+        ra.reuses,
+        ra.failures,
+        ra.path_idle_timeout_seconds,
+        rb.reuses,
+        err.trim()
+    );
+    Ok(())
+}

@@ -63,7 +63,7 @@ fn exposition_lines_for_known_events() {
         r#"observer_events_total{kind="peer_close_while_idle"} 3"#,
         r#"observer_events_total{kind="established"} 1"#,
         r#"observer_events_lost_total{reason="ring_buffer_full"} 3"#,
-        r#"observer_events_lost_total{reason="socket_table_full"} 0"#,
+        r#"observer_events_lost_total{reason="socket_storage_full"} 0"#,
         "observer_tracked_sockets 42",
         "observer_reuses_unresolved_total 2",
     ] {

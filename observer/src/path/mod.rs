@@ -21,7 +21,11 @@ use std::{fmt, fmt::Write as _, net::SocketAddr};
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::{aggregate::DestinationRow, estimate::POOL_FRACTION};
+use crate::{
+    aggregate::DestinationRow,
+    estimate::POOL_FRACTION,
+    table::{Select, SelectError},
+};
 use catalog::{Category, Kind};
 
 /// A timeout value: seconds, or no limit.
@@ -408,21 +412,21 @@ fn close_enough(declared: f64, measured: f64) -> bool {
 /// Compare what hops with an `address` declare to what the daemon measured
 /// for that destination (client role): the idle timeout, the pool margin
 /// in front of it, the request deadline, and the observed deadline pair.
-pub fn compare_observed(report: &mut Report, rows: &[DestinationRow]) {
-    compare_idle(report, rows);
-    compare_deadlines(report, rows);
+/// Rows are the client rows of each hop's address in namespace `netns`
+/// (`None`: the only one seen; `host_netns` is the inode rows show as
+/// null); a hop seen from several namespaces is noted, not compared.
+pub fn compare_observed(report: &mut Report, rows: &[DestinationRow], netns: Option<u32>, host_netns: u32) {
+    let select = Select { role: Some(crate::event::Role::Client), netns };
+    compare_idle(report, rows, select, host_netns);
+    compare_deadlines(report, rows, select, host_netns);
 }
 
-fn observed_row<'a>(rows: &'a [DestinationRow], dest: &str) -> Option<&'a DestinationRow> {
-    rows.iter().find(|r| r.destination == dest && r.role == crate::event::Role::Client)
-}
-
-fn compare_deadlines(report: &mut Report, rows: &[DestinationRow]) {
+fn compare_deadlines(report: &mut Report, rows: &[DestinationRow], select: Select, host_netns: u32) {
     let mut found = Vec::new();
     for (i, hop) in report.hops.iter().enumerate() {
         let Some(addr) = hop.address else { continue };
         let dest = addr.to_string();
-        let Some(row) = observed_row(rows, &dest) else { continue };
+        let Ok(row) = select.pick(rows, &dest, host_netns) else { continue };
         if let (Some(Limit::Seconds(d)), Some(m)) = (hop.deadline, row.peer_request_deadline_seconds) {
             if !close_enough(d, m) {
                 found.push(Violation {
@@ -468,14 +472,21 @@ fn compare_deadlines(report: &mut Report, rows: &[DestinationRow]) {
     report.violations.extend(found);
 }
 
-fn compare_idle(report: &mut Report, rows: &[DestinationRow]) {
+fn compare_idle(report: &mut Report, rows: &[DestinationRow], select: Select, host_netns: u32) {
     let mut margin = Vec::new();
     for hop in &report.hops {
         let Some(addr) = hop.address else { continue };
         let dest = addr.to_string();
-        let Some(row) = observed_row(rows, &dest) else {
-            report.notes.push(format!("{}: no evidence measured for {dest} yet", hop.name));
-            continue;
+        let row = match select.pick(rows, &dest, host_netns) {
+            Ok(row) => row,
+            Err(SelectError::NoRow { .. }) => {
+                report.notes.push(format!("{}: no evidence measured for {dest} yet", hop.name));
+                continue;
+            }
+            Err(e @ SelectError::Ambiguous { .. }) => {
+                report.notes.push(format!("{}: not compared: {e}", hop.name));
+                continue;
+            }
         };
         let (lower, upper, point) =
             (row.path_idle_timeout_lower_seconds, row.path_idle_timeout_upper_seconds, row.path_idle_timeout_seconds);

@@ -100,7 +100,7 @@ fn observed_disagreement_is_flagged() {
     let hops = parse(SETTLEMENT).unwrap();
     let mut r = check(&hops);
     let before = r.violations.len();
-    compare_observed(&mut r, &[row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0))]);
+    compare_observed(&mut r, &[row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0))], None, 0);
     assert_eq!(r.violations.len(), before + 1);
     let v = r.violations.last().unwrap();
     assert_eq!(v.rule, "observed");
@@ -110,11 +110,11 @@ fn observed_disagreement_is_flagged() {
         v.message
     );
     let mut r = check(&hops);
-    compare_observed(&mut r, &[row("203.0.113.10:443", 59.0, Some(60.2), Some(60.0))]);
+    compare_observed(&mut r, &[row("203.0.113.10:443", 59.0, Some(60.2), Some(60.0))], None, 0);
     assert_eq!(r.violations.len(), before, "60 s declared, 60 s measured");
     assert!(r.notes.iter().any(|n| n.contains("agree")));
     let mut r = check(&hops);
-    compare_observed(&mut r, &[]);
+    compare_observed(&mut r, &[], None, 0);
     assert!(r.notes.iter().any(|n| n.contains("no evidence")));
 }
 
@@ -131,7 +131,7 @@ fn observed_pool_margin_names_a_number() {
     let hops = parse(OBSERVED_PATH).unwrap();
     let mut r = check(&hops);
     assert!(r.violations.is_empty(), "{}", render(&r));
-    compare_observed(&mut r, &[row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0))]);
+    compare_observed(&mut r, &[row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0))], None, 0);
     let got = rules(&r);
     assert!(got.contains(&("observed_pool_margin", "client pool")), "{got:?}");
     let v = r.violations.iter().find(|v| v.rule == "observed_pool_margin").unwrap();
@@ -143,7 +143,7 @@ fn observed_deadlines_are_checked() {
     let hops = parse(OBSERVED_PATH).unwrap();
     let mut r = check(&hops);
     let measured = with_deadlines(row("203.0.113.10:443", 5.0, None, None), Some(3.0), Some(2.0));
-    compare_observed(&mut r, &[measured]);
+    compare_observed(&mut r, &[measured], None, 0);
     let got = rules(&r);
     assert!(got.contains(&("observed_deadline", "partner")), "declared 10 s, aborts after 3 s: {got:?}");
     assert!(got.contains(&("observed_deadline_staircase", "partner")), "we give up at 2 s before its 3 s: {got:?}");
@@ -152,7 +152,7 @@ fn observed_deadlines_are_checked() {
     // Agreeing values raise nothing.
     let mut r = check(&hops);
     let measured = with_deadlines(row("203.0.113.10:443", 5.0, None, None), Some(10.02), Some(30.0));
-    compare_observed(&mut r, &[measured]);
+    compare_observed(&mut r, &[measured], None, 0);
     assert!(r.violations.is_empty(), "{}", render(&r));
 }
 
@@ -193,4 +193,39 @@ fn catalog_lists_kinds_with_sources() {
     let one = render_catalog(Some("nodejs")).unwrap();
     assert!(one.contains("headers_timeout = 60 s") && one.contains("source:"), "{one}");
     assert!(render_catalog(Some("nope")).unwrap_err().contains("known kinds"));
+}
+
+/// One hop address seen from two network namespaces: without `--netns`
+/// the check asks (a note naming both), with it each namespace's row is
+/// compared on its own.
+#[test]
+fn observed_picks_the_namespace_or_asks() {
+    let hops = parse(SETTLEMENT).unwrap();
+    let mut bad = row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0));
+    bad.netns = Some(4_026_532_284);
+    let mut good = row("203.0.113.10:443", 59.0, Some(60.2), Some(60.0));
+    good.netns = Some(4_026_532_301);
+    let rows = [bad, good];
+    let mut r = check(&hops);
+    let before = r.violations.len();
+    compare_observed(&mut r, &rows, None, 0);
+    assert_eq!(r.violations.len(), before, "no row is picked by chance");
+    let asked = r.notes.iter().find(|n| n.contains("not compared")).expect("a note asks which");
+    assert!(asked.contains("--netns 4026532284") && asked.contains("--netns 4026532301"), "{asked}");
+    let mut r = check(&hops);
+    compare_observed(&mut r, &rows, Some(4_026_532_284), 0);
+    assert_eq!(r.violations.len(), before + 1);
+    assert_eq!(r.violations.last().unwrap().rule, "observed");
+    let mut r = check(&hops);
+    compare_observed(&mut r, &rows, Some(4_026_532_301), 0);
+    assert_eq!(r.violations.len(), before);
+    assert!(r.notes.iter().any(|n| n.contains("agree")));
+    // The host's row (netns null) answers to its inode and to 0.
+    let mut host = row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0));
+    host.netns = None;
+    for want in [0, 4_026_531_840] {
+        let mut r = check(&hops);
+        compare_observed(&mut r, std::slice::from_ref(&host), Some(want), 4_026_531_840);
+        assert_eq!(r.violations.len(), before + 1, "--netns {want}");
+    }
 }

@@ -20,7 +20,7 @@ table{{border-collapse:collapse;margin:1rem 0}}td,th{{border:1px solid #ccc;padd
 th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{background:#f6f6f6;padding:0 .2rem}}
 </style></head><body>
 <h1>Idle timeout evidence for <code>{d}</code></h1>
-<p>Generated {gen} by observer from kernel observations of every TCP socket to <code>{d}</code> ({role} side), {ws} to {we}.</p>
+<p>Generated {gen} by observer from kernel observations of every TCP socket to <code>{d}</code> ({role}), {ws} to {we}.</p>
 <h2 id="summary">Summary</h2>
 <p class="big">{text}.</p>
 <table><tr><th>Effective path idle timeout</th><td>{point} (interval [{lo}, {up}])</td></tr>
@@ -33,7 +33,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 "#,
         d = esc(&r.destination),
         gen = utc(r.generated_unix_ns),
-        role = esc(&r.role),
+        role = esc(&super::side(r)),
         ws = utc(r.window_start_unix_ns),
         we = utc(r.window_end_unix_ns),
         text = esc(&s.failure_mode_text),

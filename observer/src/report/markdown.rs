@@ -20,10 +20,10 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(m, "# Idle timeout evidence for `{}`\n", r.destination);
     let _ = writeln!(
         m,
-        "Generated {} by observer from kernel observations of every TCP socket to `{}` ({} side), {} to {}.\n",
+        "Generated {} by observer from kernel observations of every TCP socket to `{}` ({}), {} to {}.\n",
         utc(r.generated_unix_ns),
         r.destination,
-        r.role,
+        super::side(r),
         utc(r.window_start_unix_ns),
         utc(r.window_end_unix_ns)
     );

@@ -68,7 +68,7 @@ fn restart_keeps_evidence_and_rebuilds_the_same_estimates() {
     let now = live.latest_ns();
     assert_eq!(rebuilt.rows(now), live.rows(now));
     let vol = store.volume("10.0.0.2:443", 0).unwrap();
-    assert_eq!(vol.iter().map(|(_, c)| c).sum::<u64>(), 30);
+    assert_eq!(vol.iter().map(|v| v.connections).sum::<u64>(), 30);
     assert!(store.integrity_ok().unwrap());
 }
 
@@ -172,7 +172,7 @@ fn connection_storms_become_one_record_per_minute() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(dir.path()).unwrap();
     store.insert(&out).unwrap();
-    let vol: u64 = store.volume("10.0.0.2:443", 0).unwrap().iter().map(|(_, c)| c).sum();
+    let vol: u64 = store.volume("10.0.0.2:443", 0).unwrap().iter().map(|v| v.connections).sum();
     assert_eq!(vol, 100_000);
 }
 
@@ -221,6 +221,7 @@ fn every_table_counts_toward_the_size_limit() {
             minute: T0 / (60 * S) + k / 100,
             destination: format!("10.{}.{}.1:443", k % 100, k / 1000),
             role: Role::Client,
+            netns: 0,
             connections: 1,
         })
         .collect();
@@ -231,4 +232,73 @@ fn every_table_counts_toward_the_size_limit() {
     assert!(before > limit, "the test needs more than the limit ({before})");
     store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
     assert!(store.size_bytes().unwrap() <= limit);
+}
+
+/// A store written by schema 1 (the release before namespaces; made by
+/// that release's `Store`, see `tests/fixtures/README.md`): 10.0.0.2:443
+/// reached from two namespaces, one with failures, with one change.
+const SCHEMA1: &[u8] = include_bytes!("../../tests/fixtures/store-schema1.sqlite");
+
+#[test]
+fn schema_1_is_migrated_and_reports_pick_the_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(DB_FILE), SCHEMA1).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let version: i64 = store.conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let d = "10.0.0.2:443";
+    let events = store.events(Some(d), 0).unwrap();
+    assert_eq!(events.len(), 40 + 10, "40 reuses and 10 peer closes survive the migration");
+    let untagged: i64 = store
+        .conn
+        .query_row(
+            "SELECT COUNT(*) FROM evidence WHERE netns IS NULL OR netns != json_extract(event, '$.netns')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(untagged, 0, "every evidence row took its namespace from its JSON");
+    let volume = store.volume(d, 0).unwrap();
+    assert_eq!(volume.iter().map(|v| v.connections).sum::<u64>(), 40);
+    assert!(volume.iter().all(|v| v.netns.is_none()), "schema 1 counted connections without a namespace");
+    let changes = store.changes(d, 0).unwrap();
+    assert_eq!(changes.len(), 1);
+    let role: String = store.conn.query_row("SELECT role FROM changes", [], |r| r.get(0)).unwrap();
+    assert_eq!(role, "client");
+    let input = |netns: Option<u32>| crate::report::Input {
+        destination: d.to_owned(),
+        since_ns: 0,
+        until_ns: T0 + 3000 * S,
+        events: events.clone(),
+        volume: volume.clone(),
+        changes: changes.clone(),
+        select: crate::table::Select { role: None, netns },
+        host_netns: 0,
+    };
+    let a = crate::report::build(&input(Some(4_026_532_284))).unwrap();
+    assert_eq!((a.netns, a.summary.reuses, a.summary.failures), (Some(4_026_532_284), 20, 10));
+    assert_eq!(a.changes.len(), 1, "the change was namespace A's");
+    let b = crate::report::build(&input(Some(4_026_532_301))).unwrap();
+    assert_eq!((b.netns, b.summary.reuses, b.summary.failures), (Some(4_026_532_301), 20, 0));
+    assert!(b.changes.is_empty());
+    let asked = crate::report::build(&input(None)).unwrap_err().to_string();
+    assert!(asked.contains("--netns 4026532284") && asked.contains("--netns 4026532301"), "{asked}");
+    // New writes carry their namespace; a reopened store is not migrated twice.
+    drop(store);
+    let mut store = Store::open(dir.path()).unwrap();
+    let mut e = ev(T0 + 4000 * S, EventKind::Established, 0.0, None);
+    e.netns = 7;
+    store.insert(&[Record::Event(e)]).unwrap();
+    assert!(store.volume(d, 0).unwrap().iter().any(|v| v.netns == Some(7) && v.connections == 1));
+}
+
+#[test]
+fn a_foreign_schema_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema'", []).unwrap();
+    }
+    let e = Store::open(dir.path()).err().expect("schema 99 is refused").to_string();
+    assert!(e.contains("schema version 99") && e.contains("--data-dir"), "{e}");
 }
