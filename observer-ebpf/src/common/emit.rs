@@ -1,0 +1,110 @@
+//! Events to userspace: one ring-buffer record built in place from a
+//! socket's state, and when it wakes the reader.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one state machine split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// Emit one event built from the socket's state. The record is written in
+/// place in the ring buffer (no copy on the 512-byte BPF stack).
+#[inline(always)]
+pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl FnOnce(&mut Event)) {
+    let Some(mut entry) = EVENTS.reserve::<Event>(0) else {
+        count(counter::RINGBUF_FULL);
+        return;
+    };
+    // SAFETY: the reserved slot is valid for writes of one Event; every
+    // byte is written (zeroed) before any field is read.
+    let e = unsafe {
+        let p = entry.as_mut_ptr();
+        core::ptr::write_bytes(p, 0, 1);
+        &mut *p
+    };
+    e.ts_ns = now;
+    e.sock_id = st.id;
+    e.kind = kind;
+    e.saddr = st.saddr;
+    e.daddr = st.daddr;
+    e.sport = st.sport;
+    e.dport = st.dport;
+    e.family = st.family;
+    e.role = st.role;
+    e.tgid = st.tgid;
+    e.comm = st.comm;
+    e.cgroup_id = st.cgroup_id;
+    e.netns = st.netns;
+    e.flags = st.flags & flags::PREEXISTING;
+    if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED {
+        let (on, jiffies) = keepalive(sk);
+        if on {
+            e.flags |= flags::KEEPALIVE;
+            e.keepalive_jiffies = jiffies;
+        }
+    }
+    let last = last_activity(st);
+    if last != 0 && now > last {
+        e.idle_ns = now - last;
+    }
+    fill(e);
+    entry.submit(wakeup(kind));
+}
+
+/// How a record wakes the reader. Evidence wakes it as soon as it has
+/// caught up (the ring buffer's default). A connection's `established` and
+/// `closed` records wake it only once an eighth of the ring is waiting: the
+/// daemon drains the ring every second anyway, and a wakeup is an
+/// `irq_work` interrupt, most of what a connection cost the state-change
+/// hook (measured: `cargo xtask bench`, kernel cost under churn).
+#[inline(always)]
+pub(crate) fn wakeup(kind: u8) -> u64 {
+    use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+    if kind != kind::ESTABLISHED && kind != kind::CLOSED {
+        return 0;
+    }
+    let waiting = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
+    if waiting > global(&raw const RING_BYTES) / 8 {
+        u64::from(BPF_RB_FORCE_WAKEUP)
+    } else {
+        u64::from(BPF_RB_NO_WAKEUP)
+    }
+}
+
+/// Emit the outcome of the outstanding request if it was a reuse.
+#[inline(always)]
+pub(crate) fn reuse_outcome(sk: *const c_void, st: &SockState, now: u64, result: u8, how: u8) {
+    if st.flags & st::REUSE == 0 {
+        return;
+    }
+    let (req_ns, idle, retrans) = (st.req_ns, st.req_idle_ns, st.retransmits);
+    let fin_before = st.flags & st::FIN_BEFORE_REQ != 0;
+    emit(sk, st, kind::REUSE, now, |e| {
+        e.idle_ns = idle;
+        e.elapsed_ns = now.saturating_sub(req_ns);
+        e.outcome = result;
+        e.how = how;
+        e.retransmits = retrans;
+        if fin_before {
+            e.flags |= flags::FIN_BEFORE_WRITE;
+        }
+    });
+}
+
+/// Emit a request event (`request_aborted`/`request_timeout`).
+#[inline(always)]
+pub(crate) fn request_event(sk: *const c_void, st: &SockState, now: u64, kind: u8, how: u8, bytes: u32) {
+    let (req_ns, idle, retrans) = (st.req_ns, st.req_idle_ns, st.retransmits);
+    let reuse = st.flags & st::REUSE != 0;
+    emit(sk, st, kind, now, |e| {
+        e.idle_ns = idle;
+        e.elapsed_ns = now.saturating_sub(req_ns);
+        e.how = how;
+        e.retransmits = retrans;
+        e.bytes = bytes;
+        e.flags |= flags::REQUEST_OUTSTANDING;
+        if reuse {
+            e.flags |= flags::REUSE;
+        }
+    });
+}

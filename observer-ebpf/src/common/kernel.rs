@@ -1,0 +1,100 @@
+//! Kernel field readers: `struct sock` and `struct tcp_sock` fields at the
+//! BTF offsets userspace resolved (direct loads where the hook's pointer
+//! is BTF-typed, `bpf_probe_read_kernel` otherwise).
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one state machine split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// `sk_shutdown` bit for "no more receives" (a full close, not `SHUT_WR`).
+pub(crate) const RCV_SHUTDOWN: u8 = 1;
+
+/// `a` is after `b` in sequence space.
+#[inline(always)]
+pub fn after(a: u32, b: u32) -> bool {
+    (b.wrapping_sub(a)).cast_signed() < 0
+}
+
+/// Read a kernel field at `sk + off`.
+#[inline(always)]
+pub(crate) fn field<T: Copy + Default>(sk: *const c_void, off: *const u64) -> T {
+    let off = global(off) as usize;
+    // SAFETY: a probe read; a failure reads as the default.
+    unsafe { bpf_probe_read_kernel(sk.cast::<u8>().add(off).cast::<T>()) }.unwrap_or_default()
+}
+
+/// Read a field of the hook's own BTF-typed `struct sock *` (or of a
+/// pointer loaded from one) at `sk + off` by a direct load: the verifier
+/// checks it against the type and makes it fault-safe, and it costs no
+/// helper call (the state-change hook runs about eight times per
+/// connection). Only for scalar fields of at most 8 bytes.
+#[inline(always)]
+#[allow(
+    clippy::cast_ptr_alignment,
+    reason = "a field's BTF offset is aligned for its type; the verifier checks the load against the type"
+)]
+pub(crate) fn direct<T: Copy>(sk: *const c_void, off: *const u64) -> T {
+    let off = global(off) as usize;
+    // SAFETY: a BTF-checked load from a kernel object of the verifier's own
+    // type, at a load-time constant offset.
+    unsafe { core::ptr::read_volatile(sk.cast::<u8>().add(off).cast::<T>()) }
+}
+
+#[inline(always)]
+pub fn rcv_nxt(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.rcv_nxt)
+}
+
+#[inline(always)]
+pub(crate) fn copied_seq(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.copied_seq)
+}
+
+#[inline(always)]
+pub fn write_seq(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.write_seq)
+}
+
+#[inline(always)]
+pub fn snd_una(sk: *const c_void) -> u32 {
+    field(sk, &raw const OFFSETS.snd_una)
+}
+
+#[inline(always)]
+pub fn sk_err(sk: *const c_void) -> i32 {
+    field(sk, &raw const OFFSETS.sk_err)
+}
+
+/// `sk_protocol`, by a direct load: `sk` must be a hook's BTF `struct sock *`.
+#[inline(always)]
+pub fn sk_protocol(sk: *const c_void) -> u16 {
+    direct(sk, &raw const OFFSETS.sk_protocol)
+}
+
+/// `sk_shutdown` has `RCV_SHUTDOWN` (a `close()`, not `shutdown(SHUT_WR)`).
+#[inline(always)]
+pub fn rcv_shutdown(sk: *const c_void) -> bool {
+    let byte: u8 = field(sk, &raw const OFFSETS.sk_shutdown);
+    let shift = global(&raw const OFFSETS.sk_shutdown_shift) as u32 & 7;
+    (byte >> shift) & RCV_SHUTDOWN != 0
+}
+
+/// Keep-alive on, and its idle time in jiffies (0 = the sysctl default).
+#[inline(always)]
+pub(crate) fn keepalive(sk: *const c_void) -> (bool, u32) {
+    let sk_flags: u64 = field(sk, &raw const OFFSETS.skc_flags);
+    let bit = global(&raw const OFFSETS.sock_keepopen_bit) & 63;
+    if sk_flags & (1 << bit) == 0 {
+        return (false, 0);
+    }
+    (true, field(sk, &raw const OFFSETS.keepalive_time))
+}
+
+/// `close()` with `RCV_SHUTDOWN`: a real close. `shutdown(SHUT_WR)` only
+/// half-closes and the request stays outstanding.
+#[inline(always)]
+pub fn is_full_close(sk: *const c_void) -> bool {
+    rcv_shutdown(sk)
+}

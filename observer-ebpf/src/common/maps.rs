@@ -1,0 +1,146 @@
+//! The maps and load-time globals every hook shares (userspace sets the
+//! globals and sizes the ring buffer before loading), and the counters.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one state machine split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// Events to userspace. Userspace resizes it at load time.
+#[map]
+pub static EVENTS: RingBuf = RingBuf::with_byte_size(256 * 1024, 0);
+
+/// Per-socket state, owned by the socket.
+#[btf_map]
+pub static SOCKETS: SkStorage<SockState> = SkStorage::new();
+
+/// Loss and bookkeeping counters, indexed by `observer_common::counter`.
+#[map]
+pub static COUNTERS: PerCpuArray<u64> = PerCpuArray::with_max_entries(counter::COUNT, 0);
+
+/// Per-CPU sequence for socket ids (`cpu << 48 | n`): unique per boot,
+/// never a kernel address.
+#[map]
+pub static ID_SEQ: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Connections our server side closed idle, by 4-tuple, for `late_reuse`
+/// (their full socket is gone by the time the client writes).
+#[map]
+pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_entries(16_384, 0);
+
+/// Client sockets that died idle while a process holds them (socket id ->
+/// record), from the death until the application writes on the socket or
+/// closes it. Not preallocated: kernel memory only for the entries there
+/// are; a full map is counted (`counter::DOOMED_FULL`).
+#[map]
+pub static DOOMED: HashMap<u64, DoomedRecord> =
+    HashMap::with_max_entries(65_536, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// Clocks: slot 0 is `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (ns spent
+/// suspended), to put the kernel's monotonic `tcp_clock_cache` on the boot
+/// clock every other timestamp uses (userspace sets it at load and every
+/// second; the probes refresh it off the hot path, so after a resume it is
+/// current before the first request after a quiet spell). Slot 1 is the
+/// monotonic time of jiffy 0 (`mono - jiffies * TICK_NS`), set by the
+/// probes, for [`busy_write_time`]. Slot 2 is the boot time the probes
+/// last refreshed them at, so they do it at most once a second.
+#[map]
+pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(3, 0);
+
+/// Slot 0 is 1 once our server side has remembered an idle close in
+/// [`CLOSED_IDLE`]: until then a new connection has nothing to forget
+/// there (an LRU delete takes a lock on every connection otherwise).
+#[map]
+pub static CLOSED_IDLE_USED: Array<u64> = Array::with_max_entries(1, 0);
+
+/// Size of the ring buffer in bytes, set at load time (read by [`wakeup`]
+/// instead of asking the ring on every connection).
+#[no_mangle]
+pub(crate) static RING_BYTES: u64 = 1 << 20;
+
+/// Length of a jiffy in ns (`clock_getres(CLOCK_MONOTONIC_COARSE)`), set
+/// at load time; 0 = unknown, and every write reads the clock.
+#[no_mangle]
+pub(crate) static TICK_NS: u64 = 0;
+
+/// BTF type ID of `struct tcp_sock` in the running kernel, set at load
+/// time for [`rdonly_cast_tcp_sock`].
+#[no_mangle]
+pub(crate) static TCP_SOCK_BTF_ID: u64 = 0;
+
+/// Minimum idle time before a write counts as a reuse. Set at load time.
+#[no_mangle]
+pub(crate) static MIN_IDLE_NS: u64 = 1_000_000_000;
+
+/// How long a retransmitted reuse may stay unacknowledged before it is a stall.
+#[no_mangle]
+pub(crate) static STALL_AFTER_NS: u64 = 1_000_000_000;
+
+/// A request unanswered for this long is dropped (counted unresolved) and
+/// never attributed to a later close.
+#[no_mangle]
+pub(crate) static ANSWER_WITHIN_NS: u64 = 300_000_000_000;
+
+/// 1 = emit `closed` events (userspace only prints them).
+#[no_mangle]
+pub(crate) static EMIT_CLOSED: u64 = 1;
+
+/// Kernel struct offsets, resolved by userspace from BTF. All zero means
+/// "not set": userspace refuses to load without them.
+#[no_mangle]
+pub(crate) static OFFSETS: Offsets = Offsets {
+    skc_daddr: 0,
+    skc_rcv_saddr: 0,
+    skc_dport: 0,
+    skc_num: 0,
+    skc_family: 0,
+    skc_v6_daddr: 0,
+    skc_v6_rcv_saddr: 0,
+    skc_flags: 0,
+    sock_keepopen_bit: 0,
+    sk_err: 0,
+    sk_protocol: 0,
+    sk_shutdown: 0,
+    sk_shutdown_shift: 0,
+    write_seq: 0,
+    snd_una: 0,
+    rcv_nxt: 0,
+    copied_seq: 0,
+    keepalive_time: 0,
+    skc_net: 0,
+    net_ns_inum: 0,
+    tcp_clock_cache: 0,
+    rcv_tstamp: 0,
+};
+
+#[inline(always)]
+pub(crate) fn global(p: *const u64) -> u64 {
+    // SAFETY: a plain read of a rodata global the loader may have rewritten.
+    unsafe { core::ptr::read_volatile(p) }
+}
+
+#[inline(always)]
+pub fn min_idle_ns() -> u64 {
+    global(&raw const MIN_IDLE_NS)
+}
+
+#[inline(always)]
+pub fn stall_after_ns() -> u64 {
+    global(&raw const STALL_AFTER_NS)
+}
+
+#[inline(always)]
+pub fn count(index: u32) {
+    if let Some(slot) = COUNTERS.get_ptr_mut(index) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+/// The socket-local storage map, for helpers called with a socket other
+/// programs type differently (`iter/tcp`).
+#[inline(always)]
+pub fn storage_map() -> *mut c_void {
+    (&raw const SOCKETS).cast_mut().cast()
+}

@@ -1,0 +1,498 @@
+//! The request state machine: a request from our first write after the
+//! last byte received until an answer, and its end by an answer, the
+//! peer's FIN or RST, our close, a stall, or the kernel giving up.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one state machine split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// A write of at most this many bytes immediately followed by our close
+/// (TLS `close_notify`, an HTTP/2 GOAWAY) is part of the close.
+pub const CONTROL_BYTES: u32 = 512;
+/// "Immediately": a control write and the close, or an unsolicited read
+/// and the peer's FIN, within this time.
+pub const CONTROL_NS: u64 = 100_000_000;
+/// A peer FIN/RST this soon after a reuse write crossed it in flight (the
+/// peer closed before it saw the request), even if the request was acked.
+pub const RACE_NS: u64 = 100_000_000;
+
+/// Probes' own `SockState::flags` bits (never on the wire).
+pub mod st {
+    /// The outstanding request has sequence snapshots (`req_snd_seq`,
+    /// `req_rcv_seq`): it came after a quiet spell (a reuse, or maybe a
+    /// control write). A request in a busy exchange has none, to keep two
+    /// field reads off the hot path; it is answered by any read, or by
+    /// unread data at the decision.
+    pub const SEQ: u8 = 0x01;
+    /// The outstanding request is a reuse.
+    pub const REUSE: u8 = 0x02;
+    /// Our close was seen (local close logic ran).
+    pub const LOCAL_CLOSED: u8 = 0x04;
+    /// An RST arrived.
+    pub const PEER_RST: u8 = 0x10;
+    /// A request went unanswered until the next write: a one-way writer.
+    /// No requests are tracked until data arrives again.
+    pub const ONE_WAY: u8 = 0x20;
+    /// The peer's FIN had arrived, unread, when the outstanding request
+    /// was written (after the application reads the EOF, a write starts
+    /// no request).
+    pub const FIN_BEFORE_REQ: u8 = 0x40;
+    /// The peer's FIN acknowledged a small write made just before (our
+    /// `close_notify`?): decided at our close, which follows at once if so.
+    pub const FIN_DEFERRED: u8 = 0x80;
+}
+
+/// Forget the outstanding request.
+#[inline(always)]
+pub(crate) fn clear_request(st: &mut SockState) {
+    st.req_ns = 0;
+    st.retransmits = 0;
+    st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED | st::SEQ);
+}
+
+/// Drop a request unanswered for longer than the bound. True if one was dropped.
+#[inline(always)]
+pub fn expire_request(st: &mut SockState, now: u64) -> bool {
+    if st.req_ns != 0 && now.saturating_sub(st.req_ns) > global(&raw const ANSWER_WITHIN_NS) {
+        if st.flags & st::REUSE != 0 {
+            count(counter::REUSE_UNRESOLVED);
+        }
+        clear_request(st);
+        return true;
+    }
+    false
+}
+
+/// Data arrived beyond what had arrived at the request write (`fin`: the
+/// peer's FIN is already counted in `rcv_nxt`). Without snapshots, data
+/// the application has not read yet counts.
+#[inline(always)]
+pub(crate) fn answered(sk: *const c_void, st: &SockState, fin: bool) -> bool {
+    if st.flags & st::SEQ == 0 {
+        // Data short of the FIN is unread; `copied_seq` passes the FIN
+        // itself (one past the data) once the application reads the EOF.
+        let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin || st.peer_fin_ns != 0));
+        return after(rcv, copied_seq(sk));
+    }
+    let rcv = rcv_nxt(sk).wrapping_sub(u32::from(fin));
+    rcv != st.req_rcv_seq && after(rcv, st.req_rcv_seq)
+}
+
+/// The application has read everything that arrived, the peer's FIN
+/// included (`tcp_recvmsg` moves `copied_seq` past the FIN when it returns
+/// the end of stream).
+#[inline(always)]
+pub(crate) fn eof_read(sk: *const c_void) -> bool {
+    copied_seq(sk) == rcv_nxt(sk)
+}
+
+/// The request's bytes were acknowledged (unknown without snapshots: no).
+#[inline(always)]
+pub(crate) fn acked(sk: *const c_void, st: &SockState) -> bool {
+    st.flags & st::SEQ != 0 && after(snd_una(sk), st.req_snd_seq)
+}
+
+/// Request bytes written so far (0 = unknown, without snapshots).
+#[inline(always)]
+pub(crate) fn request_bytes(sk: *const c_void, st: &SockState) -> u32 {
+    if st.flags & st::SEQ == 0 {
+        return 0;
+    }
+    write_seq(sk).wrapping_sub(st.req_snd_seq)
+}
+
+/// The outstanding request was answered: `ok` for a reuse; the idle clock
+/// restarts at the answer.
+#[inline(always)]
+pub fn resolve_answered(sk: *const c_void, st: &mut SockState, now: u64, how: u8) {
+    reuse_outcome(sk, st, now, outcome::OK, how);
+    clear_request(st);
+    st.last_recv_ns = now;
+}
+
+/// A write by the application (send hook).
+#[inline(always)]
+pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
+    let last = last_activity(st);
+    let idle = if last != 0 { now.saturating_sub(last) } else { 0 };
+    // Plain locals, not an Option: kernels before 6.5 reject a read of a
+    // stack slot the compiler left unwritten on the `None` path.
+    let mut wseq = 0u32;
+    let mut have_wseq = false;
+    if last == 0 || idle >= CONTROL_NS {
+        // First write after a quiet spell: remembered in case our close
+        // follows at once (then it was a close_notify, not a request).
+        wseq = write_seq(sk);
+        have_wseq = true;
+        // Off the hot path: after a resume the offset is current before
+        // the first request after a quiet spell is answered.
+        refresh_clocks(now);
+        st.wburst_ns = now;
+        st.wburst_anchor_ns = last;
+        st.wburst_seq = wseq;
+    }
+    if tracks_requests(st) {
+        expire_request(st, now);
+        if st.req_ns != 0 && idle >= min_idle_ns() {
+            // A write after a quiet spell while a request is outstanding:
+            // either the answer is queued unread, or nothing answers this
+            // peer (a one-way writer: a log shipper, a metrics push).
+            if answered(sk, st, false) {
+                resolve_answered(sk, st, now, how::NONE);
+            } else {
+                if st.flags & st::REUSE != 0 {
+                    count(counter::REUSE_UNRESOLVED);
+                }
+                clear_request(st);
+                st.flags |= st::ONE_WAY;
+            }
+        }
+        // A write after the application read the peer's EOF answers the
+        // close (Go's `close_notify` from its reader): never a request.
+        if st.req_ns == 0 && st.flags & st::ONE_WAY == 0 && last != 0 && (st.peer_fin_ns == 0 || !eof_read(sk)) {
+            st.req_ns = now;
+            st.req_idle_ns = idle;
+            st.retransmits = 0;
+            if have_wseq || idle >= min_idle_ns() {
+                st.req_snd_seq = if have_wseq { wseq } else { write_seq(sk) };
+                st.req_rcv_seq = rcv_nxt(sk);
+                st.flags |= st::SEQ;
+            }
+            if st.peer_fin_ns != 0 {
+                st.flags |= st::FIN_BEFORE_REQ;
+                // A request written on the closed socket: its outcome
+                // reports the failure, never `discarded_dead`.
+                st.dead |= dead::USED;
+                undoom(st);
+            }
+            if idle >= min_idle_ns() {
+                st.flags |= st::REUSE;
+                set_process(st);
+            }
+        }
+    }
+    if st.tgid == 0 {
+        set_process(st);
+    }
+    st.last_send_ns = now;
+}
+
+/// The application read data (receive hook).
+#[inline(always)]
+pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
+    if st.req_ns == 0 && now.saturating_sub(last_activity(st)) >= CONTROL_NS {
+        // Unsolicited data after a quiet spell: if the peer's FIN follows
+        // at once, it was part of the peer's close.
+        st.burst_ns = now;
+        st.burst_anchor_ns = last_activity(st);
+        st.burst_wseq = write_seq(sk);
+    }
+    st.flags &= !st::ONE_WAY;
+    if st.flags & st::FIN_DEFERRED != 0 {
+        return;
+    }
+    if st.req_ns != 0 {
+        // Without snapshots the read itself is the answer (a busy exchange).
+        if st.flags & st::SEQ == 0 || answered(sk, st, false) {
+            resolve_answered(sk, st, now, how::NONE);
+        }
+    } else {
+        st.last_recv_ns = now;
+    }
+}
+
+/// The peer's FIN arrived (`ESTABLISHED -> CLOSE_WAIT`).
+#[inline(always)]
+pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
+    st.peer_fin_ns = now;
+    expire_request(st, now);
+    // The peer's goodbye (close_notify, GOAWAY), then at most a goodbye of
+    // ours in reply, then its FIN: its idle close, not a request of ours.
+    let goodbye = goodbye_anchor(sk, st, now);
+    if goodbye != 0 {
+        clear_request(st);
+        let idle_close = now.saturating_sub(goodbye) >= min_idle_ns();
+        mark_dead(st, dead::FIN, idle_close);
+        if idle_close {
+            emit(sk, st, kind::PEER_CLOSE, now, |e| {
+                e.idle_ns = now - goodbye;
+                e.how = how::FIN;
+            });
+        }
+        return;
+    }
+    if st.req_ns != 0 {
+        if answered(sk, st, true) {
+            resolve_answered(sk, st, now, how::CLOSED_AFTER_RESPONSE);
+        } else if is_small_fresh_request(sk, st, now) && acked(sk, st) {
+            // The peer received a small write of ours and closed at once:
+            // the answer to our close_notify, or a real failure. Our close
+            // tells which.
+            st.flags |= st::FIN_DEFERRED;
+        } else {
+            peer_ended_request(sk, st, now, outcome::EOF, how::FIN);
+        }
+        return;
+    }
+    let anchor = last_activity(st);
+    let idle_close = anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns();
+    mark_dead(st, dead::FIN, idle_close);
+    if idle_close {
+        emit(sk, st, kind::PEER_CLOSE, now, |e| {
+            e.idle_ns = now - anchor;
+            e.how = how::FIN;
+        });
+    }
+}
+
+/// An RST arrived.
+#[inline(always)]
+pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
+    let first = st.flags & (st::PEER_RST | st::LOCAL_CLOSED) == 0;
+    st.flags |= st::PEER_RST;
+    if !first {
+        return;
+    }
+    expire_request(st, now);
+    // The peer's goodbye, at most a goodbye of ours in reply, then its RST
+    // (it closed with our reply unread): its idle close.
+    let goodbye = if st.peer_fin_ns == 0 { goodbye_anchor(sk, st, now) } else { 0 };
+    if goodbye != 0 {
+        clear_request(st);
+        let idle_close = now.saturating_sub(goodbye) >= min_idle_ns();
+        mark_dead(st, dead::RST, idle_close);
+        if idle_close {
+            emit(sk, st, kind::PEER_CLOSE, now, |e| {
+                e.idle_ns = now - goodbye;
+                e.how = how::RST;
+            });
+        }
+        return;
+    }
+    if st.req_ns != 0 {
+        // A FIN after the request was resolved by the FIN itself, so any
+        // advance of rcv_nxt here is data.
+        let fin_counted = st.flags & st::FIN_BEFORE_REQ == 0 && st.peer_fin_ns != 0;
+        if answered(sk, st, fin_counted) {
+            resolve_answered(sk, st, now, how::CLOSED_AFTER_RESPONSE);
+        } else {
+            peer_ended_request(sk, st, now, outcome::RESET, how::RST);
+        }
+        return;
+    }
+    let last = last_activity(st);
+    let idle_close = st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns();
+    // After an idle FIN the RST ends a socket that was already an idle
+    // close: it stays one.
+    mark_dead(st, dead::RST, idle_close || st.dead & dead::IDLE != 0);
+    if idle_close {
+        emit(sk, st, kind::PEER_CLOSE, now, |e| e.how = how::RST);
+    }
+}
+
+/// The peer's FIN or RST came before any response byte. A reuse the peer
+/// never acknowledged, or that the close crossed in flight, failed
+/// (`eof`/`reset`); otherwise the peer received the request and gave up
+/// on it (`request_aborted`).
+#[inline(always)]
+pub(crate) fn peer_ended_request(sk: *const c_void, st: &mut SockState, now: u64, result: u8, how: u8) {
+    if st.flags & (st::FIN_BEFORE_REQ | st::REUSE) == st::FIN_BEFORE_REQ {
+        // Written after the peer had closed (a goodbye of our own, say):
+        // no deadline of the peer's.
+        clear_request(st);
+        return;
+    }
+    let raced = now.saturating_sub(st.req_ns) < RACE_NS;
+    if st.flags & st::REUSE != 0 && (st.flags & st::FIN_BEFORE_REQ != 0 || !acked(sk, st) || raced) {
+        reuse_outcome(sk, st, now, result, how);
+    } else {
+        if st.flags & st::REUSE != 0 {
+            count(counter::REUSE_UNRESOLVED);
+        }
+        request_event(sk, st, now, kind::REQUEST_ABORTED, how, request_bytes(sk, st));
+    }
+    clear_request(st);
+}
+
+/// Our side closed (`close()`: `ESTABLISHED -> FIN_WAIT1`, `CLOSE_WAIT ->
+/// LAST_ACK`, or an abort straight to `CLOSE`). `stall_how` says how a
+/// stalled reuse ended.
+#[inline(always)]
+pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how: u8) {
+    if st.flags & st::LOCAL_CLOSED != 0 {
+        return;
+    }
+    st.flags |= st::LOCAL_CLOSED;
+    if st.dead & dead::KIND == dead::FIN {
+        // The peer closed it idle and nothing was written since but, at
+        // most, an answer to its close (`close_notify` after the EOF).
+        discarded(sk, st, now, st.peer_fin_ns);
+    }
+    undoom(st);
+    expire_request(st, now);
+    // Our own close_notify/GOAWAY and then the close: part of the close.
+    // Not a reuse written blind after the peer's FIN (the FIN unread), the
+    // EOF read only after it: the application tried a request and found
+    // the connection closed. Its close follows at once whenever the
+    // peer's RST is slower than the application (any real round trip).
+    let blind = st.flags & (st::REUSE | st::FIN_BEFORE_REQ) == st::REUSE | st::FIN_BEFORE_REQ && eof_read(sk);
+    let control = !blind && is_control_write(sk, st, now);
+    let deferred = st.flags & st::FIN_DEFERRED != 0;
+    // The peer's FIN answered our close_notify: we closed first.
+    let we_first = control && (deferred || (st.peer_fin_ns != 0 && st.peer_fin_ns >= st.wburst_ns));
+    if deferred && !control && st.req_ns != 0 {
+        // A FIN right after a small request, and no close of ours at once:
+        // decide it as of the FIN.
+        let at = st.peer_fin_ns;
+        st.flags &= !st::FIN_DEFERRED;
+        if answered(sk, st, true) {
+            resolve_answered(sk, st, at, how::CLOSED_AFTER_RESPONSE);
+        } else {
+            peer_ended_request(sk, st, at, outcome::EOF, how::FIN);
+        }
+    }
+    // The peer's goodbye (close_notify, GOAWAY) read just now and our close
+    // in answer to it (nothing written since but our own goodbye): the
+    // peer closed, at the idle age before its goodbye.
+    let goodbye_at =
+        if we_first || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0 { 0 } else { goodbye_anchor(sk, st, now) };
+    let goodbye = goodbye_at != 0;
+    if goodbye {
+        let anchor = goodbye_at;
+        clear_request(st);
+        if now.saturating_sub(anchor) >= min_idle_ns() {
+            emit(sk, st, kind::PEER_CLOSE, now, |e| {
+                e.idle_ns = now - anchor;
+                e.how = how::FIN;
+            });
+        }
+    }
+    let peer_first = !we_first && (goodbye || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0);
+    if control {
+        clear_request(st);
+    }
+    if st.req_ns != 0 {
+        let fin_counted = st.flags & st::FIN_BEFORE_REQ == 0 && st.peer_fin_ns != 0;
+        if answered(sk, st, fin_counted) {
+            resolve_answered(sk, st, now, how::NONE);
+        } else {
+            local_ended_request(sk, st, now, stall_how, peer_first, request_bytes(sk, st));
+            return;
+        }
+    }
+    let anchor = if control { st.wburst_anchor_ns } else { last_activity(st) };
+    let idle = now.saturating_sub(anchor);
+    if anchor == 0 || idle < min_idle_ns() {
+        return;
+    }
+    if st.role == role::SERVER && !peer_first {
+        remember_idle_close(st, now, idle);
+    }
+    emit(sk, st, kind::LOCAL_CLOSE, now, |e| {
+        e.idle_ns = idle;
+        if peer_first {
+            e.flags |= flags::PEER_CLOSED_FIRST;
+        }
+        if control {
+            e.flags |= flags::CONTROL_WRITE;
+        }
+    });
+}
+
+/// The outstanding request is small and was written less than
+/// `CONTROL_NS` ago (it may yet turn out to be a `close_notify`).
+#[inline(always)]
+pub(crate) fn is_small_fresh_request(sk: *const c_void, st: &SockState, now: u64) -> bool {
+    st.flags & st::SEQ != 0
+        && now.saturating_sub(st.req_ns) < CONTROL_NS
+        && write_seq(sk).wrapping_sub(st.req_snd_seq) <= CONTROL_BYTES
+}
+
+/// The activity before an unsolicited read that came just now (a peer's
+/// goodbye: `close_notify`, GOAWAY), if we wrote at most a goodbye of our
+/// own since; else 0.
+#[inline(always)]
+pub(crate) fn goodbye_anchor(sk: *const c_void, st: &SockState, now: u64) -> u64 {
+    if st.burst_ns == 0 || now.saturating_sub(st.burst_ns) >= CONTROL_NS {
+        return 0;
+    }
+    if st.last_send_ns > st.burst_ns && write_seq(sk).wrapping_sub(st.burst_wseq) > CONTROL_BYTES {
+        return 0;
+    }
+    st.burst_anchor_ns
+}
+
+/// A small write after a quiet spell, with nothing received since (a
+/// server: nothing but the client's own goodbye before its FIN), just
+/// before our close.
+#[inline(always)]
+pub(crate) fn is_control_write(sk: *const c_void, st: &SockState, now: u64) -> bool {
+    st.wburst_ns != 0
+        && st.wburst_anchor_ns != 0
+        && st.last_send_ns >= st.wburst_ns
+        && (st.last_recv_ns <= st.wburst_ns || (st.role == role::SERVER && st.peer_fin_ns >= st.wburst_ns))
+        && now.saturating_sub(st.wburst_ns) < CONTROL_NS
+        && write_seq(sk).wrapping_sub(st.wburst_seq) <= CONTROL_BYTES
+}
+
+/// We closed with a request outstanding and unanswered.
+#[inline(always)]
+pub(crate) fn local_ended_request(
+    sk: *const c_void,
+    st: &mut SockState,
+    now: u64,
+    stall_how: u8,
+    peer_first: bool,
+    bytes: u32,
+) {
+    let reuse = st.flags & st::REUSE != 0;
+    let acked = acked(sk, st);
+    let elapsed = now.saturating_sub(st.req_ns);
+    if reuse && st.flags & st::FIN_BEFORE_REQ != 0 {
+        // The peer had closed before we wrote: no byte reached a live peer.
+        reuse_outcome(sk, st, now, outcome::EOF, how::FIN);
+    } else if reuse && !acked && st.retransmits > 0 && elapsed >= stall_after_ns() {
+        reuse_outcome(sk, st, now, outcome::STALL, stall_how);
+    } else if reuse {
+        count(counter::REUSE_UNRESOLVED);
+    }
+    if !peer_first && stall_how == how::LOCAL_CLOSE {
+        request_event(sk, st, now, kind::REQUEST_TIMEOUT, how::NONE, bytes);
+    }
+    clear_request(st);
+}
+
+/// The socket reached `CLOSE` from `old` (`tcp_done`, an abort, or the end
+/// of an orderly close).
+#[inline(always)]
+pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
+    use observer_common::tcp_state as S;
+    if (old == S::ESTABLISHED || old == S::CLOSE_WAIT) && st.flags & (st::PEER_RST | st::LOCAL_CLOSED) == 0 {
+        // Neither a reset nor an orderly close: the kernel gave up (it
+        // sets sk_err before tcp_done on every kernel) or we aborted
+        // (SO_LINGER 0, close with unread data: sk_err still 0).
+        if sk_err(sk) != 0 {
+            st.flags |= st::LOCAL_CLOSED;
+            if st.req_ns != 0 && !expire_request(st, now) {
+                local_ended_request(sk, st, now, how::TIMEOUT, true, request_bytes(sk, st));
+            } else if st.req_ns == 0 {
+                // Killed idle (keep-alive probes unanswered): the next
+                // write fails before a byte is sent.
+                let last = last_activity(st);
+                mark_dead(st, dead::TIMEOUT, last != 0 && now.saturating_sub(last) >= min_idle_ns());
+                keepalive_death(sk, st, now, last);
+            }
+        } else {
+            on_local_close(sk, st, now, how::LOCAL_CLOSE);
+        }
+    } else if st.req_ns != 0 && st.flags & st::REUSE != 0 {
+        count(counter::REUSE_UNRESOLVED);
+    }
+    clear_request(st);
+    if global(&raw const EMIT_CLOSED) != 0 {
+        let role = st.role;
+        emit(sk, st, kind::CLOSED, now, |e| e.role = role);
+    }
+}

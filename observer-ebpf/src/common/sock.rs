@@ -1,0 +1,208 @@
+//! A socket's identity and state: socket-local storage, the id, addresses
+//! and role, the owning process, and the server side's memory of idle
+//! closes (`late_reuse`).
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one state machine split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// The socket's state; with `create`, made (and counted when the kernel
+/// refuses) if missing.
+#[inline(always)]
+pub fn storage(sk: *mut c_void, create: bool) -> Option<&'static mut SockState> {
+    let flags = if create { u64::from(BPF_SK_STORAGE_GET_F_CREATE) } else { 0 };
+    // SAFETY: `sk` is the hook's BTF `struct sock *`; the helper checks it
+    // is a full socket and returns NULL otherwise.
+    let p = unsafe { bpf_sk_storage_get((&raw const SOCKETS).cast_mut().cast(), sk, core::ptr::null_mut(), flags) }
+        .cast::<SockState>();
+    if p.is_null() {
+        if create {
+            count(counter::MAP_FULL);
+        }
+        return None;
+    }
+    // SAFETY: non-null storage owned by the socket, valid for this program run.
+    Some(unsafe { &mut *p })
+}
+
+pub(crate) fn next_id() -> u64 {
+    // SAFETY: helper without preconditions.
+    let cpu = u64::from(unsafe { bpf_get_smp_processor_id() });
+    let n = match ID_SEQ.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot.
+        Some(p) => unsafe {
+            *p += 1;
+            *p
+        },
+        None => 0,
+    };
+    ((cpu + 1) << 48) | (n & 0xffff_ffff_ffff)
+}
+
+/// Give a fresh state its identity and addresses (read from
+/// `struct sock_common` at BTF offsets; `sk` is a hook's BTF `struct sock
+/// *`, so the scalar fields are direct loads). False for non-IP families.
+#[inline(always)]
+pub fn init(sk: *const c_void, st: &mut SockState) -> bool {
+    let family: u16 = direct(sk, &raw const OFFSETS.skc_family);
+    if family == AF_INET {
+        let d: u32 = direct(sk, &raw const OFFSETS.skc_daddr);
+        let s: u32 = direct(sk, &raw const OFFSETS.skc_rcv_saddr);
+        st.daddr[..4].copy_from_slice(&d.to_ne_bytes());
+        st.saddr[..4].copy_from_slice(&s.to_ne_bytes());
+    } else if family == AF_INET6 {
+        st.daddr = field(sk, &raw const OFFSETS.skc_v6_daddr);
+        st.saddr = field(sk, &raw const OFFSETS.skc_v6_rcv_saddr);
+    } else {
+        return false;
+    }
+    st.family = family;
+    st.dport = u16::from_be(direct(sk, &raw const OFFSETS.skc_dport));
+    st.sport = direct(sk, &raw const OFFSETS.skc_num);
+    st.netns = netns(sk);
+    st.id = next_id();
+    true
+}
+
+/// Inode of the socket's network namespace (`sk->__sk_common.skc_net.net->ns.inum`).
+#[inline(always)]
+pub(crate) fn netns(sk: *const c_void) -> u32 {
+    if global(&raw const OFFSETS.skc_net) == 0 {
+        return 0;
+    }
+    let net: *const c_void = direct(sk, &raw const OFFSETS.skc_net);
+    if net.is_null() {
+        return 0;
+    }
+    direct(net, &raw const OFFSETS.net_ns_inum)
+}
+
+/// State of a socket first seen after it was established: its role is
+/// guessed from the ports (the side with the ephemeral port is the client).
+#[inline(always)]
+pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
+    let st = storage(sk, true)?;
+    if st.id == 0 {
+        if !init(sk, st) {
+            return None;
+        }
+        st.flags |= flags::PREEXISTING;
+        st.role = guess_role(st.sport, st.dport);
+    }
+    Some(st)
+}
+
+#[inline(always)]
+pub(crate) fn guess_role(local: u16, remote: u16) -> u8 {
+    const EPHEMERAL: u16 = 32_768;
+    if (local >= EPHEMERAL && remote < EPHEMERAL) || (local >= EPHEMERAL) == (remote >= EPHEMERAL) && local > remote {
+        role::CLIENT
+    } else {
+        role::SERVER
+    }
+}
+
+/// Later of the last send and receive; 0 when nothing was seen.
+#[inline(always)]
+pub fn last_activity(st: &SockState) -> u64 {
+    if st.last_send_ns > st.last_recv_ns {
+        st.last_send_ns
+    } else {
+        st.last_recv_ns
+    }
+}
+
+/// Requests are what a client writes; a server's writes are responses.
+#[inline(always)]
+pub fn tracks_requests(st: &SockState) -> bool {
+    st.role != role::SERVER
+}
+
+/// Record the writing process on the socket.
+#[inline(always)]
+pub fn set_process(st: &mut SockState) {
+    st.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
+    st.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    // SAFETY: a helper with no arguments, allowed in tracing programs.
+    st.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+}
+
+pub(crate) fn tuple_key(st: &SockState) -> TupleKey {
+    TupleKey { saddr: st.saddr, daddr: st.daddr, sport: st.sport, dport: st.dport, family: st.family, pad: 0 }
+}
+
+/// Server side: remember an idle close, so a client that writes on it
+/// later is seen (`late_reuse`).
+#[inline(always)]
+pub(crate) fn remember_idle_close(st: &SockState, now: u64, idle: u64) {
+    let _ = CLOSED_IDLE.insert(tuple_key(st), ClosedIdle { close_ns: now, idle_ns: idle }, 0);
+    if let Some(p) = CLOSED_IDLE_USED.get_ptr_mut(0) {
+        // SAFETY: one aligned u64 store of a constant.
+        unsafe {
+            if *p == 0 {
+                *p = 1;
+            }
+        }
+    }
+}
+
+/// A new connection reuses a 4-tuple: forget an old idle close on it.
+#[inline(always)]
+pub fn forget_idle_close(st: &SockState) {
+    if CLOSED_IDLE_USED.get(0).copied().unwrap_or(1) != 0 {
+        let _ = CLOSED_IDLE.remove(tuple_key(st));
+    }
+}
+
+/// The kernel sent an RST from socket `sk` (full or time-wait): if it is
+/// a connection our server side closed idle, the client wrote on it late.
+#[inline(always)]
+pub fn on_send_reset(sk: *const c_void, now: u64) {
+    let mut probe = SockState::ZERO;
+    if !init(sk, &mut probe) {
+        return;
+    }
+    let key = tuple_key(&probe);
+    let Some(p) = CLOSED_IDLE.get_ptr(key) else { return };
+    // SAFETY: pointer from a successful lookup; copied before the removal.
+    let closed = unsafe { *p };
+    let _ = CLOSED_IDLE.remove(key);
+    probe.role = role::SERVER;
+    probe.id = 0;
+    emit(core::ptr::null(), &probe, kind::LATE_REUSE, now, |e| {
+        e.idle_ns = closed.idle_ns;
+        e.elapsed_ns = now.saturating_sub(closed.close_ns);
+    });
+}
+
+/// A retransmission of this socket's data.
+#[inline(always)]
+pub fn on_retransmit(st: &mut SockState) {
+    if st.req_ns != 0 {
+        st.retransmits += 1;
+    }
+}
+
+/// A fresh connection reached `ESTABLISHED`.
+#[inline(always)]
+pub fn on_established(sk: *mut c_void, client: bool, now: u64) {
+    let Some(st) = storage(sk, true) else { return };
+    if st.id == 0 && !init(sk, st) {
+        return;
+    }
+    st.role = if client { role::CLIENT } else { role::SERVER };
+    // A socket connected again after it died (`connect()` on a closed
+    // socket) is alive.
+    undoom(st);
+    st.dead = dead::NONE;
+    refresh_clocks(now);
+    // Establishment counts as activity: a connection opened and then left
+    // idle in a pool ages from here.
+    st.last_recv_ns = now;
+    if !client {
+        forget_idle_close(st);
+    }
+    emit(sk, st, kind::ESTABLISHED, now, |e| e.idle_ns = 0);
+}
