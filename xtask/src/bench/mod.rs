@@ -1,0 +1,206 @@
+//! `cargo xtask bench`: what observer costs the host, measured side by side
+//! (no probes / observer / a bpftrace equivalent) in interleaved runs, with
+//! results in `BENCHMARKS.md` and `target/bench/results.json`.
+//!
+//! [`load`], [`control`], [`phases`], [`report`].
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::{BufRead, BufReader, Read, Write},
+    net::{Shutdown, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _, Result};
+use serde_json::{json, Value};
+
+mod control;
+mod load;
+mod phases;
+mod report;
+
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
+pub(crate) use control::*;
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
+pub(crate) use load::*;
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
+pub(crate) use phases::*;
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
+pub(crate) use report::*;
+
+/// Settings of one bench run.
+pub(crate) struct Plan {
+    pub(crate) smoke: bool,
+    pub(crate) rounds: usize,
+    pub(crate) duration: Duration,
+    /// Ping-pongs per layout in the interleaved hot path (each places its
+    /// threads anew), and blocks of four windows in each.
+    pub(crate) sessions: usize,
+    pub(crate) blocks: usize,
+    /// One window of the interleaved hot path.
+    pub(crate) window: Duration,
+    pub(crate) pipeline_events: usize,
+    pub(crate) memory_ports: usize,
+    pub(crate) memory_per_port: usize,
+}
+
+pub(crate) fn sh(cmd: &str) -> Result<String> {
+    let out = Command::new("sh").arg("-c").arg(cmd).output().with_context(|| format!("running {cmd}"))?;
+    ensure!(out.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// A distribution-free interval of at least 95% for the median of `sorted`:
+/// its k-th smallest and k-th largest value, k the largest with
+/// P(Binomial(n, 1/2) < k) <= 2.5%; `None` below 6 values.
+pub(crate) fn median_interval(sorted: &[f64]) -> Option<(f64, f64)> {
+    let n = u32::try_from(sorted.len()).ok()?;
+    let total = 2f64.powi(i32::try_from(n).ok()?);
+    let (mut cdf, mut binom, mut k) = (0.0, 1.0, 0usize);
+    for j in 0..n {
+        cdf += binom / total;
+        if cdf > 0.025 {
+            break;
+        }
+        k += 1;
+        binom = binom * f64::from(n - j) / f64::from(j + 1);
+    }
+    (k > 0).then(|| (sorted[k - 1], sorted[sorted.len() - k]))
+}
+
+/// min / median / max, and the median's 95% interval.
+pub(crate) fn stats(v: &[f64]) -> Value {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let interval = median_interval(&s).map(|(lo, hi)| json!([lo, hi]));
+    let med = if s.is_empty() {
+        f64::NAN
+    } else if s.len() % 2 == 1 {
+        s[s.len() / 2]
+    } else {
+        f64::midpoint(s[s.len() / 2 - 1], s[s.len() / 2])
+    };
+    json!({"min": s.first().copied().unwrap_or(f64::NAN), "median": med, "median_interval_95": interval, "max": s.last().copied().unwrap_or(f64::NAN), "n": s.len(), "values": v})
+}
+
+pub(crate) fn med(v: &Value) -> f64 {
+    v["median"].as_f64().unwrap_or(f64::NAN)
+}
+
+pub(crate) fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
+        .unwrap_or_default();
+    json!({
+        "cores": thread::available_parallelism().map_or(0, std::num::NonZero::get),
+        "cpu": cpu,
+        "kernel": sh("uname -r").unwrap_or_default().trim(),
+        "date_utc": sh("date -u +%Y-%m-%dT%H:%M:%SZ").unwrap_or_default().trim(),
+    })
+}
+
+/// Rewrite `BENCHMARKS.md` from the last `target/bench/results.json`.
+pub fn report_only() -> Result<()> {
+    let root = crate::workspace_root();
+    let results: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("target/bench/results.json"))
+            .context("no target/bench/results.json: run `cargo xtask bench` first")?,
+    )?;
+    std::fs::write(root.join("BENCHMARKS.md"), markdown(&results))?;
+    Ok(())
+}
+
+/// Run one phase with the full plan and write its figures to
+/// `target/bench/<phase>.json`.
+pub fn run_phase(phase: &str) -> Result<()> {
+    let plan = plan(false);
+    let value = match phase {
+        "hot_path_interleaved" => hot_path_interleaved(&plan)?,
+        "memory" => memory_phase(&plan)?,
+        "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
+        other => {
+            anyhow::bail!(
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost and memory"
+            )
+        }
+    };
+    let dir = crate::workspace_root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join(format!("{phase}.json")), serde_json::to_string_pretty(&value)?)?;
+    println!("bench: wrote target/bench/{phase}.json");
+    Ok(())
+}
+
+pub(crate) fn plan(smoke: bool) -> Plan {
+    if smoke {
+        Plan {
+            smoke,
+            rounds: 1,
+            duration: Duration::from_millis(700),
+            sessions: 1,
+            blocks: 1,
+            window: Duration::from_millis(200),
+            pipeline_events: 100_000,
+            memory_ports: 10,
+            memory_per_port: 20,
+        }
+    } else {
+        Plan {
+            smoke,
+            rounds: 15,
+            duration: Duration::from_secs(3),
+            sessions: 4,
+            blocks: 5,
+            window: Duration::from_secs(1),
+            pipeline_events: 2_000_000,
+            memory_ports: 1000,
+            memory_per_port: 50,
+        }
+    }
+}
+
+/// Run everything; with `smoke`, a few seconds of each and no report.
+pub fn run(smoke: bool) -> Result<()> {
+    let plan = plan(smoke);
+    let root = crate::workspace_root();
+    let bt = root.join("bench/idle-bookkeeping.bt");
+    if !Path::new(TRACEFS_EVENTS).exists() {
+        sh("mount -t tracefs tracefs /sys/kernel/tracing")?;
+    }
+    let started = Instant::now();
+    let results = json!({
+        "smoke": smoke,
+        "machine": machine(),
+        "hot_path": hot_path(&plan, &bt)?,
+        "hot_path_interleaved": hot_path_interleaved(&plan)?,
+        "kernel_cost": kernel_cost(&plan, &bt)?,
+        "churn": churn_phase(&plan)?,
+        "pipeline": pipeline_phase(&plan)?,
+        "ring_buffer": ringbuf_phase(&plan)?,
+        "memory": memory_phase(&plan)?,
+        "seconds": started.elapsed().as_secs_f64(),
+    });
+    let dir = root.join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    let name = if smoke { "smoke.json" } else { "results.json" };
+    std::fs::write(dir.join(name), serde_json::to_string_pretty(&results)?)?;
+    println!("bench: wrote target/bench/{name} in {:.0}s", started.elapsed().as_secs_f64());
+    if !smoke {
+        std::fs::write(root.join("BENCHMARKS.md"), markdown(&results))?;
+        println!("bench: wrote BENCHMARKS.md");
+    }
+    Ok(())
+}
+
+pub(crate) const TRACEFS_EVENTS: &str = "/sys/kernel/tracing/events";

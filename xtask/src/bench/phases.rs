@@ -1,0 +1,364 @@
+//! The benchmark phases, one function each, every one returning its
+//! figures as JSON for `results.json`.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one benchmark split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+pub(crate) fn hot_path(plan: &Plan, bt_script: &Path) -> Result<Value> {
+    let modes = ["none", "observer", "bpftrace"];
+    let mut rt: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let (mut r_obs, mut r_bt) = (Vec::new(), Vec::new());
+    for round in 0..plan.rounds {
+        let mut this = BTreeMap::new();
+        for k in 0..3 {
+            let mode = modes[(round + k) % 3];
+            let v = match mode {
+                "observer" => {
+                    let o = Observer::start(&[], &tmp("hot"))?;
+                    let v = pingpong(4, plan.duration)?;
+                    o.stop()?;
+                    v
+                }
+                "bpftrace" => {
+                    let b = Bpftrace::start(bt_script)?;
+                    let v = pingpong(4, plan.duration)?;
+                    b.stop()?;
+                    v
+                }
+                _ => pingpong(4, plan.duration)?,
+            };
+            println!("bench: hot path round {round} {mode}: {v:.0} round trips/s");
+            this.insert(mode, v);
+            rt.entry(mode).or_default().push(v);
+        }
+        r_obs.push(this["observer"] / this["none"]);
+        r_bt.push(this["bpftrace"] / this["none"]);
+    }
+    Ok(json!({
+        "connections": 4, "message_bytes": 32, "seconds_per_run": plan.duration.as_secs_f64(),
+        "round_trips_per_second": {"none": stats(&rt["none"]), "observer": stats(&rt["observer"]), "bpftrace": stats(&rt["bpftrace"])},
+        "ratio_observer_to_none": stats(&r_obs),
+        "ratio_bpftrace_to_none": stats(&r_bt),
+    }))
+}
+
+/// The hot path with and without probes inside one run: one daemon
+/// (`--bench-toggle`) and one ping-pong that never stops, the send and
+/// receive probes detached and re-attached between windows. Each block is
+/// four windows, with, without, without, with, so a drift in the machine's
+/// speed cancels out of the block's ratio; the placement of threads on
+/// CPUs, which differs from one ping-pong to the next, is the same on
+/// both sides. Two layouts: threads free to move (as in the runs above),
+/// and each connection's two ends pinned to one CPU, so that no CPU ever
+/// waits and every nanosecond of probe time is a round trip lost.
+pub(crate) fn hot_path_interleaved(plan: &Plan) -> Result<Value> {
+    // The load rests while the probes change: re-attaching right after a
+    // detach waits for an RCU grace period, which CPUs saturated by
+    // pinned threads can stretch past a minute. Each window starts
+    // after the load has run again for a moment.
+    let toggle = |o: &Observer, load: &PingPong, attached: bool| -> Result<()> {
+        load.pause(true);
+        let r = o.toggle(attached);
+        load.pause(false);
+        thread::sleep(Duration::from_millis(100));
+        r
+    };
+    let mut out = serde_json::Map::new();
+    let o = Observer::start(&["--bench-toggle"], &tmp("toggle"))?;
+    for (layout, pin) in [("free", false), ("pinned", true)] {
+        let (mut with, mut without, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for session in 0..plan.sessions {
+            let load = PingPong::start(4, None, pin)?;
+            thread::sleep(plan.window);
+            for block in 0..plan.blocks {
+                let on1 = load.rate_over(plan.window);
+                toggle(&o, &load, false)?;
+                let off1 = load.rate_over(plan.window);
+                let off2 = load.rate_over(plan.window);
+                toggle(&o, &load, true)?;
+                let on2 = load.rate_over(plan.window);
+                let r = (on1 + on2) / (off1 + off2);
+                println!("bench: interleaved {layout} ping-pong {session} block {block}: with {on1:.0} {on2:.0}, without {off1:.0} {off2:.0} round trips/s: ratio {r:.4}");
+                with.extend([on1, on2]);
+                without.extend([off1, off2]);
+                ratio.push(r);
+            }
+            load.stop()?;
+        }
+        out.insert(
+            layout.to_owned(),
+            json!({
+                "round_trips_per_second": {"observer": stats(&with), "none": stats(&without)},
+                "ratio_observer_to_none": stats(&ratio),
+            }),
+        );
+    }
+    o.stop()?;
+    Ok(json!({
+        "connections": 4, "message_bytes": 32, "seconds_per_window": plan.window.as_secs_f64(), "ping_pongs": plan.sessions, "blocks_per_ping_pong": plan.blocks,
+        "layouts": out,
+    }))
+}
+
+pub(crate) fn kernel_cost(plan: &Plan, bt_script: &Path) -> Result<Value> {
+    sh("sysctl -qw kernel.bpf_stats_enabled=1")?;
+    let result = (|| -> Result<Value> {
+        let o = Observer::start(&["--bench-empty-probes"], &tmp("cost"))?;
+        pingpong(4, plan.duration)?;
+        let ours = per_run(&o.progs)?;
+        o.stop()?;
+        let b = Bpftrace::start(bt_script)?;
+        pingpong(4, plan.duration)?;
+        let theirs = per_run(&b.progs)?;
+        b.stop()?;
+        // The state-change hooks, warm: connection churn (every connection
+        // runs inet_sock_set_state about eight times between both ends).
+        let o = Observer::start(&["--bench-empty-probes"], &tmp("cost-churn"))?;
+        churn(2, plan.duration)?;
+        let churned = per_run(&o.progs)?;
+        o.stop()?;
+        let get = |m: &BTreeMap<String, (f64, u64)>, k: &str| m.get(k).map_or(f64::NAN, |v| v.0);
+        let state = get(&churned, "inet_sock_set_state");
+        let e_state = get(&churned, "bench_empty_state");
+        let send = get(&ours, "tcp_sendmsg_locked");
+        let recv = get(&ours, "tcp_rcv_space_adjust");
+        let e_send = get(&ours, "bench_empty_send");
+        let e_recv = get(&ours, "bench_empty_recv");
+        Ok(json!({
+            "observer_ns_per_run": ours.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
+            "bpftrace_ns_per_run": theirs.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
+            "send_net_ns": send - e_send,
+            "recv_net_ns": recv - e_recv,
+            "churn_ns_per_run": churned.iter().map(|(k, v)| (k.clone(), json!({"ns": v.0, "runs": v.1}))).collect::<serde_json::Map<_, _>>(),
+            "state_gross_ns": state,
+            "state_net_ns": state - e_state,
+        }))
+    })();
+    sh("sysctl -qw kernel.bpf_stats_enabled=0")?;
+    result
+}
+
+pub(crate) fn churn_phase(plan: &Plan) -> Result<Value> {
+    let (mut none, mut obs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..plan.rounds {
+        let mut pair = [0.0; 2];
+        for k in 0..2 {
+            let with = (round + k) % 2 == 1;
+            let v = if with {
+                let o = Observer::start(&[], &tmp("churn"))?;
+                let v = churn(2, plan.duration)?;
+                o.stop()?;
+                v
+            } else {
+                churn(2, plan.duration)?
+            };
+            println!("bench: churn round {round} {}: {v:.0} connections/s", if with { "observer" } else { "none" });
+            pair[usize::from(with)] = v;
+        }
+        none.push(pair[0]);
+        obs.push(pair[1]);
+        ratio.push(pair[1] / pair[0]);
+    }
+    Ok(
+        json!({"client_threads": 2, "connections_per_second": {"none": stats(&none), "observer": stats(&obs)}, "ratio_observer_to_none": stats(&ratio)}),
+    )
+}
+
+pub(crate) fn pipeline_phase(plan: &Plan) -> Result<Value> {
+    let mut rates = Vec::new();
+    let mut scrape = Value::Null;
+    for _ in 0..plan.rounds.max(3) {
+        let out = Command::new(observer_bin())
+            .args(["debug", "bench-pipeline", "--events", &plan.pipeline_events.to_string()])
+            .output()?;
+        ensure!(out.status.success(), "bench-pipeline: {}", String::from_utf8_lossy(&out.stderr));
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        rates.push(v["events_per_second"].as_f64().unwrap_or(f64::NAN));
+        scrape = json!({"bytes": v["scrape_bytes"], "series": v["scrape_series"], "destinations": v["destinations"], "table_rebuild_seconds": v["table_rebuild_seconds"], "table_row_max_seconds": v["table_row_max_seconds"]});
+    }
+    println!(
+        "bench: pipeline {:.0} events/s (median); one table build over {} destinations: {:.2} ms, the longest row {:.0} us",
+        med(&stats(&rates)),
+        scrape["destinations"],
+        scrape["table_rebuild_seconds"].as_f64().unwrap_or(f64::NAN) * 1e3,
+        scrape["table_row_max_seconds"].as_f64().unwrap_or(f64::NAN) * 1e6
+    );
+    Ok(
+        json!({"events_per_run": plan.pipeline_events, "destinations": 1000, "events_per_second_one_core": stats(&rates), "scrape_after_run": scrape}),
+    )
+}
+
+/// Clients scraping in a loop in the last ring-buffer level.
+pub(crate) const SCRAPERS: usize = 10;
+
+#[allow(clippy::cast_precision_loss, reason = "rates")]
+pub(crate) fn ringbuf_phase(plan: &Plan) -> Result<Value> {
+    let mut levels = Vec::new();
+    // Offered events/s; None = as fast as 4 connections go.
+    let offered: &[Option<f64>] = if plan.smoke {
+        &[Some(50_000.0)]
+    } else {
+        &[Some(25_000.0), Some(50_000.0), Some(100_000.0), Some(200_000.0), None]
+    };
+    // The last level runs again with 10 clients scraping /metrics and the
+    // table in a loop: a scrape must never cost ring-buffer events.
+    let runs: Vec<(Option<f64>, usize)> =
+        offered.iter().map(|&t| (t, 0)).chain(std::iter::once((Some(50_000.0), SCRAPERS))).collect();
+    for (target, scrapers) in runs {
+        // min-idle 0: every request is a reuse, so each round trip is two
+        // events (the client's and the server's reuse).
+        let o = Observer::start(&["--min-idle", "0s"], &tmp("ring"))?;
+        let before = o.metrics()?;
+        let start = Instant::now();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let storm: Vec<_> = (0..scrapers)
+            .map(|k| {
+                let (addr, stop) = (o.http.clone(), std::sync::Arc::clone(&stop));
+                thread::spawn(move || {
+                    let mut n = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let path = if k % 2 == 0 { "/metrics" } else { "/api/v1/destinations" };
+                        if http_get(&addr, path).is_ok() {
+                            n += 1;
+                        }
+                    }
+                    n
+                })
+            })
+            .collect();
+        let c = 4;
+        paced_pingpong(c, plan.duration, target.map(|t| t / 2.0 / c as f64))?;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let scrapes: u64 = storm.into_iter().map(|h| h.join().unwrap_or(0)).sum();
+        thread::sleep(Duration::from_millis(1500));
+        let after = o.metrics()?;
+        let secs = start.elapsed().as_secs_f64() - 1.5;
+        let ev = metric_sum(&after, "observer_events_total", "") - metric_sum(&before, "observer_events_total", "");
+        let lost = metric_sum(&after, "observer_events_lost_total", "ring_buffer_full")
+            - metric_sum(&before, "observer_events_lost_total", "ring_buffer_full");
+        let backlog = metric_sum(&after, "observer_events_lost_total", "store_backlog")
+            - metric_sum(&before, "observer_events_lost_total", "store_backlog");
+        o.stop()?;
+        println!(
+            "bench: ring buffer offered {target:?}/s with {scrapers} scrapers ({scrapes} scrapes): {:.0} events/s delivered, {lost} lost, {backlog} not stored",
+            ev / secs
+        );
+        if scrapers > 0 {
+            ensure!(lost == 0.0, "{scrapers} clients scraping in a loop cost {lost} ring-buffer events");
+        }
+        levels.push(json!({"offered_events_per_second": target, "scrapers": scrapers, "scrapes": scrapes, "events_per_second": ev / secs, "ring_buffer_lost": lost, "store_backlog_dropped": backlog}));
+    }
+    let best = levels
+        .iter()
+        .filter(|l| l["ring_buffer_lost"].as_f64() == Some(0.0))
+        .filter_map(|l| l["events_per_second"].as_f64())
+        .fold(0.0, f64::max);
+    Ok(json!({"ring_buffer_bytes": 1_048_576, "levels": levels, "max_zero_loss_events_per_second": best}))
+}
+
+#[allow(clippy::cast_precision_loss, reason = "sizes")]
+pub(crate) fn memory_phase(plan: &Plan) -> Result<Value> {
+    let ports = plan.memory_ports;
+    let per_port = plan.memory_per_port + 1;
+    // Listeners that never accept: the handshake completes in the kernel, so
+    // both ends are established (and tracked) without a server fd each.
+    let listeners: Vec<TcpListener> =
+        (0..ports).map(|_| TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    let mut port_list: Vec<u16> =
+        listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?;
+    port_list.sort_unstable();
+    let o = Observer::start(&["--min-idle", "0s"], &tmp("mem"))?;
+    let rss_idle = rss_kib(o.pid())?;
+    // Each helper holds at most ~16,000 sockets (the fd limit here is 20,000).
+    let ports_per_helper = (16_000 / per_port).max(1);
+    let mut helpers = Vec::new();
+    for chunk in port_list.chunks(ports_per_helper) {
+        // Ports from bind(0) are not contiguous: one helper per port run.
+        let mut runs: Vec<(u16, u16)> = Vec::new();
+        for &p in chunk {
+            match runs.last_mut() {
+                Some((start, n)) if *start + *n == p => *n += 1,
+                _ => runs.push((p, 1)),
+            }
+        }
+        let spec = runs.iter().map(|(s, n)| format!("{s}:{n}")).collect::<Vec<_>>().join(",");
+        let mut child = Command::new(std::env::current_exe()?)
+            .args(["bench-hold", "--runs", &spec, "--per-port", &per_port.to_string()])
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        ensure!(line.starts_with("ready"), "helper failed: {line}");
+        helpers.push(child);
+    }
+    // One socket-table refresh (every 5 s) must have run.
+    thread::sleep(Duration::from_secs(6));
+    let metrics = o.metrics()?;
+    let tracked = metric_sum(&metrics, "observer_tracked_sockets", "");
+    let rows: Value = serde_json::from_str(&http_get(&o.http, "/api/v1/destinations")?)?;
+    let destinations = rows.as_array().map_or(0, Vec::len);
+    let rss = rss_kib(o.pid())?;
+    // The peak (start-up's BTF parsing, a socket-table refresh, a scrape)
+    // is what a host must have room for.
+    let peak = status_kib(o.pid(), "VmHWM:")?;
+    let mut map_bytes = 0u64;
+    let mut seen = std::collections::BTreeSet::new();
+    for (_, id) in &o.progs {
+        let p: Value = serde_json::from_str(&sh(&format!("bpftool -j prog show id {id}"))?)?;
+        for m in p["map_ids"].as_array().into_iter().flatten().filter_map(Value::as_u64) {
+            if seen.insert(m) {
+                let mv: Value = serde_json::from_str(&sh(&format!("bpftool -j map show id {m}"))?)?;
+                map_bytes += mv["bytes_memlock"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    // Socket-local storage is not a preallocated map: it is kernel slab
+    // memory that goes when the map does. Stop the daemon with the sockets
+    // still open and see how much unreclaimable slab is given back.
+    let slab_with = unreclaimable_slab_kib()?;
+    o.stop()?;
+    thread::sleep(Duration::from_secs(3));
+    let slab_without = unreclaimable_slab_kib()?;
+    let storage_bytes = slab_with.saturating_sub(slab_without) * 1024;
+    for mut h in helpers {
+        let _ = h.kill();
+        let _ = h.wait();
+    }
+    drop(listeners);
+    println!(
+        "bench: memory: {tracked} tracked sockets, {destinations} destinations, RSS {rss} KiB (peak {peak} KiB), maps {map_bytes} bytes, socket-local storage {storage_bytes} bytes",
+    );
+    Ok(json!({
+        "connections": ports * plan.memory_per_port, "tracked_sockets": tracked, "destinations": destinations,
+        "rss_bytes_idle": rss_idle * 1024, "rss_bytes": rss * 1024, "rss_mib": (rss as f64) / 1024.0,
+        "peak_rss_bytes": peak * 1024, "peak_rss_mib": (peak as f64) / 1024.0,
+        "kernel_map_bytes": map_bytes, "kernel_map_mib": map_bytes as f64 / 1_048_576.0,
+        "storage_bytes": storage_bytes, "storage_mib": storage_bytes as f64 / 1_048_576.0,
+        "storage_bytes_per_socket": if tracked > 0.0 { storage_bytes as f64 / tracked } else { 0.0 },
+    }))
+}
+
+/// `SUnreclaim` from /proc/meminfo (KiB).
+pub(crate) fn unreclaimable_slab_kib() -> Result<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo")?;
+    s.lines()
+        .find(|l| l.starts_with("SUnreclaim:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .context("SUnreclaim missing")
+}
+
+pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
+    status_kib(pid, "VmRSS:")
+}
+
+/// A `/proc/PID/status` figure in KiB (`VmRSS:`, `VmHWM:`).
+pub(crate) fn status_kib(pid: u32, key: &str) -> Result<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    s.lines()
+        .find(|l| l.starts_with(key))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .with_context(|| format!("{key} missing from /proc/{pid}/status"))
+}
