@@ -3,6 +3,9 @@
 //! attaches the probe set for this kernel, and hands out typed events, loss
 //! counters and the socket table. Dropping [`Probes`] detaches and unloads
 //! everything (nothing is pinned).
+//!
+//! [`hooks`] (what attaches where, the probe set), [`kernel`] (inspecting
+//! the running kernel), [`iter`] (the socket iterator aya does not expose).
 
 use std::{
     io,
@@ -21,6 +24,15 @@ use crate::{
     btf::{Btf, BtfError},
     event::{clock_ns, decode_bytes, Clock, DecodeError, SockEvent},
 };
+
+mod hooks;
+mod iter;
+mod kernel;
+
+#[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
+pub use hooks::*;
+#[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
+pub use kernel::*;
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -84,140 +96,6 @@ impl Default for ProbeConfig {
     }
 }
 
-/// How a program attaches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HookKind {
-    /// BTF-typed tracepoint (`tp_btf`, 5.5+).
-    BtfTracePoint,
-    /// `fentry` on a kernel function (5.5+, where the kernel allows it).
-    FEntry,
-    /// BPF iterator (`iter/tcp`, 5.9+), run on demand.
-    Iter,
-}
-
-/// A hook the probe set attaches.
-#[derive(Debug, Clone, Copy)]
-pub struct Hook {
-    /// Program name in the object.
-    pub program: &'static str,
-    pub kind: HookKind,
-    /// Tracepoint or kernel function name.
-    pub name: &'static str,
-}
-
-impl Hook {
-    const fn tp(name: &'static str) -> Self {
-        Self { program: name, kind: HookKind::BtfTracePoint, name }
-    }
-}
-
-/// The receive probe: reaches `tcp_sock` by a helper call.
-const RECV: Hook = Hook::tp("tcp_rcv_space_adjust");
-/// The same on 6.2+, by the `bpf_rdonly_cast` kfunc (no call at all).
-const RECV_CAST: Hook =
-    Hook { program: "tcp_rcv_space_adjust_cast", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
-
-/// Hooks every set shares: BTF tracepoints present since 4.16
-/// (`tcp_destroy_sock` since 5.3).
-const STATE_HOOKS: &[Hook] = &[
-    Hook::tp("inet_sock_set_state"),
-    RECV,
-    Hook::tp("tcp_receive_reset"),
-    Hook::tp("tcp_retransmit_skb"),
-    Hook::tp("tcp_destroy_sock"),
-];
-
-/// Writes the kernel fails before sending, on the `tp_btf` set (6.3+):
-/// the `tcp_sendmsg_locked` tracepoint never fires for them.
-const SEND_ERROR_TP: Hook = Hook::tp("sock_send_length");
-
-/// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
-/// time-wait sockets since 6.9.
-const RESET_TP: Hook = Hook::tp("tcp_send_reset");
-/// `late_reuse` before that: `fentry` on the functions that send the RST.
-const RESET_FENTRY: &[Hook] = &[
-    Hook { program: "fentry_tcp_v4_send_reset", kind: HookKind::FEntry, name: "tcp_v4_send_reset" },
-    Hook { program: "fentry_tcp_v6_send_reset", kind: HookKind::FEntry, name: "tcp_v6_send_reset" },
-];
-
-/// The socket table, every set: `iter/tcp`.
-const ITER: Hook = Hook { program: "iter_tcp", kind: HookKind::Iter, name: "tcp" };
-
-/// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
-const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
-/// Send hook elsewhere: `fentry` on the same function.
-const SEND_FENTRY: Hook =
-    Hook { program: "fentry_tcp_sendmsg_locked", kind: HookKind::FEntry, name: "tcp_sendmsg_locked" };
-
-/// The hot-path hooks (`--bench-toggle` detaches and re-attaches them).
-const HOT_HOOKS: &[&str] = &["tcp_sendmsg_locked", "tcp_rcv_space_adjust"];
-
-/// A hot-path probe's link, while attached.
-enum HotLink {
-    Tp(BtfTracePointLinkId),
-    FEntry(FEntryLinkId),
-}
-
-/// Empty programs for benchmarks (`--bench-empty-probes`).
-const BENCH_EMPTY: &[Hook] = &[
-    Hook { program: "bench_empty_send", kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
-    Hook { program: "bench_empty_recv", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },
-    Hook { program: "bench_empty_state", kind: HookKind::BtfTracePoint, name: "inet_sock_set_state" },
-];
-
-/// The set of hooks chosen for the running kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeSet {
-    /// Every hook a BTF tracepoint (6.16+).
-    TpBtf,
-    /// Send hook by `fentry`, the rest BTF tracepoints (5.15+).
-    FEntrySend,
-}
-
-impl ProbeSet {
-    /// Choose the probe set from what the kernel's BTF offers (a BTF
-    /// tracepoint exists as the type `btf_trace_<name>`; no tracefs needed,
-    /// so this works without root). The reason is for the log.
-    pub fn detect(btf: &Btf) -> Result<(Self, &'static str), BpfError> {
-        for hook in STATE_HOOKS.iter().chain(std::iter::once(&RESET_TP)) {
-            if !btf.has_type(&format!("btf_trace_{}", hook.name)) {
-                return Err(BpfError::MissingHook(format!("the tracepoint {}", hook.name)));
-            }
-        }
-        let tp = |h: &Hook| btf.has_type(&format!("btf_trace_{}", h.name));
-        if tp(&SEND_TP) && tp(&SEND_ERROR_TP) {
-            Ok((Self::TpBtf, "the tcp_sendmsg_locked tracepoint exists (6.16+)"))
-        } else {
-            Ok((
-                Self::FEntrySend,
-                "no tcp_sendmsg_locked tracepoint (before 6.16): fentry on tcp_sendmsg_locked and the RST senders",
-            ))
-        }
-    }
-
-    #[must_use]
-    pub fn hooks(self) -> Vec<Hook> {
-        let (send, reset): (&[Hook], &[Hook]) = match self {
-            Self::TpBtf => (&[SEND_TP, SEND_ERROR_TP], std::slice::from_ref(&RESET_TP)),
-            Self::FEntrySend => (std::slice::from_ref(&SEND_FENTRY), RESET_FENTRY),
-        };
-        send.iter()
-            .copied()
-            .chain(STATE_HOOKS.iter().copied())
-            .chain(reset.iter().copied())
-            .chain(std::iter::once(ITER))
-            .collect()
-    }
-
-    #[must_use]
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::TpBtf => "tp_btf",
-            Self::FEntrySend => "fentry_send",
-        }
-    }
-}
-
 /// Kernel-side loss and bookkeeping counters (summed over CPUs).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct KernelCounters {
@@ -240,95 +118,6 @@ pub struct Attached {
     pub prog_id: u32,
 }
 
-/// Resolve every kernel field the programs read from the kernel's BTF.
-pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
-    let skc = |f| btf.offset("sock_common", f);
-    let shutdown = btf.field("sock", "sk_shutdown")?;
-    Ok(Offsets {
-        skc_daddr: skc("skc_daddr")?,
-        skc_rcv_saddr: skc("skc_rcv_saddr")?,
-        skc_dport: skc("skc_dport")?,
-        skc_num: skc("skc_num")?,
-        skc_family: skc("skc_family")?,
-        skc_v6_daddr: skc("skc_v6_daddr")?,
-        skc_v6_rcv_saddr: skc("skc_v6_rcv_saddr")?,
-        skc_flags: skc("skc_flags")?,
-        sock_keepopen_bit: u64::try_from(btf.enum_value("sock_flags", "SOCK_KEEPOPEN")?)
-            .map_err(|_| BtfError::NotFound("a non-negative SOCK_KEEPOPEN".into()))?,
-        sk_err: btf.offset("sock", "sk_err")?,
-        sk_protocol: btf.offset("sock", "sk_protocol")?,
-        sk_shutdown: shutdown.byte(),
-        sk_shutdown_shift: shutdown.shift(),
-        write_seq: btf.offset("tcp_sock", "write_seq")?,
-        snd_una: btf.offset("tcp_sock", "snd_una")?,
-        rcv_nxt: btf.offset("tcp_sock", "rcv_nxt")?,
-        copied_seq: btf.offset("tcp_sock", "copied_seq")?,
-        keepalive_time: btf.offset("tcp_sock", "keepalive_time")?,
-        // Without CONFIG_NET_NS, `possible_net_t` is empty: every socket
-        // is in the one namespace, reported as 0.
-        skc_net: match btf.field("possible_net_t", "net") {
-            Ok(_) => skc("skc_net")?,
-            Err(_) => 0,
-        },
-        net_ns_inum: match btf.field("possible_net_t", "net") {
-            Ok(_) => btf.offset("net", "ns")? + btf.offset("ns_common", "inum")?,
-            Err(_) => 0,
-        },
-        tcp_clock_cache: btf.offset("tcp_sock", "tcp_clock_cache")?,
-        rcv_tstamp: btf.offset("tcp_sock", "rcv_tstamp")?,
-    })
-}
-
-/// The kernel's jiffy in ns (`TICK_NSEC`, the resolution of the coarse
-/// clocks), for the send probe's clock-free path; 0 (always read the clock)
-/// outside `CONFIG_HZ` 100 to 1000.
-fn tick_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid pointer to a timespec.
-    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) } != 0 || ts.tv_sec != 0 {
-        return 0;
-    }
-    u64::try_from(ts.tv_nsec).ok().filter(|ns| (1_000_000..=10_000_000).contains(ns)).unwrap_or(0)
-}
-
-/// Store the time spent suspended (`CLOCK_BOOTTIME - CLOCK_MONOTONIC`) for
-/// the receive probe, which reads the kernel's monotonic segment times.
-fn set_clock_offset(map: &mut Array<MapData, u64>) -> Result<(), BpfError> {
-    let mono = clock_ns(libc::CLOCK_MONOTONIC);
-    let boot = clock_ns(libc::CLOCK_BOOTTIME);
-    map.set(0, boot.saturating_sub(mono), 0).map_err(|source| BpfError::Map { name: maps::CLOCK_OFFSET, source })
-}
-
-/// Effective capabilities of this process (`CapEff` in /proc/self/status).
-fn effective_caps() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
-        })
-        .unwrap_or(0)
-}
-
-/// Check the capabilities loading needs, before anything else is touched.
-pub fn check_capabilities() -> Result<(), BpfError> {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
-    let caps = effective_caps();
-    let has = |c: u32| caps & (1 << c) != 0;
-    // CAP_SYS_ADMIN implies both on every kernel.
-    if has(CAP_SYS_ADMIN) {
-        return Ok(());
-    }
-    if !has(CAP_BPF) {
-        return Err(BpfError::MissingCapability("CAP_BPF"));
-    }
-    if !has(CAP_PERFMON) {
-        return Err(BpfError::MissingCapability("CAP_PERFMON (needed for tracing programs)"));
-    }
-    Ok(())
-}
-
 /// Loaded and attached probes.
 pub struct Probes {
     /// Link of the `iter/tcp` program; each read creates an iterator from it.
@@ -349,55 +138,6 @@ pub struct Probes {
     set: ProbeSet,
     clock: Clock,
     clock_sampled: Instant,
-}
-
-/// Raise `RLIMIT_MEMLOCK` for kernels that still charge BPF memory to it.
-/// Returns false when it could not (harmless on 5.11+ memcg accounting).
-#[must_use]
-pub fn raise_memlock() -> bool {
-    let lim = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
-    // SAFETY: valid rlimit pointer.
-    unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &raw const lim) == 0 }
-}
-
-/// BTF IDs of the `bpf_rdonly_cast` kfunc and of `struct tcp_sock`.
-type KfuncIds = (u32, u32);
-
-/// What the running kernel's BTF decides: the probe set, the struct
-/// offsets, and the IDs of the `bpf_rdonly_cast` kfunc and `struct
-/// tcp_sock` where the kernel has that kfunc (6.2+). Logs the choice.
-fn inspect_kernel() -> Result<(ProbeSet, Offsets, Option<KfuncIds>), BpfError> {
-    // Our BTF reader and aya's each hold a parsed copy of the kernel's
-    // types (tens of MB): this one is gone before aya's is made.
-    let btf = Btf::from_sys_fs()?;
-    let (set, why) = ProbeSet::detect(&btf)?;
-    let cast = match (btf.func_id("bpf_rdonly_cast"), btf.struct_id("tcp_sock")) {
-        (Some(f), Ok(t)) => Some((f, t)),
-        _ => None,
-    };
-    let recv = if cast.is_some() {
-        "the receive probe reaches tcp_sock by the bpf_rdonly_cast kfunc (6.2+)"
-    } else {
-        "the receive probe reaches tcp_sock by the bpf_skc_to_tcp_sock helper (no bpf_rdonly_cast before 6.2)"
-    };
-    log::info!("probe set {}: {why}; {recv}", set.name());
-    Ok((set, resolve_offsets(&btf)?, cast))
-}
-
-/// The object to load, with the kfunc call patched when `cast` is known
-/// (see `observer_common::kfunc`: the loader cannot link it), and the
-/// `TCP_SOCK_BTF_ID` global (0 when the receive probe uses the helper).
-fn object_for(cast: Option<KfuncIds>) -> (Vec<u8>, u64) {
-    let mut object = OBJECT.to_vec();
-    let tcp_sock = match cast {
-        Some((func, tcp_sock)) if kfunc::patch(&mut object, func) > 0 => u64::from(tcp_sock),
-        Some(_) => {
-            log::warn!("the object has no bpf_rdonly_cast call to patch: the receive probe uses the helper");
-            0
-        }
-        None => 0,
-    };
-    (object, tcp_sock)
 }
 
 impl Probes {
@@ -654,122 +394,6 @@ impl Probes {
     #[must_use]
     pub const fn clock(&self) -> Clock {
         self.clock
-    }
-}
-
-/// BPF iterator plumbing aya does not expose: the link's fd, and iterators
-/// created inside other network namespaces.
-mod iter {
-    use std::{
-        collections::HashSet,
-        fs::File,
-        io::{self, Read as _},
-        os::{
-            fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
-            unix::fs::MetadataExt as _,
-        },
-        path::{Path, PathBuf},
-    };
-
-    /// `BPF_LINK_CREATE`, `BPF_ITER_CREATE` and `BPF_TRACE_ITER` (uapi, stable).
-    const BPF_LINK_CREATE: libc::c_long = 28;
-    const BPF_ITER_CREATE: libc::c_long = 33;
-    const BPF_TRACE_ITER: u32 = 28;
-
-    fn bpf(cmd: libc::c_long, attr: &mut [u32; 16]) -> io::Result<OwnedFd> {
-        // SAFETY: a bpf(2) call with a zero-padded attribute buffer of the
-        // size passed; the kernel returns a new fd or -1.
-        let fd = unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), std::mem::size_of_val(attr)) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the kernel handed us this fd.
-        Ok(unsafe { OwnedFd::from_raw_fd(i32::try_from(fd).map_err(io::Error::other)?) })
-    }
-
-    /// Attach the iterator program: a link iterators are created from.
-    pub fn link_create(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-        let mut attr = [0u32; 16];
-        attr[0] = u32::try_from(prog.as_raw_fd()).map_err(io::Error::other)?;
-        attr[2] = BPF_TRACE_ITER;
-        bpf(BPF_LINK_CREATE, &mut attr)
-    }
-
-    /// An iterator over the calling thread's network namespace (fixed
-    /// when the iterator is created, not when it is read).
-    pub fn create(link: &OwnedFd) -> io::Result<File> {
-        let mut attr = [0u32; 16];
-        attr[0] = u32::try_from(link.as_raw_fd()).map_err(io::Error::other)?;
-        Ok(File::from(bpf(BPF_ITER_CREATE, &mut attr)?))
-    }
-
-    /// An iterator over the network namespace `ns` (a `/proc/PID/ns/net`
-    /// path), created from a short-lived thread that enters it.
-    pub fn create_in(ns: &Path, link: &OwnedFd) -> io::Result<File> {
-        let file = File::open(ns)?;
-        std::thread::scope(|s| {
-            s.spawn(|| {
-                // SAFETY: setns on a namespace fd; it changes only this thread.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                create(link)
-            })
-            .join()
-            .unwrap_or_else(|_| Err(io::Error::other("iterator thread panicked")))
-        })
-    }
-
-    /// Read an iterator to its end, calling `f` on each record (a
-    /// `#[repr(C)]` POD record without padding, as the program writes it);
-    /// returns how many there were.
-    pub fn stream<R: aya::Pod>(mut file: File, f: &mut impl FnMut(&R)) -> io::Result<usize> {
-        let size = std::mem::size_of::<R>();
-        let mut buf = vec![0u8; size * 512];
-        let (mut filled, mut n) = (0, 0);
-        loop {
-            let got = match file.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(got) => got,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            filled += got;
-            // A read may end inside a record: keep its start for the next.
-            let whole = filled - filled % size;
-            for c in buf[..whole].chunks_exact(size) {
-                // SAFETY: exact-size chunk of a POD record without padding.
-                f(&unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<R>()) });
-                n += 1;
-            }
-            buf.copy_within(whole..filled, 0);
-            filled -= whole;
-        }
-        if filled != 0 {
-            return Err(io::Error::other(format!("the socket iterator ended inside a record ({filled} bytes left)")));
-        }
-        Ok(n)
-    }
-
-    /// One `/proc/PID/ns/net` path per network namespace in use, other
-    /// than ours.
-    pub fn other_netns() -> Vec<PathBuf> {
-        let own = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
-        let mut seen = HashSet::from([own]);
-        let mut out = Vec::new();
-        let Ok(dir) = std::fs::read_dir("/proc") else { return out };
-        for entry in dir.flatten() {
-            if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
-                continue;
-            }
-            let path = entry.path().join("ns/net");
-            if let Ok(m) = std::fs::metadata(&path) {
-                if seen.insert(m.ino()) {
-                    out.push(path);
-                }
-            }
-        }
-        out
     }
 }
 

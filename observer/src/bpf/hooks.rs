@@ -1,0 +1,143 @@
+//! The hooks: which program attaches where, and the probe set chosen
+//! for the running kernel (what it has: `tp_btf` tracepoints, `fentry`,
+//! the `bpf_rdonly_cast` kfunc).
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one loader split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// How a program attaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookKind {
+    /// BTF-typed tracepoint (`tp_btf`, 5.5+).
+    BtfTracePoint,
+    /// `fentry` on a kernel function (5.5+, where the kernel allows it).
+    FEntry,
+    /// BPF iterator (`iter/tcp`, 5.9+), run on demand.
+    Iter,
+}
+
+/// A hook the probe set attaches.
+#[derive(Debug, Clone, Copy)]
+pub struct Hook {
+    /// Program name in the object.
+    pub program: &'static str,
+    pub kind: HookKind,
+    /// Tracepoint or kernel function name.
+    pub name: &'static str,
+}
+
+impl Hook {
+    const fn tp(name: &'static str) -> Self {
+        Self { program: name, kind: HookKind::BtfTracePoint, name }
+    }
+}
+
+/// The receive probe: reaches `tcp_sock` by a helper call.
+pub(crate) const RECV: Hook = Hook::tp("tcp_rcv_space_adjust");
+/// The same on 6.2+, by the `bpf_rdonly_cast` kfunc (no call at all).
+pub(crate) const RECV_CAST: Hook =
+    Hook { program: "tcp_rcv_space_adjust_cast", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
+
+/// Hooks every set shares: BTF tracepoints present since 4.16
+/// (`tcp_destroy_sock` since 5.3).
+pub(crate) const STATE_HOOKS: &[Hook] = &[
+    Hook::tp("inet_sock_set_state"),
+    RECV,
+    Hook::tp("tcp_receive_reset"),
+    Hook::tp("tcp_retransmit_skb"),
+    Hook::tp("tcp_destroy_sock"),
+];
+
+/// Writes the kernel fails before sending, on the `tp_btf` set (6.3+):
+/// the `tcp_sendmsg_locked` tracepoint never fires for them.
+pub(crate) const SEND_ERROR_TP: Hook = Hook::tp("sock_send_length");
+
+/// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
+/// time-wait sockets since 6.9.
+pub(crate) const RESET_TP: Hook = Hook::tp("tcp_send_reset");
+/// `late_reuse` before that: `fentry` on the functions that send the RST.
+pub(crate) const RESET_FENTRY: &[Hook] = &[
+    Hook { program: "fentry_tcp_v4_send_reset", kind: HookKind::FEntry, name: "tcp_v4_send_reset" },
+    Hook { program: "fentry_tcp_v6_send_reset", kind: HookKind::FEntry, name: "tcp_v6_send_reset" },
+];
+
+/// The socket table, every set: `iter/tcp`.
+pub(crate) const ITER: Hook = Hook { program: "iter_tcp", kind: HookKind::Iter, name: "tcp" };
+
+/// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
+pub(crate) const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
+/// Send hook elsewhere: `fentry` on the same function.
+pub(crate) const SEND_FENTRY: Hook =
+    Hook { program: "fentry_tcp_sendmsg_locked", kind: HookKind::FEntry, name: "tcp_sendmsg_locked" };
+
+/// The hot-path hooks (`--bench-toggle` detaches and re-attaches them).
+pub(crate) const HOT_HOOKS: &[&str] = &["tcp_sendmsg_locked", "tcp_rcv_space_adjust"];
+
+/// A hot-path probe's link, while attached.
+pub(crate) enum HotLink {
+    Tp(BtfTracePointLinkId),
+    FEntry(FEntryLinkId),
+}
+
+/// Empty programs for benchmarks (`--bench-empty-probes`).
+pub(crate) const BENCH_EMPTY: &[Hook] = &[
+    Hook { program: "bench_empty_send", kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
+    Hook { program: "bench_empty_recv", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },
+    Hook { program: "bench_empty_state", kind: HookKind::BtfTracePoint, name: "inet_sock_set_state" },
+];
+
+/// The set of hooks chosen for the running kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeSet {
+    /// Every hook a BTF tracepoint (6.16+).
+    TpBtf,
+    /// Send hook by `fentry`, the rest BTF tracepoints (5.15+).
+    FEntrySend,
+}
+
+impl ProbeSet {
+    /// Choose the probe set from what the kernel's BTF offers (a BTF
+    /// tracepoint exists as the type `btf_trace_<name>`; no tracefs needed,
+    /// so this works without root). The reason is for the log.
+    pub fn detect(btf: &Btf) -> Result<(Self, &'static str), BpfError> {
+        for hook in STATE_HOOKS.iter().chain(std::iter::once(&RESET_TP)) {
+            if !btf.has_type(&format!("btf_trace_{}", hook.name)) {
+                return Err(BpfError::MissingHook(format!("the tracepoint {}", hook.name)));
+            }
+        }
+        let tp = |h: &Hook| btf.has_type(&format!("btf_trace_{}", h.name));
+        if tp(&SEND_TP) && tp(&SEND_ERROR_TP) {
+            Ok((Self::TpBtf, "the tcp_sendmsg_locked tracepoint exists (6.16+)"))
+        } else {
+            Ok((
+                Self::FEntrySend,
+                "no tcp_sendmsg_locked tracepoint (before 6.16): fentry on tcp_sendmsg_locked and the RST senders",
+            ))
+        }
+    }
+
+    #[must_use]
+    pub fn hooks(self) -> Vec<Hook> {
+        let (send, reset): (&[Hook], &[Hook]) = match self {
+            Self::TpBtf => (&[SEND_TP, SEND_ERROR_TP], std::slice::from_ref(&RESET_TP)),
+            Self::FEntrySend => (std::slice::from_ref(&SEND_FENTRY), RESET_FENTRY),
+        };
+        send.iter()
+            .copied()
+            .chain(STATE_HOOKS.iter().copied())
+            .chain(reset.iter().copied())
+            .chain(std::iter::once(ITER))
+            .collect()
+    }
+
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::TpBtf => "tp_btf",
+            Self::FEntrySend => "fentry_send",
+        }
+    }
+}
