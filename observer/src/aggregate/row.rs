@@ -1,0 +1,151 @@
+//! One row of the table from its state: estimates, verdict, owners and
+//! counts as every interface shows them.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "the aggregator split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// One row from a destination's evidence.
+#[allow(clippy::too_many_lines, reason = "one row, field by field")]
+pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
+    let ev = &st.ev;
+    let counts = ev.counts();
+    let (reuses, failures) = ev.last_hour(now_ns);
+    let buckets = IDLE_BUCKETS
+        .iter()
+        .map(|&le| Some(le))
+        .chain(std::iter::once(None))
+        .zip(ev.buckets())
+        .map(|(le, (reuses, failures))| Bucket { le, reuses, failures })
+        .collect();
+    let peer_clusters = st.point();
+    let deadline = |v: Vec<f64>| estimate::cluster(&v).map(|c| c.value);
+    let mut r = DestinationRow {
+        destination: key.dest.to_string(),
+        role: key.role,
+        netns: key.netns(),
+        failure_mode: FailureMode::None,
+        path_idle_timeout_seconds: None,
+        path_idle_timeout_lower_seconds: 0.0,
+        path_idle_timeout_upper_seconds: None,
+        path_lower_evidence: 0,
+        path_upper_evidence: 0,
+        path_point_evidence: 0,
+        path_outliers: 0,
+        path_lower_basis: None,
+        path_idle_timeout_spread_seconds: None,
+        mixed_paths: Vec::new(),
+        pool_idle_timeout_seconds: None,
+        pool_max_reuse_idle_seconds: None,
+        verdict: Verdict::Unknown,
+        evidence: None,
+        recommended_pool_idle_timeout_seconds: None,
+        recommended_max_lifetime_seconds: None,
+        recommended_server_idle_timeout_seconds: None,
+        safe_retry_rule: false,
+        recommendation: String::new(),
+        reuses,
+        failures,
+        reuses_window: counts.reuses,
+        failures_window: counts.failures,
+        peer_closes_window: counts.peer_closes,
+        peer_restarts: counts.restarts,
+        restart_failures: counts.restart_failures,
+        last_peer_restart_unix_ns: st.restarts.back().map(|r| r.ts_unix_ns),
+        keepalive_evidence: counts.keepalive,
+        keepalive_idle_seconds: ev.min_keepalive_idle(),
+        peer_request_deadline_seconds: deadline(ev.aborted()),
+        request_timeout_seconds: deadline(ev.timeouts()),
+        requests_aborted_window: counts.aborted,
+        request_timeouts_window: counts.timeouts,
+        server_idle_timeout_seconds: None,
+        late_reuses: counts.late_reuses,
+        client_max_reuse_idle_seconds: None,
+        client_pool_idle_timeout_seconds: None,
+        at_risk_idle_sockets: st.at_risk,
+        doomed_idle_sockets: st.doomed,
+        doomed_owners: st.doomed_owners.keys().cloned().collect(),
+        discarded_dead: counts.discarded_dead,
+        first_failure_unix_ns: st.first_failure_ns,
+        last_failure_unix_ns: st.last_failure_ns,
+        processes: st
+            .processes
+            .keys()
+            .map(|p| p.process.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        owners: st.processes.keys().cloned().collect(),
+        idle_buckets: buckets,
+        last_change: st.changes.back().cloned(),
+        evidence_bytes: ev.bytes(),
+    };
+    let judgement = if key.role == Role::Server {
+        let f = ServerFindings {
+            server_idle_timeout: estimate::cluster(&ev.local_closes()).map(|c| c.value),
+            late_reuse_idles: ev.late_reuse_idles(),
+            client_max_reuse_idle: ev.max_reuse_idle(),
+            client_pool_idle_timeout: peer_clusters.first().map(|c| c.value),
+        };
+        r.server_idle_timeout_seconds = f.server_idle_timeout;
+        r.client_max_reuse_idle_seconds = f.client_max_reuse_idle;
+        r.client_pool_idle_timeout_seconds = f.client_pool_idle_timeout;
+        verdict::judge_server(&f)
+    } else {
+        let (interval, basis) = interval_of(ev);
+        // Failure mode: the most common among dead evidence of this epoch.
+        let mut modes: BTreeMap<&'static str, (usize, FailureMode)> = BTreeMap::new();
+        for d in ev.dead() {
+            modes.entry(d.mode.as_str()).or_insert((0, d.mode)).0 += 1;
+        }
+        let mode = modes.values().max_by_key(|(n, _)| *n).map(|(_, m)| *m);
+        let total_peer: usize = ev.dead().filter(|d| d.close).count();
+        // A spread timeout's point is its band's start (what bites), never
+        // a chance cluster inside the band.
+        let point = match interval.spread {
+            Some(b) => Some(estimate::Cluster { value: b.start, count: b.count }),
+            None => peer_clusters.first().copied(),
+        };
+        let f = ClientFindings {
+            interval,
+            lower_basis: basis,
+            point: point.map(|c| c.value),
+            point_evidence: point.map_or(0, |c| c.count),
+            paths: if interval.spread.is_some() { 1 } else { peer_clusters.len() },
+            pool: estimate::cluster(&ev.local_closes()).map(|c| c.value),
+            consistent_failures: interval.upper.map_or(0, |u| ev.dead().filter(|d| d.reuse && d.idle >= u).count()),
+            failure_mode: mode,
+        };
+        r.failure_mode = mode.unwrap_or(FailureMode::None);
+        r.path_idle_timeout_seconds = f.point;
+        r.path_idle_timeout_lower_seconds = interval.lower.unwrap_or(0.0);
+        r.path_idle_timeout_upper_seconds = interval.upper;
+        r.path_lower_evidence = interval.lower_evidence;
+        r.path_upper_evidence = interval.upper_evidence;
+        r.path_point_evidence = f.point_evidence;
+        r.path_outliers = interval.outliers;
+        r.path_lower_basis = basis;
+        r.path_idle_timeout_spread_seconds = interval.spread.map(|b| [b.earliest, b.latest]);
+        if peer_clusters.len() > 1 && interval.spread.is_none() {
+            #[allow(clippy::cast_precision_loss, reason = "counts far below 2^52")]
+            let share = |n: usize| (n as f64 / total_peer.max(1) as f64 * 1000.0).round() / 1000.0;
+            r.mixed_paths = peer_clusters
+                .iter()
+                .map(|c| PathShare { idle_timeout_seconds: c.value, share: share(c.count) })
+                .collect();
+        }
+        r.pool_idle_timeout_seconds = f.pool;
+        r.pool_max_reuse_idle_seconds = ev.max_reuse_idle();
+        verdict::judge_client(&f)
+    };
+    r.verdict = judgement.verdict;
+    r.evidence = judgement.evidence;
+    r.recommended_pool_idle_timeout_seconds = judgement.recommended_pool_idle_timeout_seconds;
+    r.recommended_max_lifetime_seconds = judgement.recommended_max_lifetime_seconds;
+    r.recommended_server_idle_timeout_seconds = judgement.recommended_server_idle_timeout_seconds;
+    r.safe_retry_rule = judgement.safe_retry_rule;
+    r.recommendation = judgement.recommendation;
+    r
+}
