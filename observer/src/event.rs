@@ -15,6 +15,14 @@ use observer_common::{
 };
 use serde::{Deserialize, Serialize};
 
+mod clock;
+mod views;
+
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use clock::*;
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use views::*;
+
 /// Why a record could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
@@ -245,159 +253,6 @@ pub struct SockEvent {
     /// systemd unit, from the cgroup path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
-}
-
-/// One tracked socket as the kernel's table shows it now (the at-risk view).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SocketView {
-    pub local: SocketAddr,
-    pub remote: SocketAddr,
-    pub role: Role,
-    /// Seconds since the last payload either way.
-    pub idle_seconds: f64,
-    /// Inode of the socket's network namespace.
-    pub netns: u32,
-    /// cgroup v2 id of the socket's process (0 = none seen).
-    pub cgroup_id: u64,
-}
-
-/// Decode a kernel socket record, with its idle age at `now_ns` (boot
-/// clock). Sockets with no payload seen yet, and sockets with a request
-/// outstanding (not idle), are skipped.
-#[must_use]
-pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
-    if rec.last_ns == 0 || rec.req_ns != 0 {
-        return None;
-    }
-    let local = addr(rec.family, rec.saddr, rec.sport).ok()?;
-    let remote = addr(rec.family, rec.daddr, rec.dport).ok()?;
-    let role = match rec.role {
-        role::CLIENT => Role::Client,
-        role::SERVER => Role::Server,
-        _ => guess_role(rec.sport, rec.dport),
-    };
-    Some(SocketView {
-        local,
-        remote,
-        role,
-        idle_seconds: secs(now_ns.saturating_sub(rec.last_ns)),
-        netns: rec.netns,
-        cgroup_id: rec.cgroup_id,
-    })
-}
-
-/// A client socket that is dead while its process still holds it (the
-/// peer closed or reset it, or the kernel timed it out, with nothing
-/// outstanding, and nothing was written since): it fails on first use.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DoomedView {
-    pub local: SocketAddr,
-    pub remote: SocketAddr,
-    /// How it died: `fin`, `rst` or `timeout`.
-    pub how: How,
-    /// Seconds since the last payload either way.
-    pub idle_seconds: f64,
-    pub netns: u32,
-    pub pid: u32,
-    pub comm: String,
-    pub cgroup_id: u64,
-}
-
-/// Decode a doomed-socket record, with its idle age at `now_ns` (boot clock).
-#[must_use]
-pub fn doomed_of(rec: &DoomedRecord, now_ns: u64) -> Option<DoomedView> {
-    let how = match rec.how {
-        dead::FIN => How::Fin,
-        dead::RST => How::Rst,
-        dead::TIMEOUT => How::Timeout,
-        _ => return None,
-    };
-    let comm_len = rec.comm.iter().position(|&b| b == 0).unwrap_or(rec.comm.len());
-    Some(DoomedView {
-        local: addr(rec.family, rec.saddr, rec.sport).ok()?,
-        remote: addr(rec.family, rec.daddr, rec.dport).ok()?,
-        how,
-        idle_seconds: if rec.last_ns == 0 { 0.0 } else { secs(now_ns.saturating_sub(rec.last_ns)) },
-        netns: rec.netns,
-        pid: rec.tgid,
-        comm: String::from_utf8_lossy(&rec.comm[..comm_len]).into_owned(),
-        cgroup_id: rec.cgroup_id,
-    })
-}
-
-/// Converts the kernel's boot-clock timestamps (`CLOCK_BOOTTIME`, which
-/// counts suspend) into wall-clock time, and jiffies into seconds.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock {
-    /// realtime - boottime, in ns.
-    offset_ns: i128,
-    /// The kernel's tick rate (`CONFIG_HZ`), when known.
-    hz: Option<u32>,
-}
-
-impl Clock {
-    /// Sample both clocks now.
-    #[must_use]
-    pub fn now() -> Self {
-        let boot = clock_ns(libc::CLOCK_BOOTTIME);
-        let real = clock_ns(libc::CLOCK_REALTIME);
-        Self { offset_ns: i128::from(real) - i128::from(boot), hz: kernel_hz() }
-    }
-
-    /// A clock with a fixed offset (recordings, tests).
-    #[must_use]
-    pub const fn with_offset_ns(offset_ns: i128) -> Self {
-        Self { offset_ns, hz: Some(250) }
-    }
-
-    #[must_use]
-    pub fn to_unix_ns(self, mono_ns: u64) -> u64 {
-        u64::try_from((i128::from(mono_ns) + self.offset_ns).max(0)).unwrap_or(u64::MAX)
-    }
-}
-
-/// `CONFIG_HZ` of the running kernel, from `/proc/config.gz` or
-/// `/boot/config-<release>`, else from the coarse clock's resolution;
-/// `None` when none of them tells.
-pub(crate) fn kernel_hz() -> Option<u32> {
-    use std::io::Read as _;
-    static HZ: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
-    *HZ.get_or_init(|| {
-        let mut text = String::new();
-        if let Ok(f) = std::fs::File::open("/proc/config.gz") {
-            let _ = flate2::read::GzDecoder::new(f).read_to_string(&mut text);
-        }
-        if text.is_empty() {
-            let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-            text = std::fs::read_to_string(format!("/boot/config-{}", release.trim())).unwrap_or_default();
-        }
-        text.lines()
-            .find_map(|l| l.strip_prefix("CONFIG_HZ="))
-            .and_then(|v| v.trim().parse().ok())
-            .or_else(hz_from_coarse_clock)
-    })
-}
-
-/// `CONFIG_HZ` from the coarse clock's resolution (`TICK_NSEC`), for a
-/// kernel whose config is not readable (a VM, a distribution without
-/// `/proc/config.gz` or `/boot/config-*`); None outside HZ 100 to 1000.
-fn hz_from_coarse_clock() -> Option<u32> {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: a valid pointer to a timespec.
-    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &raw mut ts) } != 0 || ts.tv_sec != 0 {
-        return None;
-    }
-    let tick = u64::try_from(ts.tv_nsec).ok().filter(|ns| (1_000_000..=10_000_000).contains(ns))?;
-    u32::try_from((1_000_000_000 + tick / 2) / tick).ok()
-}
-
-/// `clock_gettime` in ns.
-#[must_use]
-pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: valid pointer to a timespec; the clocks used always exist.
-    unsafe { libc::clock_gettime(clock, &raw mut ts) };
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {

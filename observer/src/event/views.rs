@@ -1,0 +1,86 @@
+//! The socket table's records decoded: an idle socket as the at-risk view
+//! sees it, and a dead socket a process still holds.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one module split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// One tracked socket as the kernel's table shows it now (the at-risk view).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SocketView {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    pub role: Role,
+    /// Seconds since the last payload either way.
+    pub idle_seconds: f64,
+    /// Inode of the socket's network namespace.
+    pub netns: u32,
+    /// cgroup v2 id of the socket's process (0 = none seen).
+    pub cgroup_id: u64,
+}
+
+/// Decode a kernel socket record, with its idle age at `now_ns` (boot
+/// clock). Sockets with no payload seen yet, and sockets with a request
+/// outstanding (not idle), are skipped.
+#[must_use]
+pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
+    if rec.last_ns == 0 || rec.req_ns != 0 {
+        return None;
+    }
+    let local = addr(rec.family, rec.saddr, rec.sport).ok()?;
+    let remote = addr(rec.family, rec.daddr, rec.dport).ok()?;
+    let role = match rec.role {
+        role::CLIENT => Role::Client,
+        role::SERVER => Role::Server,
+        _ => guess_role(rec.sport, rec.dport),
+    };
+    Some(SocketView {
+        local,
+        remote,
+        role,
+        idle_seconds: secs(now_ns.saturating_sub(rec.last_ns)),
+        netns: rec.netns,
+        cgroup_id: rec.cgroup_id,
+    })
+}
+
+/// A client socket that is dead while its process still holds it (the
+/// peer closed or reset it, or the kernel timed it out, with nothing
+/// outstanding, and nothing was written since): it fails on first use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DoomedView {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// How it died: `fin`, `rst` or `timeout`.
+    pub how: How,
+    /// Seconds since the last payload either way.
+    pub idle_seconds: f64,
+    pub netns: u32,
+    pub pid: u32,
+    pub comm: String,
+    pub cgroup_id: u64,
+}
+
+/// Decode a doomed-socket record, with its idle age at `now_ns` (boot clock).
+#[must_use]
+pub fn doomed_of(rec: &DoomedRecord, now_ns: u64) -> Option<DoomedView> {
+    let how = match rec.how {
+        dead::FIN => How::Fin,
+        dead::RST => How::Rst,
+        dead::TIMEOUT => How::Timeout,
+        _ => return None,
+    };
+    let comm_len = rec.comm.iter().position(|&b| b == 0).unwrap_or(rec.comm.len());
+    Some(DoomedView {
+        local: addr(rec.family, rec.saddr, rec.sport).ok()?,
+        remote: addr(rec.family, rec.daddr, rec.dport).ok()?,
+        how,
+        idle_seconds: if rec.last_ns == 0 { 0.0 } else { secs(now_ns.saturating_sub(rec.last_ns)) },
+        netns: rec.netns,
+        pid: rec.tgid,
+        comm: String::from_utf8_lossy(&rec.comm[..comm_len]).into_owned(),
+        cgroup_id: rec.cgroup_id,
+    })
+}
