@@ -1,5 +1,7 @@
 //! `observer run`: brings the probes up, follows the ring buffer, prints or
 //! records events, reports losses, and tears everything down on SIGINT/SIGTERM.
+//! The events' way through the sinks is [`pipeline`]; what the HTTP
+//! endpoint serves, health included, is [`api`].
 
 use std::{
     fs::File,
@@ -31,219 +33,16 @@ use crate::{
     table::ProcessOwner,
 };
 
+mod api;
+mod pipeline;
+
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use api::*;
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+use pipeline::*;
+
 /// How often the at-risk view is refreshed from the kernel's socket table.
 const SOCKET_REFRESH: Duration = Duration::from_secs(5);
-
-/// The daemon's health, as `GET /healthz` reports it.
-#[derive(Debug, Default)]
-pub struct Health {
-    /// The probes are attached.
-    pub attached: AtomicBool,
-    /// The ring-buffer reader's last pass (`CLOCK_BOOTTIME` ns).
-    pub heartbeat_ns: AtomicU64,
-    /// Events read so far.
-    pub events: AtomicU64,
-}
-
-/// The reader passes at least once a second (its tick); three missed
-/// passes mean events no longer flow.
-const HEALTHY_WITHIN_NS: u64 = 3_000_000_000;
-
-impl Health {
-    /// `(healthy, JSON body)`.
-    #[must_use]
-    pub fn report(&self, now_ns: u64) -> (bool, String) {
-        let attached = self.attached.load(Ordering::Relaxed);
-        let beat = self.heartbeat_ns.load(Ordering::Relaxed);
-        let age = now_ns.saturating_sub(beat);
-        let flowing = beat > 0 && age <= HEALTHY_WITHIN_NS;
-        #[allow(clippy::cast_precision_loss, reason = "an age in seconds")]
-        let body = serde_json::json!({
-            "status": if attached && flowing { "ok" } else { "unavailable" },
-            "probes_attached": attached,
-            "events_flowing": flowing,
-            "events": self.events.load(Ordering::Relaxed),
-            "last_read_age_seconds": (beat > 0).then(|| age as f64 / 1e9),
-        });
-        (attached && flowing, format!("{body}\n"))
-    }
-}
-
-/// State the HTTP endpoint reads.
-pub struct Shared {
-    pub aggregator: Mutex<Aggregator>,
-    pub metrics: Metrics,
-    pub health: Health,
-    /// The table as JSON, and when it was built (boot clock, ns).
-    pub table: Mutex<(u64, Arc<Vec<u8>>)>,
-}
-
-/// The table and the estimate gauges are rebuilt at most this often,
-/// however many clients scrape, and a row at a time: the event reader,
-/// which needs the aggregator's lock, waits for one row at most.
-pub const TABLE_MAX_AGE_NS: u64 = 250_000_000;
-
-impl Shared {
-    #[must_use]
-    pub fn new(aggregator: Aggregator) -> Self {
-        Self {
-            aggregator: Mutex::new(aggregator),
-            metrics: Metrics::new(),
-            health: Health::default(),
-            table: Mutex::new((0, Arc::new(Vec::new()))),
-        }
-    }
-
-    /// The table's JSON, rebuilt (with the estimate gauges) when older
-    /// than [`TABLE_MAX_AGE_NS`]. Concurrent scrapes wait for one rebuild.
-    fn table(&self) -> Result<Arc<Vec<u8>>, serde_json::Error> {
-        let mut cached = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = clock_ns(libc::CLOCK_BOOTTIME);
-        if cached.0 != 0 && now.saturating_sub(cached.0) < TABLE_MAX_AGE_NS {
-            return Ok(Arc::clone(&cached.1));
-        }
-        // A row at a time: the reader waits for one row's computation at
-        // most, never for the whole table.
-        let at = clock_ns(libc::CLOCK_REALTIME);
-        let keys = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).keys();
-        let mut rows = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let Some(r) = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).row_at(key, at) {
-                rows.push(r);
-            }
-        }
-        Aggregator::sort_rows(&mut rows);
-        let gone = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).take_gone();
-        // Serialising and the gauges run off the aggregator's lock.
-        self.metrics.forget(&gone);
-        self.metrics.set_estimates(&rows);
-        *cached = (now, Arc::new(serde_json::to_vec(&rows)?));
-        Ok(Arc::clone(&cached.1))
-    }
-}
-
-impl Handler for Shared {
-    fn get(&self, path: &str) -> Response {
-        match path {
-            "/api/v1/destinations" => match self.table() {
-                Ok(body) => Response::json(body.as_ref().clone()),
-                Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
-            },
-            "/metrics" => {
-                if let Err(e) = self.table() {
-                    return Response::text(500, format!("encoding the table: {e}\n"));
-                }
-                Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
-            }
-            "/healthz" => {
-                let (ok, body) = self.health.report(clock_ns(libc::CLOCK_BOOTTIME));
-                Response {
-                    status: if ok { 200 } else { 503 },
-                    content_type: "application/json",
-                    body: body.into_bytes(),
-                }
-            }
-            "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics, GET /healthz\n"),
-            _ => Response::text(404, "not found; try /api/v1/destinations, /metrics or /healthz\n"),
-        }
-    }
-}
-
-/// Where decoded events go.
-struct Sinks {
-    print: Option<EventsFormat>,
-    connections: bool,
-    record: Option<BufWriter<File>>,
-    decode_errors: u64,
-    shared: Arc<Shared>,
-    store: Option<Writer>,
-    store_dropped: u64,
-    volume: store::Volume,
-    owners: Resolver,
-    filter: Filter,
-}
-
-impl Sinks {
-    fn handle(&mut self, mut ev: SockEvent) -> Result<()> {
-        self.shared.health.events.fetch_add(1, Ordering::Relaxed);
-        self.owners.enrich(&mut ev);
-        if !self.filter.keeps_event(&ev) {
-            return Ok(());
-        }
-        let ev = &ev;
-        if let Some(rec) = self.record.as_mut() {
-            writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
-        }
-        {
-            let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-            agg.ingest(ev);
-            self.shared.metrics.observe(ev, agg.label_of(ev).as_ref());
-            for r in agg.take_restarts() {
-                self.shared.metrics.restart(&r);
-                warn!(
-                    "peer restart at {} ({}): {} connections closed at once, idle {:.3} to {:.3} s; not timeout evidence",
-                    r.destination,
-                    r.role.as_str(),
-                    r.sockets,
-                    r.min_idle_seconds,
-                    r.max_idle_seconds
-                );
-            }
-            self.shared.metrics.forget(&agg.take_gone());
-            for c in agg.take_changes() {
-                if let Some(w) = &self.store {
-                    let _ = w.send(Record::Change(c.clone()));
-                }
-                warn!(
-                    "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
-                    c.destination,
-                    c.role.as_str(),
-                    c.before_lower_seconds,
-                    c.before_upper_seconds,
-                    c.after_lower_seconds,
-                    c.after_upper_seconds
-                );
-            }
-        }
-        if let Some(w) = &self.store {
-            match ev.kind {
-                EventKind::Closed => {}
-                // Counted per minute in memory: a connection storm sends one
-                // record per destination and minute, not one per connection.
-                EventKind::Established => {
-                    for r in self.volume.add(ev) {
-                        let _ = w.send(r);
-                    }
-                }
-                _ => {
-                    let _ = w.send(Record::Event(ev.clone()));
-                }
-            }
-        }
-        let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
-        if is_connection && !self.connections {
-            return Ok(());
-        }
-        match self.print {
-            Some(EventsFormat::Text) => println!("{ev}"),
-            Some(EventsFormat::Json) => println!("{}", ev.to_json_line()),
-            None => {}
-        }
-        Ok(())
-    }
-
-    /// Log and export records the store had to drop since the last call.
-    fn report_store_losses(&mut self) {
-        let Some(w) = &self.store else { return };
-        let now = w.dropped();
-        if now > self.store_dropped {
-            let n = now - self.store_dropped;
-            self.shared.metrics.lost(metrics::reason::STORE_BACKLOG, n);
-            warn!("the evidence store could not keep up: {n} records not stored ({now} in total); check the disk under --data-dir");
-            self.store_dropped = now;
-        }
-    }
-}
 
 /// Open the store and rebuild the estimates from what it holds.
 fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> Result<Writer> {
@@ -307,85 +106,9 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
     Ok(probes)
 }
 
-/// Refresh the at-risk view and the tracked-socket gauge from the kernel.
-/// Only client sockets idler than the smallest at-risk threshold are kept
-/// (none while no destination has one), so a host with 100k sockets does
-/// not copy its table at every refresh. A threshold that drops while the
-/// table is read counts its sockets from the next refresh.
-fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
-    let shared = Arc::clone(&sinks.shared);
-    let floor = {
-        let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-        // Held peer closes become evidence (or a restart) and old
-        // evidence expires even when no event arrives.
-        agg.tick(clock_ns(libc::CLOCK_REALTIME));
-        agg.at_risk_floor()
-    };
-    let now = clock_ns(libc::CLOCK_BOOTTIME);
-    let mut views = Vec::new();
-    let counted = probes.for_each_socket(|rec| {
-        let Some(floor) = floor else { return };
-        let Some(v) = crate::event::view_of(rec, now) else { return };
-        // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
-        if v.role == crate::event::Role::Client
-            && v.idle_seconds > floor
-            && (sinks.filter.is_empty() || {
-                let owner = sinks.owners.resolve(v.cgroup_id);
-                sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
-            })
-        {
-            views.push(v);
-        }
-    });
-    match counted {
-        Ok(n) => {
-            shared.metrics.set_tracked_sockets(n);
-            shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views);
-        }
-        Err(e) => warn!("reading the socket table: {e}"),
-    }
-    let mut doomed = Vec::new();
-    let walked = probes.for_each_doomed(|rec| {
-        let Some(d) = crate::event::doomed_of(rec, now) else { return };
-        let owner = sinks.owners.resolve(d.cgroup_id);
-        if !sinks.filter.is_empty() && !sinks.filter.keeps(d.netns, owner.as_deref().map(|o| o.cgroup.as_str())) {
-            return;
-        }
-        let who = ProcessOwner {
-            process: if d.comm.is_empty() { "?".to_owned() } else { d.comm.clone() },
-            container: owner.as_ref().and_then(|o| o.container.clone()),
-            pod: owner.as_ref().and_then(|o| o.pod.clone()),
-            unit: owner.as_ref().and_then(|o| o.unit.clone()),
-        };
-        doomed.push((d, who));
-    });
-    match walked {
-        Ok(_) => shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_doomed(&doomed),
-        Err(e) => warn!("reading the dead sockets: {e}"),
-    }
-}
-
 /// The running kernel's release (`uname -r`).
 fn kernel_release() -> String {
     std::fs::read_to_string("/proc/sys/kernel/osrelease").map_or_else(|_| "unknown".to_owned(), |s| s.trim().to_owned())
-}
-
-/// Serve HTTP on a thread and runtime of its own: a scrape (which computes
-/// the table) never delays the ring-buffer reader's runtime.
-fn spawn_http(listener: std::net::TcpListener, shared: Arc<Shared>, limits: http::Limits) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("the HTTP runtime")?;
-    std::thread::Builder::new()
-        .name("observer-http".into())
-        .spawn(move || {
-            runtime.block_on(async move {
-                match tokio::net::TcpListener::from_std(listener) {
-                    Ok(l) => http::serve(l, shared as Arc<dyn Handler>, limits).await,
-                    Err(e) => error!("the HTTP listener: {e}"),
-                }
-            });
-        })
-        .context("starting the HTTP thread")?;
-    Ok(())
 }
 
 /// What this run observes (`--netns`, `--cgroup`), where the cgroup tree
@@ -540,60 +263,6 @@ fn shut_down(
     }
     info!("probes detached, evidence stored; exiting");
     Ok(())
-}
-
-fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
-    sinks.shared.health.heartbeat_ns.store(clock_ns(libc::CLOCK_BOOTTIME), Ordering::Relaxed);
-    let mut result = Ok(());
-    probes.drain(|ev| match ev {
-        Ok(ev) => {
-            if let Err(e) = sinks.handle(ev) {
-                result = Err(e);
-            }
-        }
-        Err(e) => {
-            sinks.decode_errors += 1;
-            sinks.shared.metrics.undecodable();
-            error!("undecodable event ({} so far): {e}", sinks.decode_errors);
-        }
-    });
-    if result.is_ok() {
-        std::io::stdout().flush().ok();
-    }
-    result
-}
-
-fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metrics) {
-    match probes.counters() {
-        Ok(now) => {
-            metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
-            metrics.lost(metrics::reason::SOCKET_STORAGE_FULL, now.map_full.saturating_sub(reported.map_full));
-            metrics.lost(metrics::reason::DOOMED_TABLE_FULL, now.doomed_full.saturating_sub(reported.doomed_full));
-            metrics.reuses_unresolved(now.reuse_unresolved.saturating_sub(reported.reuse_unresolved));
-            if now.doomed_full > reported.doomed_full {
-                warn!(
-                    "{} dead sockets could not be counted in doomed_idle_sockets: the kernel's table of them (65,536) was full",
-                    now.doomed_full - reported.doomed_full
-                );
-            }
-            if now.ringbuf_full > reported.ringbuf_full {
-                warn!(
-                    "lost {} events because the ring buffer was full ({} in total); raise --ring-buffer",
-                    now.ringbuf_full - reported.ringbuf_full,
-                    now.ringbuf_full
-                );
-            }
-            if now.map_full > reported.map_full {
-                warn!(
-                    "{} times the kernel refused socket-local storage for a socket (out of memory; {} in total): those sockets are not observed",
-                    now.map_full - reported.map_full,
-                    now.map_full
-                );
-            }
-            *reported = now;
-        }
-        Err(e) => warn!("reading kernel counters: {e}"),
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,141 @@
+//! What the HTTP endpoint serves: the daemon's health (`/healthz`), and the
+//! shared state it reads (the table, cached, and the metrics).
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one module split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// The daemon's health, as `GET /healthz` reports it.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// The probes are attached.
+    pub attached: AtomicBool,
+    /// The ring-buffer reader's last pass (`CLOCK_BOOTTIME` ns).
+    pub heartbeat_ns: AtomicU64,
+    /// Events read so far.
+    pub events: AtomicU64,
+}
+
+/// The reader passes at least once a second (its tick); three missed
+/// passes mean events no longer flow.
+pub(crate) const HEALTHY_WITHIN_NS: u64 = 3_000_000_000;
+
+impl Health {
+    /// `(healthy, JSON body)`.
+    #[must_use]
+    pub fn report(&self, now_ns: u64) -> (bool, String) {
+        let attached = self.attached.load(Ordering::Relaxed);
+        let beat = self.heartbeat_ns.load(Ordering::Relaxed);
+        let age = now_ns.saturating_sub(beat);
+        let flowing = beat > 0 && age <= HEALTHY_WITHIN_NS;
+        #[allow(clippy::cast_precision_loss, reason = "an age in seconds")]
+        let body = serde_json::json!({
+            "status": if attached && flowing { "ok" } else { "unavailable" },
+            "probes_attached": attached,
+            "events_flowing": flowing,
+            "events": self.events.load(Ordering::Relaxed),
+            "last_read_age_seconds": (beat > 0).then(|| age as f64 / 1e9),
+        });
+        (attached && flowing, format!("{body}\n"))
+    }
+}
+
+/// State the HTTP endpoint reads.
+pub struct Shared {
+    pub aggregator: Mutex<Aggregator>,
+    pub metrics: Metrics,
+    pub health: Health,
+    /// The table as JSON, and when it was built (boot clock, ns).
+    pub table: Mutex<(u64, Arc<Vec<u8>>)>,
+}
+
+/// The table and the estimate gauges are rebuilt at most this often,
+/// however many clients scrape, and a row at a time: the event reader,
+/// which needs the aggregator's lock, waits for one row at most.
+pub const TABLE_MAX_AGE_NS: u64 = 250_000_000;
+
+impl Shared {
+    #[must_use]
+    pub fn new(aggregator: Aggregator) -> Self {
+        Self {
+            aggregator: Mutex::new(aggregator),
+            metrics: Metrics::new(),
+            health: Health::default(),
+            table: Mutex::new((0, Arc::new(Vec::new()))),
+        }
+    }
+
+    /// The table's JSON, rebuilt (with the estimate gauges) when older
+    /// than [`TABLE_MAX_AGE_NS`]. Concurrent scrapes wait for one rebuild.
+    pub(crate) fn table(&self) -> Result<Arc<Vec<u8>>, serde_json::Error> {
+        let mut cached = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = clock_ns(libc::CLOCK_BOOTTIME);
+        if cached.0 != 0 && now.saturating_sub(cached.0) < TABLE_MAX_AGE_NS {
+            return Ok(Arc::clone(&cached.1));
+        }
+        // A row at a time: the reader waits for one row's computation at
+        // most, never for the whole table.
+        let at = clock_ns(libc::CLOCK_REALTIME);
+        let keys = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).keys();
+        let mut rows = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let Some(r) = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).row_at(key, at) {
+                rows.push(r);
+            }
+        }
+        Aggregator::sort_rows(&mut rows);
+        let gone = self.aggregator.lock().unwrap_or_else(PoisonError::into_inner).take_gone();
+        // Serialising and the gauges run off the aggregator's lock.
+        self.metrics.forget(&gone);
+        self.metrics.set_estimates(&rows);
+        *cached = (now, Arc::new(serde_json::to_vec(&rows)?));
+        Ok(Arc::clone(&cached.1))
+    }
+}
+
+impl Handler for Shared {
+    fn get(&self, path: &str) -> Response {
+        match path {
+            "/api/v1/destinations" => match self.table() {
+                Ok(body) => Response::json(body.as_ref().clone()),
+                Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
+            },
+            "/metrics" => {
+                if let Err(e) = self.table() {
+                    return Response::text(500, format!("encoding the table: {e}\n"));
+                }
+                Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
+            }
+            "/healthz" => {
+                let (ok, body) = self.health.report(clock_ns(libc::CLOCK_BOOTTIME));
+                Response {
+                    status: if ok { 200 } else { 503 },
+                    content_type: "application/json",
+                    body: body.into_bytes(),
+                }
+            }
+            "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics, GET /healthz\n"),
+            _ => Response::text(404, "not found; try /api/v1/destinations, /metrics or /healthz\n"),
+        }
+    }
+}
+
+/// Serve HTTP on a thread and runtime of its own: a scrape (which computes
+/// the table) never delays the ring-buffer reader's runtime.
+pub(crate) fn spawn_http(listener: std::net::TcpListener, shared: Arc<Shared>, limits: http::Limits) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("the HTTP runtime")?;
+    std::thread::Builder::new()
+        .name("observer-http".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(l) => http::serve(l, shared as Arc<dyn Handler>, limits).await,
+                    Err(e) => error!("the HTTP listener: {e}"),
+                }
+            });
+        })
+        .context("starting the HTTP thread")?;
+    Ok(())
+}

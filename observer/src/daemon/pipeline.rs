@@ -1,0 +1,218 @@
+//! The event pipeline: every event from the ring buffer through its sinks
+//! in order (the aggregator, the metrics, the store, `--events` and
+//! `--record`), the socket table refreshed into the at-risk and doomed
+//! views, and the kernel's loss counters reported.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "one module split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// Where decoded events go.
+pub(crate) struct Sinks {
+    pub(crate) print: Option<EventsFormat>,
+    pub(crate) connections: bool,
+    pub(crate) record: Option<BufWriter<File>>,
+    pub(crate) decode_errors: u64,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) store: Option<Writer>,
+    pub(crate) store_dropped: u64,
+    pub(crate) volume: store::Volume,
+    pub(crate) owners: Resolver,
+    pub(crate) filter: Filter,
+}
+
+impl Sinks {
+    pub(crate) fn handle(&mut self, mut ev: SockEvent) -> Result<()> {
+        self.shared.health.events.fetch_add(1, Ordering::Relaxed);
+        self.owners.enrich(&mut ev);
+        if !self.filter.keeps_event(&ev) {
+            return Ok(());
+        }
+        let ev = &ev;
+        if let Some(rec) = self.record.as_mut() {
+            writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
+        }
+        {
+            let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+            agg.ingest(ev);
+            self.shared.metrics.observe(ev, agg.label_of(ev).as_ref());
+            for r in agg.take_restarts() {
+                self.shared.metrics.restart(&r);
+                warn!(
+                    "peer restart at {} ({}): {} connections closed at once, idle {:.3} to {:.3} s; not timeout evidence",
+                    r.destination,
+                    r.role.as_str(),
+                    r.sockets,
+                    r.min_idle_seconds,
+                    r.max_idle_seconds
+                );
+            }
+            self.shared.metrics.forget(&agg.take_gone());
+            for c in agg.take_changes() {
+                if let Some(w) = &self.store {
+                    let _ = w.send(Record::Change(c.clone()));
+                }
+                warn!(
+                    "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
+                    c.destination,
+                    c.role.as_str(),
+                    c.before_lower_seconds,
+                    c.before_upper_seconds,
+                    c.after_lower_seconds,
+                    c.after_upper_seconds
+                );
+            }
+        }
+        if let Some(w) = &self.store {
+            match ev.kind {
+                EventKind::Closed => {}
+                // Counted per minute in memory: a connection storm sends one
+                // record per destination and minute, not one per connection.
+                EventKind::Established => {
+                    for r in self.volume.add(ev) {
+                        let _ = w.send(r);
+                    }
+                }
+                _ => {
+                    let _ = w.send(Record::Event(ev.clone()));
+                }
+            }
+        }
+        let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
+        if is_connection && !self.connections {
+            return Ok(());
+        }
+        match self.print {
+            Some(EventsFormat::Text) => println!("{ev}"),
+            Some(EventsFormat::Json) => println!("{}", ev.to_json_line()),
+            None => {}
+        }
+        Ok(())
+    }
+
+    /// Log and export records the store had to drop since the last call.
+    pub(crate) fn report_store_losses(&mut self) {
+        let Some(w) = &self.store else { return };
+        let now = w.dropped();
+        if now > self.store_dropped {
+            let n = now - self.store_dropped;
+            self.shared.metrics.lost(metrics::reason::STORE_BACKLOG, n);
+            warn!("the evidence store could not keep up: {n} records not stored ({now} in total); check the disk under --data-dir");
+            self.store_dropped = now;
+        }
+    }
+}
+
+/// Refresh the at-risk view and the tracked-socket gauge from the kernel.
+/// Only client sockets idler than the smallest at-risk threshold are kept
+/// (none while no destination has one), so a host with 100k sockets does
+/// not copy its table at every refresh. A threshold that drops while the
+/// table is read counts its sockets from the next refresh.
+pub(crate) fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
+    let shared = Arc::clone(&sinks.shared);
+    let floor = {
+        let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
+        // Held peer closes become evidence (or a restart) and old
+        // evidence expires even when no event arrives.
+        agg.tick(clock_ns(libc::CLOCK_REALTIME));
+        agg.at_risk_floor()
+    };
+    let now = clock_ns(libc::CLOCK_BOOTTIME);
+    let mut views = Vec::new();
+    let counted = probes.for_each_socket(|rec| {
+        let Some(floor) = floor else { return };
+        let Some(v) = crate::event::view_of(rec, now) else { return };
+        // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
+        if v.role == crate::event::Role::Client
+            && v.idle_seconds > floor
+            && (sinks.filter.is_empty() || {
+                let owner = sinks.owners.resolve(v.cgroup_id);
+                sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
+            })
+        {
+            views.push(v);
+        }
+    });
+    match counted {
+        Ok(n) => {
+            shared.metrics.set_tracked_sockets(n);
+            shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_sockets(&views);
+        }
+        Err(e) => warn!("reading the socket table: {e}"),
+    }
+    let mut doomed = Vec::new();
+    let walked = probes.for_each_doomed(|rec| {
+        let Some(d) = crate::event::doomed_of(rec, now) else { return };
+        let owner = sinks.owners.resolve(d.cgroup_id);
+        if !sinks.filter.is_empty() && !sinks.filter.keeps(d.netns, owner.as_deref().map(|o| o.cgroup.as_str())) {
+            return;
+        }
+        let who = ProcessOwner {
+            process: if d.comm.is_empty() { "?".to_owned() } else { d.comm.clone() },
+            container: owner.as_ref().and_then(|o| o.container.clone()),
+            pod: owner.as_ref().and_then(|o| o.pod.clone()),
+            unit: owner.as_ref().and_then(|o| o.unit.clone()),
+        };
+        doomed.push((d, who));
+    });
+    match walked {
+        Ok(_) => shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_doomed(&doomed),
+        Err(e) => warn!("reading the dead sockets: {e}"),
+    }
+}
+
+pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
+    sinks.shared.health.heartbeat_ns.store(clock_ns(libc::CLOCK_BOOTTIME), Ordering::Relaxed);
+    let mut result = Ok(());
+    probes.drain(|ev| match ev {
+        Ok(ev) => {
+            if let Err(e) = sinks.handle(ev) {
+                result = Err(e);
+            }
+        }
+        Err(e) => {
+            sinks.decode_errors += 1;
+            sinks.shared.metrics.undecodable();
+            error!("undecodable event ({} so far): {e}", sinks.decode_errors);
+        }
+    });
+    if result.is_ok() {
+        std::io::stdout().flush().ok();
+    }
+    result
+}
+
+pub(crate) fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metrics) {
+    match probes.counters() {
+        Ok(now) => {
+            metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
+            metrics.lost(metrics::reason::SOCKET_STORAGE_FULL, now.map_full.saturating_sub(reported.map_full));
+            metrics.lost(metrics::reason::DOOMED_TABLE_FULL, now.doomed_full.saturating_sub(reported.doomed_full));
+            metrics.reuses_unresolved(now.reuse_unresolved.saturating_sub(reported.reuse_unresolved));
+            if now.doomed_full > reported.doomed_full {
+                warn!(
+                    "{} dead sockets could not be counted in doomed_idle_sockets: the kernel's table of them (65,536) was full",
+                    now.doomed_full - reported.doomed_full
+                );
+            }
+            if now.ringbuf_full > reported.ringbuf_full {
+                warn!(
+                    "lost {} events because the ring buffer was full ({} in total); raise --ring-buffer",
+                    now.ringbuf_full - reported.ringbuf_full,
+                    now.ringbuf_full
+                );
+            }
+            if now.map_full > reported.map_full {
+                warn!(
+                    "{} times the kernel refused socket-local storage for a socket (out of memory; {} in total): those sockets are not observed",
+                    now.map_full - reported.map_full,
+                    now.map_full
+                );
+            }
+            *reported = now;
+        }
+        Err(e) => warn!("reading kernel counters: {e}"),
+    }
+}
