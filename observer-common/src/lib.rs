@@ -62,6 +62,23 @@ pub mod role {
     pub const CLIENT: u8 = 1;
     /// We accepted (`SYN_RECV` -> `ESTABLISHED`).
     pub const SERVER: u8 = 2;
+
+    /// The role of a socket first seen established, from its ports: the
+    /// side with the ephemeral port (32768 and up, Linux's default range
+    /// start) is the client; with both or neither ephemeral, the higher
+    /// port; equal ports tell nothing. One rule for the probes and for
+    /// userspace.
+    #[must_use]
+    pub const fn guess(local: u16, remote: u16) -> u8 {
+        const EPHEMERAL: u16 = 32_768;
+        match (local >= EPHEMERAL, remote >= EPHEMERAL) {
+            (true, false) => CLIENT,
+            (false, true) => SERVER,
+            _ if local > remote => CLIENT,
+            _ if local < remote => SERVER,
+            _ => UNKNOWN,
+        }
+    }
 }
 
 /// Outcome of a reuse. Values are part of the wire format.
@@ -615,6 +632,16 @@ mod pod {
 mod tests {
     use super::*;
     use core::mem::offset_of;
+
+    #[test]
+    fn the_ports_tell_the_role_by_one_rule() {
+        assert_eq!(role::guess(40_000, 443), role::CLIENT, "the ephemeral side connected");
+        assert_eq!(role::guess(443, 40_000), role::SERVER);
+        assert_eq!(role::guess(6000, 5000), role::CLIENT, "neither ephemeral: the higher port");
+        assert_eq!(role::guess(40_001, 40_000), role::CLIENT, "both ephemeral: the higher port");
+        assert_eq!(role::guess(5000, 6000), role::SERVER);
+        assert_eq!(role::guess(5000, 5000), role::UNKNOWN, "equal ports tell nothing");
+    }
 
     #[test]
     fn event_layout_is_stable() {

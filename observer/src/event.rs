@@ -100,6 +100,16 @@ impl Role {
         }
     }
 
+    /// The role a wire value (`observer_common::role`) names.
+    #[must_use]
+    pub const fn of_wire(v: u8) -> Self {
+        match v {
+            role::CLIENT => Self::Client,
+            role::SERVER => Self::Server,
+            _ => Self::Unknown,
+        }
+    }
+
     /// The role named by [`Self::as_str`].
     #[must_use]
     pub fn parse(s: &str) -> Option<Self> {
@@ -273,19 +283,6 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// Role guess for sockets that were open before observer started: the side
-/// with the ephemeral port is the client.
-fn guess_role(local_port: u16, remote_port: u16) -> Role {
-    const EPHEMERAL_START: u16 = 32_768;
-    match (local_port >= EPHEMERAL_START, remote_port >= EPHEMERAL_START) {
-        (true, false) => Role::Client,
-        (false, true) => Role::Server,
-        _ if local_port > remote_port => Role::Client,
-        _ if local_port < remote_port => Role::Server,
-        _ => Role::Unknown,
-    }
-}
-
 /// Decode a raw ring-buffer record.
 pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError> {
     if bytes.len() != EVENT_SIZE {
@@ -313,10 +310,11 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
     };
     let local = addr(raw.family, raw.saddr, raw.sport)?;
     let remote = addr(raw.family, raw.daddr, raw.dport)?;
-    let role = match raw.role {
-        role::CLIENT => Role::Client,
-        role::SERVER => Role::Server,
-        _ => guess_role(raw.sport, raw.dport),
+    // A socket first seen established carries no role (or, from older
+    // probes, one the ports told): the ports tell it, by the probes' rule.
+    let role = match Role::of_wire(raw.role) {
+        Role::Unknown => Role::of_wire(role::guess(raw.sport, raw.dport)),
+        r => r,
     };
     let outcome = match raw.outcome {
         outcome::OK => Some(Outcome::Ok),

@@ -89,19 +89,9 @@ pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
             return None;
         }
         st.flags |= flags::PREEXISTING;
-        st.role = guess_role(st.sport, st.dport);
+        st.role = role::guess(st.sport, st.dport);
     }
     Some(st)
-}
-
-#[inline(always)]
-pub(crate) fn guess_role(local: u16, remote: u16) -> u8 {
-    const EPHEMERAL: u16 = 32_768;
-    if (local >= EPHEMERAL && remote < EPHEMERAL) || (local >= EPHEMERAL) == (remote >= EPHEMERAL) && local > remote {
-        role::CLIENT
-    } else {
-        role::SERVER
-    }
 }
 
 /// Later of the last send and receive; 0 when nothing was seen.

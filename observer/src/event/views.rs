@@ -31,10 +31,11 @@ pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
     }
     let local = addr(rec.family, rec.saddr, rec.sport).ok()?;
     let remote = addr(rec.family, rec.daddr, rec.dport).ok()?;
-    let role = match rec.role {
-        role::CLIENT => Role::Client,
-        role::SERVER => Role::Server,
-        _ => guess_role(rec.sport, rec.dport),
+    // A socket first seen established carries no role (or, from older
+    // probes, one the ports told): the ports tell it, by the probes' rule.
+    let role = match Role::of_wire(rec.role) {
+        Role::Unknown => Role::of_wire(role::guess(rec.sport, rec.dport)),
+        r => r,
     };
     Some(SocketView {
         local,
