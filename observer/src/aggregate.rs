@@ -77,6 +77,14 @@ pub const RESTART_MIN_SOCKETS: usize = 4;
 pub(crate) const MAX_PENDING: usize = 4096;
 pub(crate) const HOUR_NS: u64 = 3_600_000_000_000;
 
+/// An evidence event as the aggregator took it: its row (`other` past the
+/// cap) and its observation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ingested {
+    pub id: RowId,
+    pub obs: Observed,
+}
+
 /// Settings of the aggregation.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -190,11 +198,13 @@ impl Aggregator {
         }
     }
 
-    /// Feed one event.
-    pub fn ingest(&mut self, ev: &SockEvent) {
+    /// Feed one event; for evidence, the row it went to and what it
+    /// proves: the one classification the metrics, the store and the
+    /// report use too.
+    pub fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
-        let Some((addr, role)) = destination_of(ev) else { return };
-        let Some(o) = Observed::of(ev) else { return };
+        let (addr, role) = destination_of(ev)?;
+        let o = Observed::of(ev)?;
         let key = self.slot(addr, role, self.netns_of(ev.netns));
         let now = self.latest_ns;
         let window = self.config.window_ns;
@@ -228,6 +238,7 @@ impl Aggregator {
         } else if let Some(c) = st.commit(&o, key) {
             self.changes.push(c);
         }
+        Some(Ingested { id: key.id(), obs: o })
     }
 
     /// Bring the table to `now_ns`: commit held peer closes, expire

@@ -87,8 +87,8 @@ pub fn pipeline(n: usize, destinations: u32) -> PipelineResult {
     let mut decoded = 0usize;
     for chunk in raw.chunks_exact(EVENT_SIZE) {
         if let Ok(ev) = decode_bytes(chunk, clock) {
-            agg.ingest(&ev);
-            metrics.observe(&ev, agg.label_of(&ev).as_ref());
+            let ingested = agg.ingest(&ev);
+            metrics.observe(&ev, ingested.as_ref());
             decoded += 1;
         }
     }

@@ -14,8 +14,9 @@ use prometheus_client::{
 use std::sync::atomic::AtomicU64;
 
 use crate::{
-    aggregate::{DestinationRow, Verdict},
-    event::{EventKind, SockEvent},
+    aggregate::{DestinationRow, Ingested, Verdict},
+    event::SockEvent,
+    evidence::Observation,
     table::{netns_label, RowId},
 };
 
@@ -292,39 +293,40 @@ impl Metrics {
         Self { registry, ..m }
     }
 
-    /// Count and, for evidence events, observe one event. `destination` is
-    /// the capped label from the aggregator (None for events that belong
-    /// to no destination).
-    pub fn observe(&self, ev: &SockEvent, row: Option<&RowId>) {
+    /// Count one event and, for evidence, observe it in its row's series
+    /// (`ingested`: what the aggregator made of it, the capped row
+    /// included; None for events that are no evidence).
+    pub fn observe(&self, ev: &SockEvent, ingested: Option<&Ingested>) {
         self.events.get_or_create(&KindLabels { kind: ev.kind.as_str().to_owned() }).inc();
-        let Some(row) = row else { return };
+        let Some(Ingested { id: row, obs }) = ingested else { return };
         let role = row.role.as_str().to_owned();
         let destination = row.destination.clone();
         let netns = netns_label(row.netns);
-        match ev.kind {
-            EventKind::Reuse => {
+        match obs.obs {
+            // A reuse is evidence only with its outcome.
+            Observation::Reuse { .. } => {
                 if let Some(o) = ev.outcome {
                     self.reuse_idle
                         .get_or_create(&ReuseLabels { destination, role, netns, outcome: o.as_str().to_owned() })
                         .observe(ev.idle_seconds);
                 }
             }
-            EventKind::PeerCloseWhileIdle => {
+            Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. } => {
                 let how = ev.how.map_or("fin", |h| h.as_str()).to_owned();
                 self.peer_idle_close
                     .get_or_create(&PeerLabels { destination, role, netns, how })
                     .observe(ev.idle_seconds);
             }
-            EventKind::LocalClose if ev.is_pool_idle_close() => {
+            Observation::LocalIdleClose { .. } => {
                 self.local_idle_close.get_or_create(&DestLabels { destination, role, netns }).observe(ev.idle_seconds);
             }
-            EventKind::LateReuse => {
+            Observation::LateReuse { .. } => {
                 self.late_reuses.get_or_create(&DestLabels { destination, role, netns }).inc();
             }
-            EventKind::DiscardedDead => {
+            Observation::DiscardedDead => {
                 self.discarded_dead.get_or_create(&DestLabels { destination, role, netns }).inc();
             }
-            _ => {}
+            Observation::RequestAborted { .. } | Observation::RequestTimeout { .. } => {}
         }
     }
 

@@ -246,8 +246,10 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
     }
 }
 
+/// A failed reuse, by the aggregator's classification.
 fn is_failure(e: &SockEvent) -> bool {
-    e.kind == EventKind::Reuse && e.outcome.is_some_and(crate::event::Outcome::is_failure)
+    use crate::evidence::{Observation, Observed};
+    matches!(Observed::of(e).map(|o| o.obs), Some(Observation::Reuse { failed: Some(_), .. }))
 }
 
 #[allow(

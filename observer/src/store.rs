@@ -1,5 +1,6 @@
-//! The evidence store: every evidence record (reuse outcomes, peer and local
-//! idle closes, estimate changes) and per-minute connection counts, in an
+//! The evidence store: every event the aggregator takes as evidence
+//! ([`Observed::of`], the one classification), estimate changes and
+//! per-minute connection counts, in an
 //! embedded `SQLite` database in WAL mode under `--data-dir`.
 //!
 //! - Writes are batched by a writer thread off the event path; when its
@@ -39,6 +40,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use crate::{
     aggregate::{destination_of, Change},
     event::{clock_ns, EventKind, Role, SockEvent},
+    evidence::Observed,
 };
 
 mod writer;
@@ -227,19 +229,6 @@ fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
     })
 }
 
-fn is_evidence(ev: &SockEvent) -> bool {
-    matches!(
-        ev.kind,
-        EventKind::Reuse
-            | EventKind::PeerCloseWhileIdle
-            | EventKind::LocalClose
-            | EventKind::RequestAborted
-            | EventKind::RequestTimeout
-            | EventKind::LateReuse
-            | EventKind::DiscardedDead
-    )
-}
-
 impl Store {
     /// Open (or create) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
@@ -310,7 +299,9 @@ impl Store {
                     Record::Event(ev) => {
                         let Some((addr, role)) = destination_of(ev) else { continue };
                         let ts = i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX);
-                        if is_evidence(ev) {
+                        // The aggregator's own classification: what it
+                        // takes as evidence is what a restart rebuilds from.
+                        if Observed::of(ev).is_some() {
                             ev_stmt.execute(params![
                                 ts,
                                 addr.to_string(),

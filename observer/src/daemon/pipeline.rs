@@ -31,13 +31,15 @@ impl Sinks {
             return Ok(());
         }
         let ev = &ev;
+        let evidence;
         if let Some(rec) = self.record.as_mut() {
             writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
         }
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-            agg.ingest(ev);
-            self.shared.metrics.observe(ev, agg.label_of(ev).as_ref());
+            let ingested = agg.ingest(ev);
+            evidence = ingested.is_some();
+            self.shared.metrics.observe(ev, ingested.as_ref());
             for r in agg.take_restarts() {
                 self.shared.metrics.restart(&r);
                 warn!(
@@ -75,9 +77,11 @@ impl Sinks {
                         let _ = w.send(r);
                     }
                 }
-                _ => {
+                // Only what the aggregator took as evidence is stored.
+                _ if evidence => {
                     let _ = w.send(Record::Event(ev.clone()));
                 }
+                _ => {}
             }
         }
         let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);

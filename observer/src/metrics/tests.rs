@@ -1,7 +1,7 @@
 use super::*;
 use crate::{
     aggregate::{Aggregator, Config},
-    event::{How, Outcome, Role},
+    event::{EventKind, How, Outcome, Role},
 };
 
 fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> SockEvent {
@@ -21,9 +21,8 @@ fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> Soc
 }
 
 fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
-    agg.ingest(e);
-    let label = agg.label_of(e);
-    m.observe(e, label.as_ref());
+    let ingested = agg.ingest(e);
+    m.observe(e, ingested.as_ref());
 }
 
 #[test]
