@@ -15,6 +15,8 @@ use observer_common::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::names::named;
+
 mod clock;
 mod views;
 
@@ -34,72 +36,45 @@ pub enum DecodeError {
     Family(u16),
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum EventKind {
-    /// Connection established.
-    Established,
-    /// Connection reached CLOSE.
-    Closed,
-    /// Outcome of a reuse (first write after idle).
-    Reuse,
-    /// The peer closed (FIN or RST) a socket idle with nothing outstanding.
-    PeerCloseWhileIdle,
-    /// The local process closed a socket it held idle (a pool idle close),
-    /// or closed after the peer had (`peer_closed_first`).
-    LocalClose,
-    /// The peer closed or reset a connection after receiving a request and
-    /// before any response byte: the peer's request deadline, observed.
-    RequestAborted,
-    /// We closed a connection with a request outstanding: our own request
-    /// deadline, observed.
-    RequestTimeout,
-    /// Server side: a client wrote on a connection we had already closed
-    /// idle, and the kernel answered with an RST.
-    LateReuse,
-    /// The application closed a client socket the peer had closed or the
-    /// kernel had timed out while idle, without writing on it: the pool
-    /// (or its reader) discarded a dead socket instead of failing on it.
-    DiscardedDead,
-}
-
-impl EventKind {
-    /// Stable name, as in JSON.
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Established => "established",
-            Self::Closed => "closed",
-            Self::Reuse => "reuse",
-            Self::PeerCloseWhileIdle => "peer_close_while_idle",
-            Self::LocalClose => "local_close",
-            Self::RequestAborted => "request_aborted",
-            Self::RequestTimeout => "request_timeout",
-            Self::LateReuse => "late_reuse",
-            Self::DiscardedDead => "discarded_dead",
-        }
+named! {
+    pub enum EventKind {
+        /// Connection established.
+        Established => "established",
+        /// Connection reached CLOSE.
+        Closed => "closed",
+        /// Outcome of a reuse (first write after idle).
+        Reuse => "reuse",
+        /// The peer closed (FIN or RST) a socket idle with nothing outstanding.
+        PeerCloseWhileIdle => "peer_close_while_idle",
+        /// The local process closed a socket it held idle (a pool idle close),
+        /// or closed after the peer had (`peer_closed_first`).
+        LocalClose => "local_close",
+        /// The peer closed or reset a connection after receiving a request and
+        /// before any response byte: the peer's request deadline, observed.
+        RequestAborted => "request_aborted",
+        /// We closed a connection with a request outstanding: our own request
+        /// deadline, observed.
+        RequestTimeout => "request_timeout",
+        /// Server side: a client wrote on a connection we had already closed
+        /// idle, and the kernel answered with an RST.
+        LateReuse => "late_reuse",
+        /// The application closed a client socket the peer had closed or the
+        /// kernel had timed out while idle, without writing on it: the pool
+        /// (or its reader) discarded a dead socket instead of failing on it.
+        DiscardedDead => "discarded_dead",
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Client,
-    Server,
-    /// Socket was open before observer started and the ports did not tell.
-    Unknown,
+named! {
+    pub enum Role {
+        Client => "client",
+        Server => "server",
+        /// Socket was open before observer started and the ports did not tell.
+        Unknown => "unknown",
+    }
 }
 
 impl Role {
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Client => "client",
-            Self::Server => "server",
-            Self::Unknown => "unknown",
-        }
-    }
-
     /// The role a wire value (`observer_common::role`) names.
     #[must_use]
     pub const fn of_wire(v: u8) -> Self {
@@ -109,72 +84,38 @@ impl Role {
             _ => Self::Unknown,
         }
     }
-
-    /// The role named by [`Self::as_str`].
-    #[must_use]
-    pub fn parse(s: &str) -> Option<Self> {
-        [Self::Client, Self::Server, Self::Unknown].into_iter().find(|r| r.as_str() == s)
-    }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Ok,
-    Eof,
-    Reset,
-    Stall,
-    /// The kernel had timed the socket out while idle (keep-alive or
-    /// retransmission timeout): the write failed before a byte was sent.
-    TimedOut,
+named! {
+    pub enum Outcome {
+        Ok => "ok",
+        Eof => "eof",
+        Reset => "reset",
+        Stall => "stall",
+        /// The kernel had timed the socket out while idle (keep-alive or
+        /// retransmission timeout): the write failed before a byte was sent.
+        TimedOut => "timed_out",
+    }
 }
 
 impl Outcome {
-    pub const ALL: [Self; 5] = [Self::Ok, Self::Eof, Self::Reset, Self::Stall, Self::TimedOut];
-
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "ok",
-            Self::Eof => "eof",
-            Self::Reset => "reset",
-            Self::Stall => "stall",
-            Self::TimedOut => "timed_out",
-        }
-    }
-
     #[must_use]
     pub const fn is_failure(self) -> bool {
         !matches!(self, Self::Ok)
     }
 }
 
-/// How a peer closed, or how a stall ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum How {
-    Fin,
-    Rst,
-    Response,
-    LocalClose,
-    Timeout,
-    Destroyed,
-    /// `ok`: the response arrived, then the peer's FIN or RST.
-    ClosedAfterResponse,
-}
-
-impl How {
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Fin => "fin",
-            Self::Rst => "rst",
-            Self::Response => "response",
-            Self::LocalClose => "local_close",
-            Self::Timeout => "timeout",
-            Self::Destroyed => "destroyed",
-            Self::ClosedAfterResponse => "closed_after_response",
-        }
+named! {
+    /// How a peer closed, or how a stall ended.
+    pub enum How {
+        Fin => "fin",
+        Rst => "rst",
+        Response => "response",
+        LocalClose => "local_close",
+        Timeout => "timeout",
+        Destroyed => "destroyed",
+        /// `ok`: the response arrived, then the peer's FIN or RST.
+        ClosedAfterResponse => "closed_after_response",
     }
 }
 

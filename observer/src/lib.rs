@@ -26,6 +26,7 @@ pub mod event;
 pub mod evidence;
 pub mod http;
 pub mod metrics;
+mod names;
 pub mod owner;
 pub mod path;
 pub mod report;

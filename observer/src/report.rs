@@ -403,7 +403,7 @@ fn findings(row: &DestinationRow) -> Vec<(String, String)> {
     let mut f = Vec::new();
     let mut add = |k: &str, v: String| f.push((k.to_owned(), v));
     if let Some(e) = row.evidence {
-        add("The verdict rests on", crate::table::name_of(&e));
+        add("The verdict rests on", e.as_str().to_owned());
     }
     if row.path_lower_basis == Some(crate::aggregate::LowerBasis::Keepalive) {
         add(

@@ -143,7 +143,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 timeout_cell(r),
                 secs(pool),
                 r.verdict.as_str().to_owned(),
-                r.evidence.map_or_else(|| "-".to_owned(), |e| crate::table::name_of(&e)),
+                r.evidence.map_or_else(|| "-".to_owned(), |e| e.as_str().to_owned()),
                 secs(r.recommended_pool_idle_timeout_seconds),
                 deadline_cell(r),
                 r.reuses.to_string(),

@@ -7,6 +7,8 @@ use std::{fmt, net::SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
+use crate::names::named;
+
 use crate::event::Role;
 
 /// A destination's address, or the overflow row past the cap.
@@ -73,56 +75,34 @@ pub fn netns_label(netns: Option<u32>) -> String {
     netns.map(|n| n.to_string()).unwrap_or_default()
 }
 
-/// What the evidence says about how the path fails.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FailureMode {
-    /// A hop closes idle connections with FIN.
-    Fin,
-    /// A hop answers a reuse with RST.
-    Rst,
-    /// A hop drops idle flows silently: the reuse stalls.
-    SilentDrop,
-    None,
-}
-
-impl FailureMode {
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Fin => "fin",
-            Self::Rst => "rst",
-            Self::SilentDrop => "silent_drop",
-            Self::None => "none",
-        }
+named! {
+    /// What the evidence says about how the path fails.
+    pub enum FailureMode {
+        /// A hop closes idle connections with FIN.
+        Fin => "fin",
+        /// A hop answers a reuse with RST.
+        Rst => "rst",
+        /// A hop drops idle flows silently: the reuse stalls.
+        SilentDrop => "silent_drop",
+        None => "none",
     }
 }
 
-/// The verdict for a row.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Client row: the pool keeps sockets idle longer than the path allows.
-    Mismatch,
-    /// Server row: clients reuse connections longer than we keep them.
-    ClientsMismatch,
-    /// The idle staircase provably holds.
-    Ok,
-    /// Not enough evidence.
-    Unknown,
+named! {
+    /// The verdict for a row.
+    pub enum Verdict {
+        /// Client row: the pool keeps sockets idle longer than the path allows.
+        Mismatch => "mismatch",
+        /// Server row: clients reuse connections longer than we keep them.
+        ClientsMismatch => "clients_mismatch",
+        /// The idle staircase provably holds.
+        Ok => "ok",
+        /// Not enough evidence.
+        Unknown => "unknown",
+    }
 }
 
 impl Verdict {
-    #[must_use]
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Mismatch => "mismatch",
-            Self::ClientsMismatch => "clients_mismatch",
-            Self::Ok => "ok",
-            Self::Unknown => "unknown",
-        }
-    }
-
     /// A broken idle staircase, in either role.
     #[must_use]
     pub const fn is_mismatch(self) -> bool {
@@ -130,33 +110,33 @@ impl Verdict {
     }
 }
 
-/// The evidence a verdict rests on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VerdictEvidence {
-    /// Reuses that failed at idle ages consistent with the path's timeout.
-    Failures,
-    /// A cluster of peer idle closes of pooled connections: the pool kept
-    /// them idle past the path's timeout, before any reuse failed.
-    PeerCloses,
-    /// The pool's own idle timeout lies at or past the path's.
-    PoolIdleTimeout,
-    /// Server row: clients wrote on connections we had closed idle.
-    LateReuses,
-    /// The pool (or the clients' pools) close idle sockets first.
-    IdleCloses,
+named! {
+    /// The evidence a verdict rests on.
+    pub enum VerdictEvidence {
+        /// Reuses that failed at idle ages consistent with the path's timeout.
+        Failures => "failures",
+        /// A cluster of peer idle closes of pooled connections: the pool kept
+        /// them idle past the path's timeout, before any reuse failed.
+        PeerCloses => "peer_closes",
+        /// The pool's own idle timeout lies at or past the path's.
+        PoolIdleTimeout => "pool_idle_timeout",
+        /// Server row: clients wrote on connections we had closed idle.
+        LateReuses => "late_reuses",
+        /// The pool (or the clients' pools) close idle sockets first.
+        IdleCloses => "idle_closes",
+    }
 }
 
-/// Which survivals the lower bound rests on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LowerBasis {
-    /// Sockets that sent nothing while idle: valid for every hop.
-    Silent,
-    /// Only sockets whose TCP keep-alive probes ran while idle: the probes
-    /// refresh L4 middleboxes (conntrack, NAT, L4 balancers), so the bound
-    /// holds for L7 hops only.
-    Keepalive,
+named! {
+    /// Which survivals the lower bound rests on.
+    pub enum LowerBasis {
+        /// Sockets that sent nothing while idle: valid for every hop.
+        Silent => "silent",
+        /// Only sockets whose TCP keep-alive probes ran while idle: the probes
+        /// refresh L4 middleboxes (conntrack, NAT, L4 balancers), so the bound
+        /// holds for L7 hops only.
+        Keepalive => "keepalive",
+    }
 }
 
 /// A change of the path estimate (the path's timeout was changed).
@@ -372,12 +352,6 @@ impl ProcessOwner {
             format!("{} ({})", self.process, parts.join(", "))
         }
     }
-}
-
-/// A unit enum's `snake_case` name, as the JSON spells it.
-#[must_use]
-pub fn name_of<T: Serialize>(v: &T) -> String {
-    serde_json::to_value(v).ok().and_then(|v| v.as_str().map(str::to_owned)).unwrap_or_default()
 }
 
 /// Which row of one destination a command means (`report` and `path
