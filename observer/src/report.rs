@@ -8,6 +8,8 @@
 
 use serde::Serialize;
 
+mod command;
+pub use command::command;
 mod html;
 mod markdown;
 mod svg;

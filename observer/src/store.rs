@@ -43,8 +43,11 @@ use crate::{
     evidence::Observed,
 };
 
+mod debug;
 mod writer;
 
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use debug::debug_write_evidence;
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 pub use writer::*;
 

@@ -28,6 +28,8 @@ use crate::{
 };
 use catalog::{Category, Kind};
 
+mod command;
+pub use command::command;
 mod observed;
 
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]

@@ -1,0 +1,67 @@
+//! `observer path defaults` and `observer path check`: the command bodies.
+
+use std::process::ExitCode;
+
+use crate::{
+    aggregate::DestinationRow,
+    cli::{Output, PathCommand},
+    http,
+};
+
+/// `observer path ...`: exit 0 clean, 1 violations, 2 unusable input.
+#[must_use]
+pub fn command(cmd: &PathCommand) -> ExitCode {
+    match cmd {
+        PathCommand::Defaults { kind } => match super::render_catalog(kind.as_deref()) {
+            Ok(text) => {
+                print!("{text}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("observer: error: {e}");
+                ExitCode::from(2)
+            }
+        },
+        PathCommand::Check(args) => {
+            let result = std::fs::read_to_string(&args.file)
+                .map_err(|e| format!("reading {}: {e}", args.file.display()))
+                .and_then(|src| super::parse(&src).map_err(|e| format!("{}: {e}", args.file.display())));
+            let hops = match result {
+                Ok(h) => h,
+                Err(e) => {
+                    eprintln!("observer: error: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            let mut report = super::check(&hops);
+            if args.observed {
+                let rows = http::get(&args.addr, "/api/v1/destinations")
+                    .and_then(|b| serde_json::from_slice::<Vec<DestinationRow>>(&b).map_err(|e| e.to_string()));
+                match rows {
+                    Ok(rows) => {
+                        super::compare_observed(&mut report, &rows, args.netns, crate::owner::host_netns());
+                    }
+                    Err(e) => {
+                        eprintln!("observer: error: --observed: {e}");
+                        return ExitCode::from(2);
+                    }
+                }
+            }
+            match args.output {
+                Output::Text => print!("{}", super::render(&report)),
+                Output::Json => match serde_json::to_string_pretty(&report) {
+                    Ok(j) => println!("{j}"),
+                    Err(e) => {
+                        eprintln!("observer: error: {e}");
+                        return ExitCode::from(2);
+                    }
+                },
+            }
+            if report.violations.is_empty() {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+    }
+}
