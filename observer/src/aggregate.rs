@@ -293,6 +293,33 @@ impl Aggregator {
 
     /// The input is complete (a recording): commit or classify every held
     /// peer close now instead of waiting for its span to pass.
+    /// Feed history in order (the store's window at start-up): what it
+    /// changed (changes, restarts, rows gone) is dropped, since replayed
+    /// history is not news. Returns the events fed.
+    pub fn replay<'a>(&mut self, events: impl IntoIterator<Item = &'a SockEvent>) -> usize {
+        let mut n = 0;
+        for ev in events {
+            self.ingest(ev);
+            n += 1;
+        }
+        self.take_changes();
+        self.take_restarts();
+        self.take_gone();
+        n
+    }
+
+    /// The table a finished recording (or a report's window) gives: every
+    /// event fed, then the held peer closes judged as the stream's end.
+    #[must_use]
+    pub fn of_events<'a>(config: Config, events: impl IntoIterator<Item = &'a SockEvent>) -> Self {
+        let mut agg = Self::new(config);
+        for ev in events {
+            agg.ingest(ev);
+        }
+        agg.finish();
+        agg
+    }
+
     pub fn finish(&mut self) {
         let end = self.latest_ns.saturating_add(RESTART_SPAN_NS + 1);
         for (key, st) in &mut self.dests {

@@ -51,13 +51,8 @@ fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> R
     let mut events = store.events(None, since).context("reading stored evidence")?;
     // A store shared with an unfiltered run holds sockets this run does not watch.
     events.retain(|ev| filter.keeps_event(ev));
-    for ev in &events {
-        aggregator.ingest(ev);
-    }
     // Replayed history is not news: no log lines or counters for it.
-    aggregator.take_changes();
-    aggregator.take_restarts();
-    aggregator.take_gone();
+    aggregator.replay(&events);
     info!("evidence store {}: rebuilt the estimates from {} stored records", store.path().display(), events.len());
     let limits = store::Limits { retention_ns: nanos(args.retention), max_bytes: args.max_store_bytes };
     Writer::start(store, limits, store::QUEUE).context("starting the evidence store writer")

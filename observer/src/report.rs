@@ -455,15 +455,14 @@ fn findings(row: &DestinationRow) -> Vec<(String, String)> {
 pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     // Rows of their own for every role and namespace the destination was
     // seen in (the events are of one address).
-    let mut agg = Aggregator::new(Config {
-        window_ns: input.until_ns.saturating_sub(input.since_ns),
-        max_destinations: 4096,
-        host_netns: input.host_netns,
-    });
-    for e in &input.events {
-        agg.ingest(e);
-    }
-    agg.finish();
+    let mut agg = Aggregator::of_events(
+        Config {
+            window_ns: input.until_ns.saturating_sub(input.since_ns),
+            max_destinations: 4096,
+            host_netns: input.host_netns,
+        },
+        &input.events,
+    );
     let rows = agg.rows(input.until_ns);
     if rows.is_empty() {
         return Err(NoEvidence::Empty(input.destination.clone()));

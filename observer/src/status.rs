@@ -42,11 +42,7 @@ pub fn read_recording(r: impl Read) -> Result<Vec<SockEvent>, RecordingError> {
 /// Aggregate a recording as the daemon would have, as of its last event.
 #[must_use]
 pub fn analyze(events: &[SockEvent], config: Config) -> Vec<DestinationRow> {
-    let mut agg = Aggregator::new(config);
-    for ev in events {
-        agg.ingest(ev);
-    }
-    agg.finish();
+    let mut agg = Aggregator::of_events(config, events);
     agg.rows(agg.latest_ns())
 }
 
