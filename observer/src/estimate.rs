@@ -257,6 +257,16 @@ pub const SPREAD_MIN: usize = 5;
 /// doc), or None when they do not fill one band.
 #[must_use]
 pub fn spread(closes: &[f64]) -> Option<Spread> {
+    spread_below(closes, None)
+}
+
+/// [`spread`], given the smallest idle age the other evidence proves to
+/// fail (`upper`): a cluster holding half the closes makes them a sharp
+/// timeout only where it does not lie past that age. A cluster above a
+/// proven failure, with closes filling the band below it, is a sweep's
+/// phase, not the timeout.
+#[must_use]
+pub fn spread_below(closes: &[f64], upper: Option<f64>) -> Option<Spread> {
     let mut v: Vec<f64> = closes.iter().copied().filter(|x| x.is_finite() && *x > 0.0).collect();
     if v.len() < SPREAD_MIN {
         return None;
@@ -270,7 +280,9 @@ pub fn spread(closes: &[f64]) -> Option<Spread> {
     if widest_gap > (latest - earliest) / 2.0 {
         return None;
     }
-    if cluster(&v).is_some_and(|c| 2 * c.count >= v.len()) {
+    if cluster(&v)
+        .is_some_and(|c| 2 * c.count >= v.len() && upper.is_none_or(|u| c.value <= u * (1.0 + CLUSTER_SPREAD)))
+    {
         return None;
     }
     let start = (earliest - (latest - earliest) / 2.0).max(latest / 2.0);

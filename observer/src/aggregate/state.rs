@@ -45,7 +45,10 @@ pub(crate) struct DestState {
 pub(crate) fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
     let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
     let closes: Vec<f64> = ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
-    let band = estimate::spread(&closes);
+    // The closes' cluster is the timeout only where the reuses do not
+    // prove deaths below it (see `estimate::spread_below`).
+    let proven = estimate::interval_weighted(&ev.alive(false), &dead).upper;
+    let band = estimate::spread_below(&closes, proven);
     let interval = |alive: &[(f64, u64)]| match band {
         Some(b) => estimate::spread_interval(alive, &dead, b),
         None => estimate::interval_weighted(alive, &dead),
@@ -208,8 +211,7 @@ impl DestState {
     /// The epoch's peer closes, the contradicting ones included, fill one
     /// band: a spread timeout.
     pub(crate) fn is_spread(&self) -> bool {
-        let closes: Vec<f64> = self.ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
-        estimate::spread(&closes).is_some()
+        interval_of(&self.ev).0.spread.is_some()
     }
 
     pub(crate) fn change_due(&self) -> bool {

@@ -710,3 +710,31 @@ fn keepalive_deaths_bound_the_timeout_but_make_no_point() {
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
     assert_eq!(r.failures_window, 0, "a death is no failed reuse");
 }
+
+/// The 6.12 VM's swept run 4, as evidence: survivals up to 2.0997 s, a
+/// failed reuse at 2.1005 s, and 13 peer closes over [2.1, 2.9] with half
+/// of them within 5% of 2.59 s. The row is a spread, its point lies in its
+/// interval, and no cluster outside the interval is reported as the point.
+#[test]
+fn a_sweeps_phase_cluster_is_no_point_outside_the_interval() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:9050";
+    let mut ts = 0.0;
+    for g in [1.0, 1.5, 1.8, 2.0, 2.0997] {
+        ts += 3.0;
+        agg.ingest(&reuse(ts, d, g, Outcome::Ok));
+    }
+    ts += 3.0;
+    agg.ingest(&reuse(ts, d, 2.1005, Outcome::Eof));
+    for c in [2.10, 2.2, 2.35, 2.45, 2.57, 2.58, 2.59, 2.59, 2.6, 2.61, 2.62, 2.8, 2.9] {
+        ts += 3.0;
+        agg.ingest(&peer_close(ts, d, c));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert!(r.path_idle_timeout_spread_seconds.is_some(), "{r:#?}");
+    let p = r.path_idle_timeout_seconds.expect("the band's start");
+    let upper = r.path_idle_timeout_upper_seconds.expect("upper");
+    assert!(p >= r.path_idle_timeout_lower_seconds && p <= upper, "point {p} outside the interval: {r:#?}");
+    assert!(r.last_change.is_none());
+}

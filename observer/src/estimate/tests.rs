@@ -179,3 +179,17 @@ proptest! {
         prop_assert!(spread(&even).is_some(), "{even:?}");
     }
 }
+
+/// A sweep whose phase put half the closes within 5% of each other: the
+/// cluster sits above failures the reuses proved, with closes filling the
+/// band below it, so it is the band, not a sharp timeout (the 6.12 VM's
+/// swept run 4: a cluster at 2.59 s above a failure at 2.10 s).
+#[test]
+fn a_cluster_above_a_proven_failure_is_a_sweeps_phase() {
+    let closes = [2.10, 2.2, 2.35, 2.45, 2.57, 2.58, 2.59, 2.59, 2.6, 2.61, 2.62, 2.8, 2.9];
+    assert_eq!(spread(&closes), None, "alone, the cluster holds half: sharp");
+    let b = spread_below(&closes, Some(2.1005)).expect("a band below the cluster");
+    assert!((b.earliest - 2.10).abs() < 1e-9 && b.start <= 2.10, "{b:?}");
+    // A sharp timeout whose cluster lies at the proven failure stays sharp.
+    assert_eq!(spread_below(&[60.0, 60.1, 60.05, 59.9, 45.0, 50.0, 55.0], Some(60.0)), None);
+}
