@@ -204,45 +204,7 @@ pub mod globals {
     pub const RING_BYTES: &str = "RING_BYTES";
 }
 
-/// The one kfunc call the probes make, written as a raw instruction
-/// because aya 0.14 cannot link kfunc calls: userspace finds it by its
-/// marker immediate and writes in the kfunc's BTF ID before loading.
-pub mod kfunc {
-    /// Placeholder immediate of the `bpf_rdonly_cast` call.
-    pub const RDONLY_CAST_MARKER: u32 = 0x0b5e_7ca5;
-    /// The marker call as the little-endian `u64` the eBPF crate's `.quad`
-    /// writes into the object.
-    pub const RDONLY_CAST_CALL: u64 = u64::from_le_bytes(call_bytes(RDONLY_CAST_MARKER));
-
-    /// The call's bytes: `BPF_JMP | BPF_CALL` (0x85), `src_reg` =
-    /// `BPF_PSEUDO_KFUNC_CALL` (2), `dst_reg` 0, `off` 0 (vmlinux BTF),
-    /// `imm` the kfunc's BTF ID.
-    #[must_use]
-    pub const fn call_bytes(imm: u32) -> [u8; 8] {
-        let i = imm.to_le_bytes();
-        [0x85, 0x20, 0, 0, i[0], i[1], i[2], i[3]]
-    }
-
-    /// Replace the marker immediate of every such call in `object` with
-    /// `btf_id`; returns how many were replaced. The marker is not an
-    /// instruction any compiler emits (a kfunc call with an unrelocated
-    /// immediate), so a match is this call.
-    pub fn patch(object: &mut [u8], btf_id: u32) -> usize {
-        let marker = call_bytes(RDONLY_CAST_MARKER);
-        let mut n = 0;
-        // Instructions are 8-byte aligned in their section; the section's
-        // offset in the file is 8-aligned too, so step by 8.
-        let mut i = 0;
-        while i + 8 <= object.len() {
-            if object[i..i + 8] == marker {
-                object[i..i + 8].copy_from_slice(&call_bytes(btf_id));
-                n += 1;
-            }
-            i += 8;
-        }
-        n
-    }
-}
+pub mod kfunc;
 
 /// The send probe's clock-free timing of a write in a busy exchange (a
 /// client's next request, a server's answer), here so that it is tested on
@@ -629,70 +591,4 @@ mod pod {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use core::mem::offset_of;
-
-    #[test]
-    fn the_ports_tell_the_role_by_one_rule() {
-        assert_eq!(role::guess(40_000, 443), role::CLIENT, "the ephemeral side connected");
-        assert_eq!(role::guess(443, 40_000), role::SERVER);
-        assert_eq!(role::guess(6000, 5000), role::CLIENT, "neither ephemeral: the higher port");
-        assert_eq!(role::guess(40_001, 40_000), role::CLIENT, "both ephemeral: the higher port");
-        assert_eq!(role::guess(5000, 6000), role::SERVER);
-        assert_eq!(role::guess(5000, 5000), role::UNKNOWN, "equal ports tell nothing");
-    }
-
-    #[test]
-    fn event_layout_is_stable() {
-        assert_eq!(offset_of!(Event, ts_ns), 0);
-        assert_eq!(offset_of!(Event, sock_id), 8);
-        assert_eq!(offset_of!(Event, idle_ns), 16);
-        assert_eq!(offset_of!(Event, elapsed_ns), 24);
-        assert_eq!(offset_of!(Event, saddr), 32);
-        assert_eq!(offset_of!(Event, daddr), 48);
-        assert_eq!(offset_of!(Event, tgid), 64);
-        assert_eq!(offset_of!(Event, retransmits), 68);
-        assert_eq!(offset_of!(Event, keepalive_jiffies), 72);
-        assert_eq!(offset_of!(Event, bytes), 76);
-        assert_eq!(offset_of!(Event, sport), 80);
-        assert_eq!(offset_of!(Event, dport), 82);
-        assert_eq!(offset_of!(Event, family), 84);
-        assert_eq!(offset_of!(Event, kind), 86);
-        assert_eq!(offset_of!(Event, flags), 90);
-        assert_eq!(offset_of!(Event, comm), 96);
-        assert_eq!(offset_of!(Event, cgroup_id), 112);
-        assert_eq!(offset_of!(Event, netns), 120);
-        assert_eq!(core::mem::size_of::<Event>(), EVENT_SIZE);
-    }
-
-    #[test]
-    fn sock_state_layout_is_stable() {
-        assert_eq!(offset_of!(SockState, saddr), 80);
-        assert_eq!(offset_of!(SockState, daddr), 96);
-        assert_eq!(offset_of!(SockState, req_snd_seq), 112);
-        assert_eq!(offset_of!(SockState, wburst_seq), 128);
-        assert_eq!(offset_of!(SockState, sport), 136);
-        assert_eq!(offset_of!(SockState, role), 142);
-        assert_eq!(offset_of!(SockState, flags), 143);
-        assert_eq!(offset_of!(SockState, comm), 144);
-        assert_eq!(offset_of!(SockState, cgroup_id), 160);
-        assert_eq!(offset_of!(SockState, netns), 168);
-        assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
-    }
-
-    #[test]
-    fn records_and_keys_have_no_padding() {
-        assert_eq!(offset_of!(SockRecord, saddr), 24);
-        assert_eq!(offset_of!(SockRecord, flags), 63);
-        assert_eq!(offset_of!(SockRecord, netns), 64);
-        assert_eq!(offset_of!(SockRecord, cgroup_id), 72);
-        assert_eq!(offset_of!(TupleKey, pad), 38);
-        assert_eq!(core::mem::size_of::<ClosedIdle>(), 16);
-        assert_eq!(offset_of!(DoomedRecord, saddr), 24);
-        assert_eq!(offset_of!(DoomedRecord, netns), 56);
-        assert_eq!(offset_of!(DoomedRecord, how), 71);
-        assert_eq!(offset_of!(DoomedRecord, comm), 72);
-        assert_eq!(offset_of!(SockState, dead), 172);
-    }
-}
+mod tests;

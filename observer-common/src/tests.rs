@@ -1,0 +1,65 @@
+use super::*;
+use core::mem::offset_of;
+
+#[test]
+fn the_ports_tell_the_role_by_one_rule() {
+    assert_eq!(role::guess(40_000, 443), role::CLIENT, "the ephemeral side connected");
+    assert_eq!(role::guess(443, 40_000), role::SERVER);
+    assert_eq!(role::guess(6000, 5000), role::CLIENT, "neither ephemeral: the higher port");
+    assert_eq!(role::guess(40_001, 40_000), role::CLIENT, "both ephemeral: the higher port");
+    assert_eq!(role::guess(5000, 6000), role::SERVER);
+    assert_eq!(role::guess(5000, 5000), role::UNKNOWN, "equal ports tell nothing");
+}
+
+#[test]
+fn event_layout_is_stable() {
+    assert_eq!(offset_of!(Event, ts_ns), 0);
+    assert_eq!(offset_of!(Event, sock_id), 8);
+    assert_eq!(offset_of!(Event, idle_ns), 16);
+    assert_eq!(offset_of!(Event, elapsed_ns), 24);
+    assert_eq!(offset_of!(Event, saddr), 32);
+    assert_eq!(offset_of!(Event, daddr), 48);
+    assert_eq!(offset_of!(Event, tgid), 64);
+    assert_eq!(offset_of!(Event, retransmits), 68);
+    assert_eq!(offset_of!(Event, keepalive_jiffies), 72);
+    assert_eq!(offset_of!(Event, bytes), 76);
+    assert_eq!(offset_of!(Event, sport), 80);
+    assert_eq!(offset_of!(Event, dport), 82);
+    assert_eq!(offset_of!(Event, family), 84);
+    assert_eq!(offset_of!(Event, kind), 86);
+    assert_eq!(offset_of!(Event, flags), 90);
+    assert_eq!(offset_of!(Event, comm), 96);
+    assert_eq!(offset_of!(Event, cgroup_id), 112);
+    assert_eq!(offset_of!(Event, netns), 120);
+    assert_eq!(core::mem::size_of::<Event>(), EVENT_SIZE);
+}
+
+#[test]
+fn sock_state_layout_is_stable() {
+    assert_eq!(offset_of!(SockState, saddr), 80);
+    assert_eq!(offset_of!(SockState, daddr), 96);
+    assert_eq!(offset_of!(SockState, req_snd_seq), 112);
+    assert_eq!(offset_of!(SockState, wburst_seq), 128);
+    assert_eq!(offset_of!(SockState, sport), 136);
+    assert_eq!(offset_of!(SockState, role), 142);
+    assert_eq!(offset_of!(SockState, flags), 143);
+    assert_eq!(offset_of!(SockState, comm), 144);
+    assert_eq!(offset_of!(SockState, cgroup_id), 160);
+    assert_eq!(offset_of!(SockState, netns), 168);
+    assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
+}
+
+#[test]
+fn records_and_keys_have_no_padding() {
+    assert_eq!(offset_of!(SockRecord, saddr), 24);
+    assert_eq!(offset_of!(SockRecord, flags), 63);
+    assert_eq!(offset_of!(SockRecord, netns), 64);
+    assert_eq!(offset_of!(SockRecord, cgroup_id), 72);
+    assert_eq!(offset_of!(TupleKey, pad), 38);
+    assert_eq!(core::mem::size_of::<ClosedIdle>(), 16);
+    assert_eq!(offset_of!(DoomedRecord, saddr), 24);
+    assert_eq!(offset_of!(DoomedRecord, netns), 56);
+    assert_eq!(offset_of!(DoomedRecord, how), 71);
+    assert_eq!(offset_of!(DoomedRecord, comm), 72);
+    assert_eq!(offset_of!(SockState, dead), 172);
+}
