@@ -151,38 +151,32 @@ fn a_timeout_change_is_followed_within_a_few_failures() {
 /// outvote three deaths: no change of timeout, and the interval moves.
 #[test]
 fn one_early_survival_is_no_timeout_to_change_from() {
-    let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.2:9050";
-    let mut ts = 0.0;
-    for g in [1.0, 1.3, 1.6, 1.9, 2.38] {
-        ts += g;
-        agg.ingest(&reuse(ts, d, g, Outcome::Ok));
-    }
-    ts += 2.53;
-    agg.ingest(&reuse(ts, d, 2.53, Outcome::Eof));
-    for g in [2.03, 2.1, 2.2] {
-        ts += 3.0;
-        agg.ingest(&reuse(ts, d, g, Outcome::Eof));
-    }
+    // Survivals at `alive`, a failure at 2.53 s, then three failures at
+    // 2.03 to 2.2 s, 3 s apart.
+    let run = |alive: &[f64]| {
+        let mut agg = Aggregator::new(Config::default());
+        let mut ts = 0.0;
+        for &g in alive {
+            ts += g;
+            agg.ingest(&reuse(ts, d, g, Outcome::Ok));
+        }
+        ts += 2.53;
+        agg.ingest(&reuse(ts, d, 2.53, Outcome::Eof));
+        for g in [2.03, 2.1, 2.2] {
+            ts += 3.0;
+            agg.ingest(&reuse(ts, d, g, Outcome::Eof));
+        }
+        agg
+    };
+    let mut agg = run(&[1.0, 1.3, 1.6, 1.9, 2.38]);
     assert!(agg.take_changes().is_empty(), "one survival at 2.38 s is no established timeout");
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert!(r.last_change.is_none());
     assert_eq!(r.path_outliers, 1, "the survival at 2.38 s is the outlier: {r:#?}");
     // The same three deaths against three survivals past them are a change.
-    let mut agg = Aggregator::new(Config::default());
-    let mut ts = 0.0;
-    for g in [1.0, 1.3, 1.6, 2.3, 2.35, 2.38] {
-        ts += g;
-        agg.ingest(&reuse(ts, d, g, Outcome::Ok));
-    }
-    ts += 2.53;
-    agg.ingest(&reuse(ts, d, 2.53, Outcome::Eof));
-    for g in [2.03, 2.1, 2.2] {
-        ts += 3.0;
-        agg.ingest(&reuse(ts, d, g, Outcome::Eof));
-    }
-    assert_eq!(agg.take_changes().len(), 1);
+    assert_eq!(run(&[1.0, 1.3, 1.6, 2.3, 2.35, 2.38]).take_changes().len(), 1);
 }
 
 #[test]
