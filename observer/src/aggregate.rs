@@ -350,7 +350,7 @@ impl Aggregator {
             .filter(|(k, _)| k.role == Role::Client)
             .filter_map(|(k, st)| {
                 let i = st.interval_cached();
-                let point = i.spread.map(|b| b.start).or_else(|| st.point().first().map(|c| c.value));
+                let point = estimate::point_of(&i, &st.point()).map(|c| c.value);
                 if point.is_none() {
                     i.upper?;
                 }

@@ -310,6 +310,22 @@ pub fn spread_interval(alive: &[(f64, u64)], dead: &[f64], band: Spread) -> Inte
     }
 }
 
+/// The point estimate an interval and the peer-close clusters (largest
+/// first) give: a spread's band start, else the largest cluster where it
+/// lies inside the interval (to the cluster tolerance). A cluster outside
+/// the interval is no measurement of the path's timeout; the bounds stand
+/// alone then.
+#[must_use]
+pub fn point_of(interval: &Interval, clusters: &[Cluster]) -> Option<Cluster> {
+    if let Some(b) = interval.spread {
+        return Some(Cluster { value: b.start, count: b.count });
+    }
+    clusters.first().copied().filter(|c| {
+        interval.upper.is_none_or(|u| c.value <= u * (1.0 + CLUSTER_SPREAD))
+            && interval.lower.is_none_or(|l| c.value >= l * (1.0 - CLUSTER_SPREAD))
+    })
+}
+
 /// The seeds' rule: the client's idle timeout should be about 0.8 x the
 /// smallest idle timeout on the path.
 pub const POOL_FRACTION: f64 = 0.8;

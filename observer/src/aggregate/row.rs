@@ -103,19 +103,8 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         let mode = modes.values().max_by_key(|(n, _)| *n).map(|(_, m)| *m);
         let total_peer: usize = ev.dead().filter(|d| d.close).count();
         // A spread timeout's point is its band's start (what bites), never
-        // a chance cluster inside the band.
-        // And never a point outside the interval: a cluster past the
-        // smallest proven failure (or below the largest proven survival),
-        // beyond the cluster tolerance, is no measurement of this path's
-        // timeout; the bounds stand alone then.
-        let tol = estimate::CLUSTER_SPREAD;
-        let point = match interval.spread {
-            Some(b) => Some(estimate::Cluster { value: b.start, count: b.count }),
-            None => peer_clusters.first().copied().filter(|c| {
-                interval.upper.is_none_or(|u| c.value <= u * (1.0 + tol))
-                    && interval.lower.is_none_or(|l| c.value >= l * (1.0 - tol))
-            }),
-        };
+        // a chance cluster inside the band, and never one outside the interval.
+        let point = estimate::point_of(&interval, &peer_clusters);
         let f = ClientFindings {
             interval,
             lower_basis: basis,

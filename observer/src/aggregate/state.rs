@@ -47,13 +47,14 @@ pub(crate) fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
     let closes: Vec<f64> = ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
     // The closes' cluster is the timeout only where the reuses do not
     // prove deaths below it (see `estimate::spread_below`).
-    let proven = estimate::interval_weighted(&ev.alive(false), &dead).upper;
-    let band = estimate::spread_below(&closes, proven);
+    let silent_alive = ev.alive(false);
+    let plain = estimate::interval_weighted(&silent_alive, &dead);
+    let band = estimate::spread_below(&closes, plain.upper);
     let interval = |alive: &[(f64, u64)]| match band {
         Some(b) => estimate::spread_interval(alive, &dead, b),
         None => estimate::interval_weighted(alive, &dead),
     };
-    let silent = interval(&ev.alive(false));
+    let silent = if band.is_some() { interval(&silent_alive) } else { plain };
     if silent.lower.is_some() {
         return (silent, Some(LowerBasis::Silent));
     }

@@ -193,3 +193,14 @@ fn a_cluster_above_a_proven_failure_is_a_sweeps_phase() {
     // A sharp timeout whose cluster lies at the proven failure stays sharp.
     assert_eq!(spread_below(&[60.0, 60.1, 60.05, 59.9, 45.0, 50.0, 55.0], Some(60.0)), None);
 }
+
+#[test]
+fn a_point_never_lies_outside_its_interval() {
+    let i = Interval { lower: Some(2.0997), upper: Some(2.1005), ..Interval::default() };
+    let far = Cluster { value: 2.59, count: 7 };
+    let near = Cluster { value: 2.1, count: 3 };
+    assert_eq!(point_of(&i, &[far]), None, "a cluster past the proven failure is no point");
+    assert_eq!(point_of(&i, &[near]), Some(near));
+    let below = Interval { lower: Some(3.0), upper: None, ..Interval::default() };
+    assert_eq!(point_of(&below, &[near]), None, "nor one below a proven survival");
+}
