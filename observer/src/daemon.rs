@@ -48,12 +48,19 @@ const SOCKET_REFRESH: Duration = Duration::from_secs(5);
 fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> Result<Writer> {
     let store = Store::open(&args.data_dir).context("opening the evidence store")?;
     let since = clock_ns(libc::CLOCK_REALTIME).saturating_sub(nanos(args.window));
-    let mut events = store.events(None, since).context("reading stored evidence")?;
-    // A store shared with an unfiltered run holds sockets this run does not watch.
-    events.retain(|ev| filter.keeps_event(ev));
-    // Replayed history is not news: no log lines or counters for it.
-    aggregator.replay(&events);
-    info!("evidence store {}: rebuilt the estimates from {} stored records", store.path().display(), events.len());
+    let mut replayed = 0u64;
+    store
+        .each_event(None, since, |ev| {
+            // A store shared with an unfiltered run holds sockets this run
+            // does not watch. Replayed history is not news: no log lines or
+            // counters for it.
+            if filter.keeps_event(&ev) {
+                aggregator.replay(std::iter::once(&ev));
+                replayed += 1;
+            }
+        })
+        .context("reading stored evidence")?;
+    info!("evidence store {}: rebuilt the estimates from {replayed} stored records", store.path().display());
     let limits = store::Limits { retention_ns: nanos(args.retention), max_bytes: args.max_store_bytes };
     Writer::start(store, limits, store::QUEUE).context("starting the evidence store writer")
 }

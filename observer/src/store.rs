@@ -69,10 +69,30 @@ pub enum StoreError {
     Schema { path: PathBuf, found: i64 },
     #[error("migrating the evidence store {path} from schema 1 to {SCHEMA_VERSION}: {source}; the file is unchanged (the migration is one transaction): free disk space or choose another --data-dir")]
     Migrate { path: PathBuf, source: rusqlite::Error },
+    #[error("the evidence store {path} is not an SQLite database or is damaged ({source}); move the file aside (observer then starts a new store there) or choose another --data-dir")]
+    Corrupt { path: PathBuf, source: rusqlite::Error },
+    #[error("{path} is a database of another program (it has tables but no observer schema); observer leaves it untouched: choose another --data-dir")]
+    Foreign { path: PathBuf },
     #[error("evidence store: {0}")]
     Sql(#[from] rusqlite::Error),
     #[error("evidence store: a stored record is not valid: {0}")]
     Record(#[from] serde_json::Error),
+}
+
+impl StoreError {
+    /// A failed statement, named: a file that is not a database, or a
+    /// damaged one, says so with the file and the fix.
+    fn of(path: &Path, source: rusqlite::Error) -> Self {
+        match source.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
+                Self::Corrupt { path: path.to_path_buf(), source }
+            }
+            Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::PermissionDenied | rusqlite::ErrorCode::CannotOpen) => {
+                Self::Open { path: path.to_path_buf(), source }
+            }
+            _ => Self::Sql(source),
+        }
+    }
 }
 
 /// Limits of the store.
@@ -248,25 +268,41 @@ impl Store {
         std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(open_err)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(open_err)?;
         let conn = Connection::open(&path).map_err(|source| StoreError::Open { path: path.clone(), source })?;
+        let fail = |source| StoreError::of(&path, source);
+        // Read before anything is written: a foreign or damaged file is
+        // refused unchanged, never given a schema or a journal mode.
+        let tables: Vec<String> = (|| {
+            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
+            names
+        })()
+        .map_err(fail)?;
+        let ours = tables.iter().any(|t| t == "meta");
+        if !tables.is_empty() && !ours {
+            return Err(StoreError::Foreign { path });
+        }
         let setup = || -> rusqlite::Result<()> {
             conn.busy_timeout(Duration::from_secs(5))?;
-            // auto_vacuum must be set before the first table exists.
-            conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+            if tables.is_empty() {
+                // auto_vacuum must be set before the first table exists.
+                conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+                conn.execute_batch("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);")?;
+            }
+            // Both are no-ops on a store that has them: an existing file
+            // is not written before its schema was checked.
             conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "NORMAL")?;
-            conn.execute_batch("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);")
+            conn.pragma_update(None, "synchronous", "NORMAL")
         };
-        setup().map_err(|source| StoreError::Open { path: path.clone(), source })?;
-        let version: Option<i64> =
-            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional()?;
-        let fresh =
-            conn.query_row("SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'evidence'", [], |r| {
-                r.get::<_, i64>(0)
-            })? == 0;
+        setup().map_err(fail)?;
+        let version: Option<i64> = conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0))
+            .optional()
+            .map_err(fail)?;
+        let fresh = !tables.iter().any(|t| t == "evidence");
         match version {
             None if fresh => {
-                conn.execute_batch(SCHEMA)?;
-                conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION])?;
+                conn.execute_batch(SCHEMA).map_err(fail)?;
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
             Some(1) => migrate_1_to_2(&conn).map_err(|source| StoreError::Migrate { path: path.clone(), source })?,
@@ -353,42 +389,52 @@ impl Store {
 
     /// Evidence events since `since_ns` (all destinations, or one), oldest first.
     pub fn events(&self, destination: Option<&str>, since_ns: u64) -> Result<Vec<SockEvent>, StoreError> {
-        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
         let mut out = Vec::new();
-        let mut bad = 0u64;
-        let mut push = |json: String| -> Result<(), StoreError> {
-            match serde_json::from_str(&json) {
-                Ok(ev) => out.push(ev),
-                Err(e) => {
-                    if bad == 0 {
-                        warn!(
-                            "evidence store {}: skipping a stored event that does not decode: {e}",
-                            self.path.display()
-                        );
-                    }
-                    bad += 1;
+        self.each_event(destination, since_ns, |ev| out.push(ev))?;
+        Ok(out)
+    }
+
+    /// Each evidence event since `since_ns`, oldest first, streamed: a
+    /// start-up over millions of stored records never holds them at once.
+    /// Returns the number of events given.
+    pub fn each_event(
+        &self,
+        destination: Option<&str>,
+        since_ns: u64,
+        mut f: impl FnMut(SockEvent),
+    ) -> Result<u64, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let fail = |e| StoreError::of(&self.path, e);
+        let (mut n, mut bad) = (0u64, 0u64);
+        let mut push = |json: &str| match serde_json::from_str(json) {
+            Ok(ev) => {
+                f(ev);
+                n += 1;
+            }
+            Err(e) => {
+                if bad == 0 {
+                    warn!("evidence store {}: skipping a stored event that does not decode: {e}", self.path.display());
                 }
+                bad += 1;
             }
-            Ok(())
         };
-        if let Some(d) = destination {
-            let mut stmt = self.conn.prepare(
+        let (sql, args): (&str, Vec<Box<dyn rusqlite::ToSql>>) = match destination {
+            Some(d) => (
                 "SELECT event FROM evidence WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY ts_unix_ns, id",
-            )?;
-            for row in stmt.query_map(params![d, since], |r| r.get::<_, String>(0))? {
-                push(row?)?;
-            }
-        } else {
-            let mut stmt =
-                self.conn.prepare("SELECT event FROM evidence WHERE ts_unix_ns >= ?1 ORDER BY ts_unix_ns, id")?;
-            for row in stmt.query_map(params![since], |r| r.get::<_, String>(0))? {
-                push(row?)?;
-            }
+                vec![Box::new(d.to_owned()), Box::new(since)],
+            ),
+            None => ("SELECT event FROM evidence WHERE ts_unix_ns >= ?1 ORDER BY ts_unix_ns, id", vec![Box::new(since)]),
+        };
+        let mut stmt = self.conn.prepare(sql).map_err(fail)?;
+        let mut rows = stmt.query(rusqlite::params_from_iter(args.iter())).map_err(fail)?;
+        while let Some(row) = rows.next().map_err(fail)? {
+            let json = row.get_ref(0).map_err(fail)?.as_str().map_err(|e| fail(e.into()))?;
+            push(json);
         }
         if bad > 1 {
             warn!("evidence store {}: skipped {bad} stored events that do not decode", self.path.display());
         }
-        Ok(out)
+        Ok(n)
     }
 
     /// Estimate changes for a destination since `since_ns`.

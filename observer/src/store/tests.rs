@@ -302,3 +302,58 @@ fn a_foreign_schema_is_refused_with_the_fix() {
     let e = Store::open(dir.path()).err().expect("schema 99 is refused").to_string();
     assert!(e.contains("schema version 99") && e.contains("--data-dir"), "{e}");
 }
+
+/// A file that is not SQLite, a damaged database and another program's
+/// database are each refused with the file and the fix named, and left
+/// byte for byte as they were.
+#[test]
+fn bad_store_files_are_named_and_left_untouched() {
+    let check = |dir: &Path, want: &str| {
+        let file = dir.join(DB_FILE);
+        let before = std::fs::read(&file).unwrap();
+        let e = match Store::open(dir).and_then(|s| s.events(None, 0).map(|_| s)) {
+            Ok(_) => panic!("{want}: opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&file.display().to_string()), "{want}: the file is named: {e}");
+        assert!(e.contains(want) && e.contains("--data-dir"), "{want}: {e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+        let after = std::fs::read(&file).unwrap();
+        let first_diff = before.iter().zip(&after).position(|(a, b)| a != b);
+        assert!(after.len() == before.len() && first_diff.is_none(), "{want}: the file changed: {} -> {} bytes, first difference at {first_diff:?}", before.len(), after.len());
+        assert!(!dir.join("evidence.sqlite-wal").exists() || want == "damaged", "{want}: no WAL was started");
+        e
+    };
+    // Not SQLite at all.
+    let junk = tempfile::tempdir().unwrap();
+    std::fs::write(junk.path().join(DB_FILE), vec![b'x'; 8192]).unwrap();
+    let e1 = check(junk.path(), "not an SQLite database");
+    // Another program's database.
+    let other = tempfile::tempdir().unwrap();
+    {
+        let c = Connection::open(other.path().join(DB_FILE)).unwrap();
+        c.execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL); INSERT INTO invoices VALUES (1, 9.5);")
+            .unwrap();
+    }
+    let e2 = check(other.path(), "another program");
+    // Ours, with its data pages overwritten (the first page, the schema, intact).
+    let bad = tempfile::tempdir().unwrap();
+    {
+        let mut s = Store::open(bad.path()).unwrap();
+        s.insert(&scenario()).unwrap();
+        let many: Vec<Record> =
+            (0..2000).map(|k| Record::Event(ev(T0 + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))).collect();
+        s.insert(&many).unwrap();
+        s.compact().unwrap();
+    }
+    let file = bad.path().join(DB_FILE);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let page = 4096;
+    assert!(bytes.len() > 8 * page, "the store spans pages: {}", bytes.len());
+    for b in &mut bytes[page..] {
+        *b = 0xA5;
+    }
+    std::fs::write(&file, &bytes).unwrap();
+    let e3 = check(bad.path(), "damaged");
+    eprintln!("MEASURED bad store files:\n  {e1}\n  {e2}\n  {e3}");
+}
