@@ -4,9 +4,6 @@
 //! endpoint serves, health included, is [`api`].
 
 use std::{
-    fs::File,
-    io::{BufWriter, Write},
-    os::unix::fs::OpenOptionsExt as _,
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc, Mutex, PoisonError,
@@ -34,10 +31,13 @@ use crate::{
 };
 
 mod api;
+mod outputs;
 mod pipeline;
 
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 pub use api::*;
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+use outputs::{flush_stdout, print_line, Recording, Stdout};
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 use pipeline::*;
 
@@ -146,17 +146,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let writer = open_store(&args, &mut aggregator, &filter)?;
     let mut probes = bring_up(&args)?;
     let record = match &args.record {
-        Some(path) => Some(BufWriter::new(
-            File::options()
-                .create(true)
-                .append(true)
-                .mode(0o600)
-                .open(path)
-                .with_context(|| format!("opening recording {}", path.display()))?,
-        )),
+        Some(path) => {
+            Some(outputs::Recording::open(path).with_context(|| format!("opening the recording {}", path.display()))?)
+        }
         None => None,
     };
     let shared = Arc::new(Shared::new(aggregator));
+    let _ = shared.health.store.set(writer.state());
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);
     let listener = std::net::TcpListener::bind(&args.metrics_addr)
@@ -175,17 +171,21 @@ pub async fn run(args: RunArgs) -> Result<()> {
         print: args.events,
         connections: args.connections,
         record,
+        record_lost: 0,
+        stop: false,
+        print_warned: None,
         decode_errors: 0,
         shared: Arc::clone(&shared),
         store: Some(writer),
         store_dropped: 0,
+        store_failed: 0,
         volume: store::Volume::default(),
         owners: Resolver::new(cgroup_root),
         filter,
     };
     // One pass of the reader before the daemon says it runs: /healthz is
     // 200 from the first request a supervisor makes after that line.
-    drain(&mut probes, &mut sinks)?;
+    drain(&mut probes, &mut sinks);
     info!(
         "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
         probes.probe_set().name(),
@@ -216,16 +216,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             guard = ring.readable() => {
                 let mut guard = guard.context("waiting on the ring buffer")?;
-                drain(&mut probes, &mut sinks)?;
+                drain(&mut probes, &mut sinks);
                 guard.clear_ready();
+                if sinks.stop { break; }
             }
             _ = tick.tick() => {
-                drain(&mut probes, &mut sinks)?;
+                drain(&mut probes, &mut sinks);
+                if sinks.stop { break; }
                 report_losses(&probes, &mut reported, &shared.metrics);
                 sinks.report_store_losses();
-                if let Some(rec) = sinks.record.as_mut() {
-                    rec.flush().context("flushing the recording")?;
-                }
+                sinks.flush_record();
             }
             _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
@@ -249,11 +249,9 @@ fn shut_down(
     sinks: &mut Sinks,
     reported: &mut KernelCounters,
 ) -> Result<()> {
-    drain(&mut probes, sinks)?;
+    drain(&mut probes, sinks);
     report_losses(&probes, reported, &sinks.shared.metrics);
-    if let Some(rec) = sinks.record.as_mut() {
-        rec.flush().context("flushing the recording")?;
-    }
+    sinks.flush_record();
     drop(ring);
     drop(probes);
     sinks.report_store_losses();
@@ -261,7 +259,10 @@ fn shut_down(
         for r in sinks.volume.flush() {
             let _ = w.send(r);
         }
-        w.finish();
+        let given_up = w.finish();
+        if given_up > 0 {
+            warn!("{given_up} records could not be stored in this run (counted as store_error while it ran)");
+        }
     }
     info!("probes detached, evidence stored; exiting");
     Ok(())

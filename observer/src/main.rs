@@ -56,6 +56,15 @@ fn init_logging(json: bool) {
 fn real_main() -> Result<ExitCode> {
     let cli = Cli::parse_from(observer::config::expand(std::env::args_os().collect())?);
     let json_logs = matches!(&cli.command, Command::Run(a) if a.log_format == LogFormat::Json);
+    if !matches!(&cli.command, Command::Run(a) if !a.print_config) {
+        // A command whose reader went away (`observer status | head -1`)
+        // ends quietly, as Unix tools do. The daemon keeps SIGPIPE ignored:
+        // it sees EPIPE and stops with its evidence stored.
+        // SAFETY: restoring a signal's default action before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     init_logging(json_logs);
     match cli.command {
         Command::Run(args) if args.print_config => print!("{}", args.to_toml()),

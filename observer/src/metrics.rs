@@ -94,12 +94,18 @@ pub mod reason {
     /// The kernel refused socket-local storage (out of memory); was
     /// `socket_table_full` before the state moved off a table.
     pub const SOCKET_STORAGE_FULL: &str = "socket_storage_full";
-    /// The evidence store could not keep up.
+    /// The evidence store could not keep up: its queue was full.
     pub const STORE_BACKLOG: &str = "store_backlog";
+    /// The evidence store refused a batch (a full disk, a removed or
+    /// read-only directory) for a minute, or at shutdown: given up.
+    pub const STORE_ERROR: &str = "store_error";
+    /// `--record` could not write an event (a full disk): not recorded.
+    pub const RECORD_ERROR: &str = "record_error";
     /// The kernel's table of dead sockets held was full: a dead socket is
     /// missing from `observer_doomed_idle_sockets`.
     pub const DOOMED_TABLE_FULL: &str = "doomed_table_full";
-    pub const ALL: &[&str] = &[RING_BUFFER_FULL, SOCKET_STORAGE_FULL, STORE_BACKLOG, DOOMED_TABLE_FULL];
+    pub const ALL: &[&str] =
+        &[RING_BUFFER_FULL, SOCKET_STORAGE_FULL, STORE_BACKLOG, STORE_ERROR, RECORD_ERROR, DOOMED_TABLE_FULL];
 }
 
 /// All metrics of the daemon.

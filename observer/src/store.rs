@@ -26,7 +26,7 @@ use std::{
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
         mpsc::{self, Receiver, RecvTimeoutError, Sender},
         Arc,
     },
@@ -59,24 +59,38 @@ pub const SCHEMA_VERSION: i64 = 2;
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("creating the data directory {path}: {source}; choose another with --data-dir")]
-    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("creating the data directory {path}: {error}; choose another with --data-dir")]
+    CreateDir { path: PathBuf, error: std::io::Error },
     #[error(
-        "opening the evidence store {path}: {source}; check the file and the permissions, or choose another --data-dir"
+        "opening the evidence store {path}: {error}; check the file and the permissions, or choose another --data-dir"
     )]
-    Open { path: PathBuf, source: rusqlite::Error },
+    Open { path: PathBuf, error: rusqlite::Error },
     #[error("the evidence store {path} has schema version {found} (0: none), this observer understands 1 and {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
     Schema { path: PathBuf, found: i64 },
-    #[error("migrating the evidence store {path} from schema 1 to {SCHEMA_VERSION}: {source}; the file is unchanged (the migration is one transaction): free disk space or choose another --data-dir")]
-    Migrate { path: PathBuf, source: rusqlite::Error },
-    #[error("the evidence store {path} is not an SQLite database or is damaged ({source}); move the file aside (observer then starts a new store there) or choose another --data-dir")]
-    Corrupt { path: PathBuf, source: rusqlite::Error },
+    #[error("migrating the evidence store {path} from schema 1 to {SCHEMA_VERSION}: {error}; the file is unchanged (the migration is one transaction): free disk space or choose another --data-dir")]
+    Migrate { path: PathBuf, error: rusqlite::Error },
+    #[error("the evidence store {path} is not an SQLite database or is damaged ({error}); move the file aside (observer then starts a new store there) or choose another --data-dir")]
+    Corrupt { path: PathBuf, error: rusqlite::Error },
     #[error("{path} is a database of another program (it has tables but no observer schema); observer leaves it untouched: choose another --data-dir")]
     Foreign { path: PathBuf },
     #[error("evidence store: {0}")]
-    Sql(#[from] rusqlite::Error),
+    Sql(rusqlite::Error),
     #[error("evidence store: a stored record is not valid: {0}")]
-    Record(#[from] serde_json::Error),
+    Record(serde_json::Error),
+}
+
+// By hand, not `#[from]`: the messages carry their cause, and a source
+// as well would print it twice in an error chain.
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Record(e)
+    }
 }
 
 impl StoreError {
@@ -85,11 +99,11 @@ impl StoreError {
     fn of(path: &Path, source: rusqlite::Error) -> Self {
         match source.sqlite_error_code() {
             Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
-                Self::Corrupt { path: path.to_path_buf(), source }
+                Self::Corrupt { path: path.to_path_buf(), error: source }
             }
-            Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::PermissionDenied | rusqlite::ErrorCode::CannotOpen) => {
-                Self::Open { path: path.to_path_buf(), source }
-            }
+            Some(
+                rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::PermissionDenied | rusqlite::ErrorCode::CannotOpen,
+            ) => Self::Open { path: path.to_path_buf(), error: source },
             _ => Self::Sql(source),
         }
     }
@@ -255,19 +269,19 @@ fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
 impl Store {
     /// Open (or create) the store in `dir`.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let dir_err = |source| StoreError::CreateDir { path: dir.to_path_buf(), source };
+        let dir_err = |error| StoreError::CreateDir { path: dir.to_path_buf(), error };
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
         // Evidence names peers and processes: private to the daemon's user.
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
         let path = dir.join(DB_FILE);
-        let open_err = |source: std::io::Error| StoreError::Open {
+        let open_err = |error: std::io::Error| StoreError::Open {
             path: path.clone(),
-            source: rusqlite::Error::ToSqlConversionFailure(Box::new(source)),
+            error: rusqlite::Error::ToSqlConversionFailure(Box::new(error)),
         };
         // SQLite gives its -wal and -shm files the database file's mode.
         std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(open_err)?;
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(open_err)?;
-        let conn = Connection::open(&path).map_err(|source| StoreError::Open { path: path.clone(), source })?;
+        let conn = Connection::open(&path).map_err(|error| StoreError::Open { path: path.clone(), error })?;
         let fail = |source| StoreError::of(&path, source);
         // Read before anything is written: a foreign or damaged file is
         // refused unchanged, never given a schema or a journal mode.
@@ -294,10 +308,8 @@ impl Store {
             conn.pragma_update(None, "synchronous", "NORMAL")
         };
         setup().map_err(fail)?;
-        let version: Option<i64> = conn
-            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0))
-            .optional()
-            .map_err(fail)?;
+        let version: Option<i64> =
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
         let fresh = !tables.iter().any(|t| t == "evidence");
         match version {
             None if fresh => {
@@ -305,7 +317,7 @@ impl Store {
                 conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
-            Some(1) => migrate_1_to_2(&conn).map_err(|source| StoreError::Migrate { path: path.clone(), source })?,
+            Some(1) => migrate_1_to_2(&conn).map_err(|error| StoreError::Migrate { path: path.clone(), error })?,
             found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
         }
         Ok(Self { conn, path })
@@ -423,7 +435,9 @@ impl Store {
                 "SELECT event FROM evidence WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY ts_unix_ns, id",
                 vec![Box::new(d.to_owned()), Box::new(since)],
             ),
-            None => ("SELECT event FROM evidence WHERE ts_unix_ns >= ?1 ORDER BY ts_unix_ns, id", vec![Box::new(since)]),
+            None => {
+                ("SELECT event FROM evidence WHERE ts_unix_ns >= ?1 ORDER BY ts_unix_ns, id", vec![Box::new(since)])
+            }
         };
         let mut stmt = self.conn.prepare(sql).map_err(fail)?;
         let mut rows = stmt.query(rusqlite::params_from_iter(args.iter())).map_err(fail)?;

@@ -16,6 +16,8 @@ pub struct Health {
     pub heartbeat_ns: AtomicU64,
     /// Events read so far.
     pub events: AtomicU64,
+    /// The evidence store's writer, once it runs.
+    pub store: std::sync::OnceLock<Arc<store::WriterState>>,
 }
 
 /// The reader passes at least once a second (its tick); three missed
@@ -30,11 +32,18 @@ impl Health {
         let beat = self.heartbeat_ns.load(Ordering::Relaxed);
         let age = now_ns.saturating_sub(beat);
         let flowing = beat > 0 && age <= HEALTHY_WITHIN_NS;
+        // A failing store degrades the evidence, not the probes: still 200.
+        let store = match self.store.get() {
+            None => "none",
+            Some(s) if s.degraded.load(Ordering::Relaxed) => "degraded",
+            Some(_) => "ok",
+        };
         #[allow(clippy::cast_precision_loss, reason = "an age in seconds")]
         let body = serde_json::json!({
             "status": if attached && flowing { "ok" } else { "unavailable" },
             "probes_attached": attached,
             "events_flowing": flowing,
+            "store": store,
             "events": self.events.load(Ordering::Relaxed),
             "last_read_age_seconds": (beat > 0).then(|| age as f64 / 1e9),
         });

@@ -13,27 +13,33 @@ use super::*;
 pub(crate) struct Sinks {
     pub(crate) print: Option<EventsFormat>,
     pub(crate) connections: bool,
-    pub(crate) record: Option<BufWriter<File>>,
+    pub(crate) record: Option<Recording>,
+    /// Events not recorded, as last exported.
+    pub(crate) record_lost: u64,
+    /// Standard output closed under `--events`: the run ends.
+    pub(crate) stop: bool,
+    pub(crate) print_warned: Option<std::time::Instant>,
     pub(crate) decode_errors: u64,
     pub(crate) shared: Arc<Shared>,
     pub(crate) store: Option<Writer>,
     pub(crate) store_dropped: u64,
+    pub(crate) store_failed: u64,
     pub(crate) volume: store::Volume,
     pub(crate) owners: Resolver,
     pub(crate) filter: Filter,
 }
 
 impl Sinks {
-    pub(crate) fn handle(&mut self, mut ev: SockEvent) -> Result<()> {
+    pub(crate) fn handle(&mut self, mut ev: SockEvent) {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
         self.owners.enrich(&mut ev);
         if !self.filter.keeps_event(&ev) {
-            return Ok(());
+            return;
         }
         let ev = &ev;
         let evidence;
         if let Some(rec) = self.record.as_mut() {
-            writeln!(rec, "{}", ev.to_json_line()).context("writing the recording")?;
+            rec.write_line(&ev.to_json_line());
         }
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
@@ -86,19 +92,41 @@ impl Sinks {
         }
         let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
         if is_connection && !self.connections {
-            return Ok(());
+            return;
         }
-        match self.print {
-            Some(EventsFormat::Text) => println!("{ev}"),
-            Some(EventsFormat::Json) => println!("{}", ev.to_json_line()),
-            None => {}
+        let line = match self.print {
+            Some(EventsFormat::Text) => ev.to_string(),
+            Some(EventsFormat::Json) => ev.to_json_line(),
+            None => return,
+        };
+        if print_line(&line, &mut self.print_warned) == Stdout::Closed {
+            self.close_stdout();
         }
-        Ok(())
+    }
+
+    fn close_stdout(&mut self) {
+        if self.print.take().is_some() {
+            info!("standard output was closed: stopping, as a pipe's writer does");
+            self.stop = true;
+        }
+    }
+
+    /// Write the recording's buffer and export what it could not write.
+    pub(crate) fn flush_record(&mut self) {
+        let Some(rec) = self.record.as_mut() else { return };
+        rec.flush();
+        let lost = rec.lost();
+        self.shared.metrics.lost(metrics::reason::RECORD_ERROR, lost.saturating_sub(self.record_lost));
+        self.record_lost = lost;
     }
 
     /// Log and export records the store had to drop since the last call.
     pub(crate) fn report_store_losses(&mut self) {
         let Some(w) = &self.store else { return };
+        // The writer logs its own failures, once a minute.
+        let failed = w.state().failed.load(Ordering::Relaxed);
+        self.shared.metrics.lost(metrics::reason::STORE_ERROR, failed.saturating_sub(self.store_failed));
+        self.store_failed = self.store_failed.max(failed);
         let now = w.dropped();
         if now > self.store_dropped {
             let n = now - self.store_dropped;
@@ -167,25 +195,19 @@ pub(crate) fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
     }
 }
 
-pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) -> Result<()> {
+pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) {
     sinks.shared.health.heartbeat_ns.store(clock_ns(libc::CLOCK_BOOTTIME), Ordering::Relaxed);
-    let mut result = Ok(());
     probes.drain(|ev| match ev {
-        Ok(ev) => {
-            if let Err(e) = sinks.handle(ev) {
-                result = Err(e);
-            }
-        }
+        Ok(ev) => sinks.handle(ev),
         Err(e) => {
             sinks.decode_errors += 1;
             sinks.shared.metrics.undecodable();
             error!("undecodable event ({} so far): {e}", sinks.decode_errors);
         }
     });
-    if result.is_ok() {
-        std::io::stdout().flush().ok();
+    if sinks.print.is_some() && !flush_stdout() {
+        sinks.close_stdout();
     }
-    result
 }
 
 pub(crate) fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metrics) {

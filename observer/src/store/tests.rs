@@ -320,7 +320,12 @@ fn bad_store_files_are_named_and_left_untouched() {
         assert!(!e.contains('\n'), "one line: {e}");
         let after = std::fs::read(&file).unwrap();
         let first_diff = before.iter().zip(&after).position(|(a, b)| a != b);
-        assert!(after.len() == before.len() && first_diff.is_none(), "{want}: the file changed: {} -> {} bytes, first difference at {first_diff:?}", before.len(), after.len());
+        assert!(
+            after.len() == before.len() && first_diff.is_none(),
+            "{want}: the file changed: {} -> {} bytes, first difference at {first_diff:?}",
+            before.len(),
+            after.len()
+        );
         assert!(!dir.join("evidence.sqlite-wal").exists() || want == "damaged", "{want}: no WAL was started");
         e
     };
@@ -332,8 +337,10 @@ fn bad_store_files_are_named_and_left_untouched() {
     let other = tempfile::tempdir().unwrap();
     {
         let c = Connection::open(other.path().join(DB_FILE)).unwrap();
-        c.execute_batch("CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL); INSERT INTO invoices VALUES (1, 9.5);")
-            .unwrap();
+        c.execute_batch(
+            "CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL); INSERT INTO invoices VALUES (1, 9.5);",
+        )
+        .unwrap();
     }
     let e2 = check(other.path(), "another program");
     // Ours, with its data pages overwritten (the first page, the schema, intact).
@@ -356,4 +363,53 @@ fn bad_store_files_are_named_and_left_untouched() {
     std::fs::write(&file, &bytes).unwrap();
     let e3 = check(bad.path(), "damaged");
     eprintln!("MEASURED bad store files:\n  {e1}\n  {e2}\n  {e3}");
+}
+
+/// A store that refuses writes (its table gone, as a removed file or a
+/// full disk would) degrades the writer, which holds the batch, retries,
+/// and writes everything once the store takes writes again.
+#[test]
+fn a_refusing_store_is_retried_and_resumes_without_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), QUEUE).unwrap();
+    let state = w.state();
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
+    for k in 0..50 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while !state.degraded.load(Ordering::Relaxed) {
+        assert!(Instant::now() < until, "the writer never saw the failure");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for k in 50..100 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    side.execute_batch("ALTER TABLE evidence_away RENAME TO evidence").unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while state.degraded.load(Ordering::Relaxed) {
+        assert!(Instant::now() < until, "writing never resumed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(w.finish(), 0, "nothing given up");
+    assert_eq!(Store::open(dir.path()).unwrap().count().unwrap(), 100, "every record written after the pause");
+}
+
+/// At shutdown a store that still refuses is not waited for: what is
+/// queued is given up and counted, every record of it.
+#[test]
+fn a_refusing_store_at_shutdown_counts_what_it_gives_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), QUEUE).unwrap();
+    side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    for k in 0..300 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    let started = Instant::now();
+    assert_eq!(w.finish(), 300, "every queued record is counted");
+    assert!(started.elapsed() < Duration::from_secs(10), "shutdown waited {:?}", started.elapsed());
 }

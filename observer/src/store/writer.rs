@@ -17,7 +17,20 @@ pub struct Writer {
     pub(crate) queued: Arc<AtomicUsize>,
     pub(crate) capacity: usize,
     pub(crate) dropped: Arc<AtomicU64>,
+    pub(crate) state: Arc<WriterState>,
     pub(crate) handle: Option<JoinHandle<()>>,
+}
+
+/// What the writer thread tells the daemon: its health and what it gave up.
+#[derive(Debug, Default)]
+pub struct WriterState {
+    /// Records the store refused for [`GIVE_UP_AFTER`] (or at shutdown),
+    /// given up and counted (`store_error`).
+    pub failed: AtomicU64,
+    /// The last write failed and none succeeded since.
+    pub degraded: AtomicBool,
+    /// Shutting down: a failing write is given up at once, not retried.
+    pub(crate) closing: AtomicBool,
 }
 
 /// Records queued for the writer at most.
@@ -25,6 +38,15 @@ pub const QUEUE: usize = 65_536;
 pub(crate) const BATCH: usize = 4096;
 pub(crate) const FLUSH_EVERY: Duration = Duration::from_millis(500);
 pub(crate) const PRUNE_EVERY: Duration = Duration::from_mins(1);
+/// A batch the store refused (a full disk, a removed directory) is held
+/// and written again this often, so writing resumes by itself.
+pub const RETRY_EVERY: Duration = Duration::from_secs(1);
+/// A batch refused this long is given up and counted (`store_error`); the
+/// queue behind it, full by then, counts what it cannot take
+/// (`store_backlog`).
+pub const GIVE_UP_AFTER: Duration = Duration::from_mins(1);
+/// A failing store is logged at most this often.
+const WARN_EVERY: Duration = Duration::from_mins(1);
 
 impl Writer {
     /// Start the writer thread on an open store, with a queue of `queue` records.
@@ -32,11 +54,12 @@ impl Writer {
         let (tx, rx) = mpsc::channel();
         let dropped = Arc::new(AtomicU64::new(0));
         let queued = Arc::new(AtomicUsize::new(0));
-        let taken = Arc::clone(&queued);
+        let state = Arc::new(WriterState::default());
+        let (taken, st) = (Arc::clone(&queued), Arc::clone(&state));
         let handle = std::thread::Builder::new()
             .name("observer-store".into())
-            .spawn(move || write_loop(store, &rx, &taken, limits))?;
-        Ok(Self { tx: Some(tx), queued, capacity: queue, dropped, handle: Some(handle) })
+            .spawn(move || write_loop(store, &rx, &taken, &st, limits))?;
+        Ok(Self { tx: Some(tx), queued, capacity: queue, dropped, state, handle: Some(handle) })
     }
 
     /// Queue a record; false (and counted) when the queue is full.
@@ -57,8 +80,21 @@ impl Writer {
         self.dropped.load(Ordering::Relaxed)
     }
 
-    /// Write what is queued and stop.
-    pub fn finish(mut self) {
+    /// The writer's health and the records it gave up.
+    #[must_use]
+    pub fn state(&self) -> Arc<WriterState> {
+        Arc::clone(&self.state)
+    }
+
+    /// Write what is queued and stop; returns the records given up on the
+    /// way (a store that still fails is not retried at shutdown).
+    pub fn finish(mut self) -> u64 {
+        self.stop();
+        self.state.failed.load(Ordering::Relaxed)
+    }
+
+    fn stop(&mut self) {
+        self.state.closing.store(true, Ordering::Relaxed);
         self.tx.take();
         if let Some(h) = self.handle.take() {
             let _ = h.join();
@@ -68,23 +104,40 @@ impl Writer {
 
 impl Drop for Writer {
     fn drop(&mut self) {
-        self.tx.take();
-        if let Some(h) = self.handle.take() {
-            let _ = h.join();
-        }
+        self.stop();
     }
 }
 
-pub(crate) fn write_loop(mut store: Store, rx: &Receiver<Record>, queued: &AtomicUsize, limits: Limits) {
+/// The writer thread. A refused batch is held and retried every
+/// [`RETRY_EVERY`] while new records wait in the bounded queue; it is given
+/// up (counted) after [`GIVE_UP_AFTER`], or at once when shutting down.
+pub(crate) fn write_loop(
+    mut store: Store,
+    rx: &Receiver<Record>,
+    queued: &AtomicUsize,
+    state: &WriterState,
+    limits: Limits,
+) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut last_prune = Instant::now().checked_sub(PRUNE_EVERY).unwrap_or_else(Instant::now);
+    let mut failing_since: Option<Instant> = None;
+    let mut last_warn: Option<Instant> = None;
+    let mut given_up_unlogged = 0u64;
     loop {
-        let open = match rx.recv_timeout(FLUSH_EVERY) {
+        // While a refused batch is held, wait between attempts, and take
+        // only what arrives meanwhile (one record a wait at most).
+        let wait = if failing_since.is_some() { RETRY_EVERY } else { FLUSH_EVERY };
+        let mut taken = 0;
+        let open = match rx.recv_timeout(wait) {
             Ok(r) => {
                 batch.push(r);
-                while batch.len() < BATCH {
+                taken += 1;
+                while failing_since.is_none() && batch.len() < BATCH {
                     match rx.try_recv() {
-                        Ok(r) => batch.push(r),
+                        Ok(r) => {
+                            batch.push(r);
+                            taken += 1;
+                        }
                         Err(_) => break,
                     }
                 }
@@ -93,12 +146,43 @@ pub(crate) fn write_loop(mut store: Store, rx: &Receiver<Record>, queued: &Atomi
             Err(RecvTimeoutError::Timeout) => true,
             Err(RecvTimeoutError::Disconnected) => false,
         };
+        queued.fetch_sub(taken, Ordering::AcqRel);
         if !batch.is_empty() {
-            queued.fetch_sub(batch.len(), Ordering::AcqRel);
-            if let Err(e) = store.insert(&batch) {
-                warn!("evidence store: writing {} records failed: {e}", batch.len());
+            match store.insert(&batch) {
+                Ok(_) => {
+                    if let Some(since) = failing_since.take() {
+                        log::info!(
+                            "evidence store {}: writing again after {:.0} s of failed writes",
+                            store.path().display(),
+                            since.elapsed().as_secs_f64()
+                        );
+                    }
+                    state.degraded.store(false, Ordering::Relaxed);
+                    batch.clear();
+                }
+                Err(e) => {
+                    state.degraded.store(true, Ordering::Relaxed);
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    let held = batch.len();
+                    if state.closing.load(Ordering::Relaxed) || since.elapsed() >= GIVE_UP_AFTER {
+                        state.failed.fetch_add(held as u64, Ordering::Relaxed);
+                        given_up_unlogged += held as u64;
+                        batch.clear();
+                        // The next batch gets its own minute.
+                        failing_since = Some(Instant::now());
+                    }
+                    if last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) || state.closing.load(Ordering::Relaxed) {
+                        warn!(
+                            "evidence store {}: writing failed: {e}; holding {} records and retrying every {} s ({given_up_unlogged} given up since the last message, counted in observer_events_lost_total{{reason=\"store_error\"}}); free space under --data-dir",
+                            store.path().display(),
+                            batch.len(),
+                            RETRY_EVERY.as_secs()
+                        );
+                        last_warn = Some(Instant::now());
+                        given_up_unlogged = 0;
+                    }
+                }
             }
-            batch.clear();
         }
         if last_prune.elapsed() >= PRUNE_EVERY {
             match store.prune(clock_ns(libc::CLOCK_REALTIME), limits) {
@@ -110,7 +194,7 @@ pub(crate) fn write_loop(mut store: Store, rx: &Receiver<Record>, queued: &Atomi
             }
             last_prune = Instant::now();
         }
-        if !open {
+        if !open && batch.is_empty() {
             return;
         }
     }

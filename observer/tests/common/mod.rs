@@ -172,6 +172,16 @@ impl Daemon {
         self.terminate_after_signal()
     }
 
+    /// SIGTERM, the exit status, and every event printed up to the exit.
+    pub fn terminate_with_events(self) -> Result<(std::process::ExitStatus, Vec<SockEvent>)> {
+        let events = Arc::clone(&self.events);
+        let status = self.terminate()?;
+        // The stdout reader ends at EOF, after the last line.
+        std::thread::sleep(Duration::from_millis(500));
+        let evs = events.lock().unwrap().clone();
+        Ok((status, evs))
+    }
+
     /// Wait for the exit status after a signal was sent.
     pub fn terminate_after_signal(mut self) -> Result<std::process::ExitStatus> {
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -1,0 +1,203 @@
+//! The daemon's own outputs, which never end it: `--record` on a full disk
+//! or a removed file, and `--events` on a closed pipe.
+//!
+//! - A recording that cannot be written loses the events of that write,
+//!   counted (`record_error`) and logged once a minute; the file is cut
+//!   back to its last whole line, so a resumed recording stays readable,
+//!   and writing resumes by itself when the disk has room again. A
+//!   recording removed while the daemon runs is created again.
+//! - Standard output closed (`observer run --events | head`) ends the run
+//!   as Unix tools end: no panic, the probes detached, the store flushed,
+//!   exit 0.
+
+use std::{
+    fs::File,
+    io::{ErrorKind, Write as _},
+    os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use log::{info, warn};
+
+/// Bytes buffered before a write; the daemon also flushes every second.
+const BUFFER: usize = 64 * 1024;
+/// A failing output is logged at most this often.
+const WARN_EVERY: Duration = Duration::from_mins(1);
+
+/// `--record FILE`: events as JSON lines, appended.
+pub(crate) struct Recording {
+    path: PathBuf,
+    file: File,
+    buf: Vec<u8>,
+    /// Events in `buf`.
+    lines: u64,
+    /// The file's length after the last whole write.
+    good_len: u64,
+    /// Events not recorded so far.
+    lost: u64,
+    lost_unlogged: u64,
+    failing: bool,
+    last_warn: Option<Instant>,
+}
+
+fn open_append(path: &Path) -> std::io::Result<File> {
+    File::options().create(true).append(true).mode(0o600).open(path)
+}
+
+impl Recording {
+    pub(crate) fn open(path: &Path) -> std::io::Result<Self> {
+        let file = open_append(path)?;
+        let good_len = file.metadata()?.len();
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            buf: Vec::with_capacity(BUFFER),
+            lines: 0,
+            good_len,
+            lost: 0,
+            lost_unlogged: 0,
+            failing: false,
+            last_warn: None,
+        })
+    }
+
+    /// Queue one line (without its newline).
+    pub(crate) fn write_line(&mut self, line: &str) {
+        self.buf.extend_from_slice(line.as_bytes());
+        self.buf.push(b'\n');
+        self.lines += 1;
+        if self.buf.len() >= BUFFER {
+            self.flush();
+        }
+    }
+
+    /// Events that could not be recorded, in total.
+    pub(crate) fn lost(&self) -> u64 {
+        self.lost
+    }
+
+    /// Write what is buffered. A failed write is cut back to the last
+    /// whole line and its events counted as lost.
+    pub(crate) fn flush(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        // Removed under us: the writes would go to an inode nobody can read.
+        if self.file.metadata().is_ok_and(|m| m.nlink() == 0) {
+            match open_append(&self.path) {
+                Ok(f) => {
+                    warn!("the recording {} was removed: writing a new one there", self.path.display());
+                    self.good_len = f.metadata().map_or(0, |m| m.len());
+                    self.file = f;
+                }
+                Err(e) => self.fail(&e),
+            }
+        }
+        if self.buf.is_empty() {
+            return;
+        }
+        match self.file.write_all(&self.buf) {
+            Ok(()) => {
+                self.good_len += self.buf.len() as u64;
+                if self.failing {
+                    info!(
+                        "the recording {} is written again ({} events were not recorded)",
+                        self.path.display(),
+                        self.lost
+                    );
+                    self.failing = false;
+                }
+                self.buf.clear();
+                self.lines = 0;
+            }
+            Err(e) => {
+                // A partial line would corrupt the line after it.
+                let _ = self.file.set_len(self.good_len);
+                self.fail(&e);
+            }
+        }
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        self.lost += self.lines;
+        self.lost_unlogged += self.lines;
+        self.buf.clear();
+        self.lines = 0;
+        self.failing = true;
+        if self.last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+            warn!(
+                "writing the recording {}: {e}; {} events not recorded since the last message (counted in observer_events_lost_total{{reason=\"record_error\"}}); the daemon goes on and writes again when it can",
+                self.path.display(),
+                self.lost_unlogged
+            );
+            self.lost_unlogged = 0;
+            self.last_warn = Some(Instant::now());
+        }
+    }
+}
+
+/// What writing to standard output found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stdout {
+    Open,
+    /// The reader went away (`EPIPE`): the run ends.
+    Closed,
+}
+
+/// Print one line of `--events`. A closed pipe ends the run; any other
+/// error (a full disk behind a redirect) loses the line, logged once a
+/// minute: standard output is a view, the store and `--record` hold the
+/// evidence.
+pub(crate) fn print_line(line: &str, last_warn: &mut Option<Instant>) -> Stdout {
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{line}") {
+        Ok(()) => Stdout::Open,
+        Err(e) if e.kind() == ErrorKind::BrokenPipe => Stdout::Closed,
+        Err(e) => {
+            if last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                warn!("writing --events to standard output: {e}; lines are lost until it can be written");
+                *last_warn = Some(Instant::now());
+            }
+            Stdout::Open
+        }
+    }
+}
+
+/// Flush standard output; false when the reader went away.
+pub(crate) fn flush_stdout() -> bool {
+    !matches!(std::io::stdout().flush(), Err(e) if e.kind() == ErrorKind::BrokenPipe)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_removed_recording_is_created_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rec.jsonl");
+        let mut r = Recording::open(&path).unwrap();
+        r.write_line("{\"a\":1}");
+        r.flush();
+        std::fs::remove_file(&path).unwrap();
+        r.write_line("{\"a\":2}");
+        r.flush();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":2}\n");
+        assert_eq!(r.lost(), 0);
+    }
+
+    /// `/dev/full` fails every write with ENOSPC, as a full disk does.
+    #[test]
+    fn a_full_disk_counts_every_event_not_recorded() {
+        let mut r = Recording::open(Path::new("/dev/full")).unwrap();
+        for k in 0..10 {
+            r.write_line(&format!("{{\"k\":{k}}}"));
+        }
+        r.flush();
+        r.write_line("{}");
+        r.flush();
+        assert_eq!(r.lost(), 11);
+        assert!(r.buf.is_empty(), "nothing held after a failed write");
+    }
+}
