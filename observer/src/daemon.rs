@@ -226,6 +226,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 report_losses(&probes, &mut reported, &shared.metrics);
                 sinks.report_store_losses();
                 sinks.flush_record();
+                sinks.flush_volume();
             }
             _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {

@@ -20,8 +20,12 @@ use std::{
 
 use log::{info, warn};
 
-/// Bytes buffered before a write; the daemon also flushes every second.
+/// Bytes buffered before a write.
 const BUFFER: usize = 64 * 1024;
+/// Buffered lines are written after each read of the ring buffer once this
+/// old, and every second regardless: a `kill -9` loses at most this much
+/// of the recording, at one write per interval under any load.
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(100);
 /// A failing output is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_mins(1);
 
@@ -39,16 +43,50 @@ pub(crate) struct Recording {
     lost_unlogged: u64,
     failing: bool,
     last_warn: Option<Instant>,
+    last_flush: Instant,
 }
 
 fn open_append(path: &Path) -> std::io::Result<File> {
-    File::options().create(true).append(true).mode(0o600).open(path)
+    File::options().create(true).append(true).read(true).mode(0o600).open(path)
+}
+
+/// The length of the file's whole lines. A run killed mid-write (`kill -9`)
+/// can leave half a line at the end; it is cut, so the lines this run
+/// appends stay readable.
+fn whole_lines(file: &File, path: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::FileExt as _;
+    let len = file.metadata()?.len();
+    if len == 0 || !file.metadata()?.is_file() {
+        return Ok(len);
+    }
+    let mut tail = vec![0u8; 64 * 1024];
+    let mut end = len;
+    while end > 0 {
+        let start = end.saturating_sub(tail.len() as u64);
+        let chunk = &mut tail[..usize::try_from(end - start).unwrap_or(0)];
+        file.read_exact_at(chunk, start)?;
+        if end == len && chunk.last() == Some(&b'\n') {
+            return Ok(len);
+        }
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            end = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    warn!(
+        "the recording {} ended in half a line (a run was killed while writing): cut its last {} bytes",
+        path.display(),
+        len - end
+    );
+    file.set_len(end)?;
+    Ok(end)
 }
 
 impl Recording {
     pub(crate) fn open(path: &Path) -> std::io::Result<Self> {
         let file = open_append(path)?;
-        let good_len = file.metadata()?.len();
+        let good_len = whole_lines(&file, path)?;
         Ok(Self {
             path: path.to_path_buf(),
             file,
@@ -59,6 +97,7 @@ impl Recording {
             lost_unlogged: 0,
             failing: false,
             last_warn: None,
+            last_flush: Instant::now(),
         })
     }
 
@@ -77,9 +116,17 @@ impl Recording {
         self.lost
     }
 
+    /// Write what is buffered when the oldest of it waited [`FLUSH_AFTER`].
+    pub(crate) fn flush_due(&mut self) {
+        if self.last_flush.elapsed() >= FLUSH_AFTER {
+            self.flush();
+        }
+    }
+
     /// Write what is buffered. A failed write is cut back to the last
     /// whole line and its events counted as lost.
     pub(crate) fn flush(&mut self) {
+        self.last_flush = Instant::now();
         if self.buf.is_empty() {
             return;
         }
@@ -185,6 +232,21 @@ mod tests {
         r.flush();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":2}\n");
         assert_eq!(r.lost(), 0);
+    }
+
+    #[test]
+    fn half_a_line_left_by_a_kill_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rec.jsonl");
+        std::fs::write(&path, "{\"a\":1}\n{\"a\":2}\n{\"a\":").unwrap();
+        let mut r = Recording::open(&path).unwrap();
+        r.write_line("{\"a\":3}");
+        r.flush();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}\n{\"a\":2}\n{\"a\":3}\n");
+        // No newline at all: nothing whole to keep.
+        std::fs::write(&path, "{\"a\":").unwrap();
+        drop(Recording::open(&path).unwrap());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "");
     }
 
     /// `/dev/full` fails every write with ENOSPC, as a full disk does.

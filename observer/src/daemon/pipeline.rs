@@ -111,6 +111,15 @@ impl Sinks {
         }
     }
 
+    /// Hand the connection counts of the minute so far to the store (it
+    /// adds them up): a `kill -9` loses one second of them, not a minute.
+    pub(crate) fn flush_volume(&mut self) {
+        let Some(w) = &self.store else { return };
+        for r in self.volume.flush() {
+            let _ = w.send(r);
+        }
+    }
+
     /// Write the recording's buffer and export what it could not write.
     pub(crate) fn flush_record(&mut self) {
         let Some(rec) = self.record.as_mut() else { return };
@@ -207,6 +216,9 @@ pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) {
     });
     if sinks.print.is_some() && !flush_stdout() {
         sinks.close_stdout();
+    }
+    if let Some(rec) = sinks.record.as_mut() {
+        rec.flush_due();
     }
 }
 
