@@ -6,8 +6,13 @@
 //! - Writes are batched by a writer thread off the event path; when its
 //!   queue is full the record is dropped and counted (`store_backlog`), so a
 //!   slow disk never blocks event reading.
-//! - WAL mode: a crash or `kill -9` loses at most the batch being written;
-//!   the database itself stays consistent.
+//! - WAL mode: a crash or `kill -9` loses what waits in the writer's queue
+//!   (milliseconds under steady load); the database itself stays consistent.
+//! - A refused write (a full disk) is held and retried, and given up and
+//!   counted only after [`GIVE_UP_AFTER`] or at shutdown ([`WriterState`]).
+//! - A file that is not SQLite, a damaged store and another program's
+//!   database are refused unwritten ([`StoreError::Corrupt`],
+//!   [`StoreError::Foreign`]).
 //! - Bounded: records older than the retention are deleted, and the oldest
 //!   tenth of every table goes while the database is above its size limit;
 //!   pruning runs in the writer thread every minute.
