@@ -123,3 +123,95 @@ async fn tricklers_are_closed_within_the_bound_and_others_still_answered() {
     assert!(took <= deadline + Duration::from_secs(4), "the last trickler was closed after {took:?}");
     eprintln!("MEASURED tricklers: 500 closed, the last after {took:?} (head deadline {deadline:?}); a normal request answered 200 meanwhile");
 }
+
+/// A handler whose table is large: a client that never reads it keeps the
+/// server's write blocked.
+struct Big;
+impl Handler for Big {
+    fn get(&self, _: &str) -> Response {
+        Response::json(vec![b' '; 64 << 20])
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_past_16_kib_is_431_and_below_it_is_served() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits::default()));
+    let head = |pad: usize| format!("GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: {}\r\n\r\n", "a".repeat(pad));
+    let r = raw(&addr, &head(MAX_REQUEST + 1024)).await;
+    assert!(r.starts_with("HTTP/1.1 431"), "{}", &r[..r.len().min(200)]);
+    let r = raw(&addr, &head(MAX_REQUEST / 2)).await;
+    assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("[1]"), "{r}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_get_is_served() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits::default()));
+    for method in ["POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"] {
+        let r = raw(&addr, &format!("{method} /x HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\n\r\n")).await;
+        assert!(r.starts_with("HTTP/1.1 405"), "{method}: {r}");
+    }
+}
+
+/// The exchange deadline is the default's 30 s; the mechanism is tested
+/// with 2 s: a client that sends its request and never reads the answer
+/// is closed when it runs out, the response unfinished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_reads_is_closed_at_the_exchange_deadline() {
+    assert_eq!(Limits::default().request_deadline, Duration::from_secs(30));
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let deadline = Duration::from_secs(2);
+    tokio::spawn(serve(l, Arc::new(Big), Limits { request_deadline: deadline, ..Limits::default() }));
+    let mut s = TcpStream::connect(&addr).await.unwrap();
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    tokio::time::sleep(deadline + Duration::from_secs(1)).await;
+    // Closed by now: what was sent before the deadline, then the end.
+    let started = tokio::time::Instant::now();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("the connection is still open {deadline:?} past the deadline"),
+        }
+    }
+    assert!(got < 64 << 20, "the response was cut: {got} bytes");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+/// The default cap, at its size: 1,024 connections held, the next one is
+/// closed at accept, and a slot freed serves a request again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_connection_cap_holds_at_1024() {
+    let limit = Limits::default().max_connections;
+    assert_eq!(limit, 1024);
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits::default()));
+    let mut held = Vec::with_capacity(limit);
+    for k in 0..limit {
+        let mut s = TcpStream::connect(&addr)
+            .await
+            .unwrap_or_else(|e| panic!("connection {k}: {e}; the test needs ~2,100 open files (ulimit -n)"));
+        s.write_all(b"G").await.unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut extra = TcpStream::connect(&addr).await.unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf)).await.expect("closed, not held");
+    assert!(matches!(n, Ok(0) | Err(_)), "the 1,025th: {n:?}");
+    // Every held one is still open.
+    for s in &held {
+        assert!(matches!(s.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock));
+    }
+    held.pop();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = raw(&addr, "GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "a freed slot serves again: {r}");
+}
