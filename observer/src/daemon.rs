@@ -240,7 +240,8 @@ pub async fn run(args: RunArgs) -> Result<()> {
             _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
         }
     }
-    shut_down(probes, ring, &mut sinks, &mut reported)
+    shut_down(probes, ring, &mut sinks, &mut reported);
+    Ok(())
 }
 
 /// Read what is left, detach the probes, and store the last evidence.
@@ -249,7 +250,7 @@ fn shut_down(
     ring: AsyncFd<std::os::fd::OwnedFd>,
     sinks: &mut Sinks,
     reported: &mut KernelCounters,
-) -> Result<()> {
+) {
     drain(&mut probes, sinks);
     report_losses(&probes, reported, &sinks.shared.metrics);
     sinks.flush_record();
@@ -266,7 +267,6 @@ fn shut_down(
         }
     }
     info!("probes detached, evidence stored; exiting");
-    Ok(())
 }
 
 #[cfg(test)]

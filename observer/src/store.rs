@@ -10,7 +10,7 @@
 //!   (milliseconds under steady load); the database itself stays consistent.
 //! - A refused write (a full disk) is held and retried, and given up and
 //!   counted only after [`GIVE_UP_AFTER`] or at shutdown ([`WriterState`]).
-//! - A file that is not SQLite, a damaged store and another program's
+//! - A file that is not `SQLite`, a damaged store and another program's
 //!   database are refused unwritten ([`StoreError::Corrupt`],
 //!   [`StoreError::Foreign`]).
 //! - Bounded: records older than the retention are deleted, and the oldest

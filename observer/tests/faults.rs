@@ -4,6 +4,8 @@
 //! Each fault is made for real (a pipe closed, a small tmpfs filled, a
 //! read-only mount), never simulated.
 
+#![allow(clippy::cast_precision_loss, clippy::cast_possible_truncation, reason = "small test counts and a clock seed")]
+
 mod common;
 
 use std::{
@@ -305,7 +307,7 @@ fn a_full_disk_degrades_then_resumes_and_every_loss_is_counted() -> Result<()> {
     Ok(())
 }
 
-/// A data directory on a read-only mount, a file that is not SQLite and
+/// A data directory on a read-only mount, a file that is not `SQLite` and
 /// another program's database: exit 1 with one line that names the path
 /// and the fix, no panic, and the file left as it was.
 #[test]

@@ -12,6 +12,7 @@
 use std::{
     fmt::Write as _,
     fs,
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::Command,
     time::Instant,
@@ -21,11 +22,20 @@ use anyhow::{bail, ensure, Context as _, Result};
 
 use crate::{apt_install, cargo, output_ok, status, workspace_root};
 
-/// The suites run in the VM: every one that tests kernel behaviour. The
-/// others (unit tests, `path_cli`, `store_kill`, `report_render` with
-/// Chromium, `prometheus` with a Prometheus server) test no kernel
-/// behaviour and would only be slow under TCG.
-const SUITES: &[&str] = &["foundation", "probes", "wire_truth", "diagnosis", "owners", "servers", "dead_sockets"];
+/// The suites run in the VM: every one that tests kernel behaviour
+/// (`verdicts` and `prometheus` load the probes under real traffic too).
+/// The others test no kernel behaviour and would only be slow under TCG:
+/// unit tests, `path_cli`, `cli_config`, `store_kill`, `report_render`
+/// (Chromium), `deploy`, `container` (podman), and `faults` (the daemon's
+/// own outputs: pipes, a full tmpfs, `kill -9`).
+const SUITES: &[&str] =
+    &["foundation", "probes", "wire_truth", "diagnosis", "owners", "servers", "dead_sockets", "verdicts", "prometheus"];
+/// One suite in the guest longer than this is killed and failed (a hung
+/// test must not hang CI).
+const SUITE_TIMEOUT_S: u64 = 900;
+/// The whole VM run, boot included; past it the VM is killed and the run
+/// fails with a message.
+const VM_TIMEOUT: std::time::Duration = std::time::Duration::from_mins(45);
 const VIRTME_NG: &str = "virtme-ng==1.42";
 
 /// A kernel of the matrix.
@@ -193,7 +203,7 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     for (name, exe) in &bins {
         let _ = writeln!(
             script,
-            "s=$(date +%s); {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
+            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
             exe = exe.display(),
             out = out.display()
         );
@@ -205,7 +215,7 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     let scripts = python_scripts()?;
     let vm_path = format!("{}:{}:{path}", vm_dir().join("bin").display(), scripts.display());
     let log = fs::File::create(vm_dir().join("vng.log"))?;
-    let st = Command::new(scripts.join("vng"))
+    let mut vng = Command::new(scripts.join("vng"))
         .args(["--run"])
         .arg(&image)
         .args(["--disable-kvm", "--memory", "2G", "--cpus", "2", "--rwdir"])
@@ -215,8 +225,26 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
         .env("PATH", vm_path)
         .stdout(log.try_clone()?)
         .stderr(log)
-        .status()
+        // Its own process group: a timeout kills QEMU and virtiofsd too.
+        .process_group(0)
+        .spawn()
         .context("starting vng (virtme-ng)")?;
+    let st = loop {
+        if let Some(st) = vng.try_wait()? {
+            break st;
+        }
+        if started.elapsed() > VM_TIMEOUT {
+            let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", vng.id())]).status();
+            let _ = vng.wait();
+            bail!(
+                "the {release} VM did not finish within {} min and was killed (a hung guest or test?); see {} and {}",
+                VM_TIMEOUT.as_secs() / 60,
+                vm_dir().join("vng.log").display(),
+                out.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
     let guest = fs::read_to_string(out.join("uname")).unwrap_or_default();
     ensure!(
         guest.trim() == release,
@@ -235,6 +263,9 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
         let code = parts.next().unwrap_or("missing");
         let secs = parts.next().unwrap_or("?");
         println!("vm[{release}] {name}: exit {code} in {secs} s");
+        if code == "124" || code == "137" {
+            println!("vm[{release}] {name}: timed out after {SUITE_TIMEOUT_S} s and was killed");
+        }
         if code != "0" {
             // The harness's failure section says why (assertion messages and
             // captured output), so a CI log is enough to diagnose it.

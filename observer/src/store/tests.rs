@@ -126,7 +126,7 @@ fn writer_batches_and_counts_what_it_drops() {
         }
     }
     let dropped = w.dropped();
-    w.finish();
+    assert_eq!(w.finish(), 0, "nothing refused");
     assert_eq!(accepted + dropped, sent);
     assert!(dropped > 0, "a one-record queue under a tight loop must overflow");
     let store = Store::open(dir.path()).unwrap();
@@ -303,7 +303,7 @@ fn a_foreign_schema_is_refused_with_the_fix() {
     assert!(e.contains("schema version 99") && e.contains("--data-dir"), "{e}");
 }
 
-/// A file that is not SQLite, a damaged database and another program's
+/// A file that is not `SQLite`, a damaged database and another program's
 /// database are each refused with the file and the fix named, and left
 /// byte for byte as they were.
 #[test]

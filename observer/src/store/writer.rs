@@ -88,6 +88,7 @@ impl Writer {
 
     /// Write what is queued and stop; returns the records given up on the
     /// way (a store that still fails is not retried at shutdown).
+    #[must_use = "records given up at shutdown are lost evidence: log or count them"]
     pub fn finish(mut self) -> u64 {
         self.stop();
         self.state.failed.load(Ordering::Relaxed)
