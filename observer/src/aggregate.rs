@@ -75,6 +75,11 @@ pub const RESTART_SPAN_NS: u64 = 1_000_000_000;
 pub const RESTART_MIN_SOCKETS: usize = 4;
 /// Peer closes held per destination at most (a storm is judged early).
 pub(crate) const MAX_PENDING: usize = 4096;
+/// Contradictions held per destination at most: past [`CHANGE_AFTER`] the
+/// oldest decide (the new epoch starts at the first), and a stream of them
+/// that never opens an epoch (the old side never backed) cannot grow the
+/// table without bound.
+pub(crate) const MAX_CONTRADICTIONS: usize = 1024;
 pub(crate) const HOUR_NS: u64 = 3_600_000_000_000;
 
 /// An evidence event as the aggregator took it: its row (`other` past the

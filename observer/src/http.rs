@@ -50,22 +50,23 @@ impl Default for Limits {
     }
 }
 
-/// A response: status, content type, body.
+/// A response: status, content type, body. The body is reference-counted:
+/// every client of one cached table shares one copy of it.
 pub struct Response {
     pub status: u16,
     pub content_type: &'static str,
-    pub body: Vec<u8>,
+    pub body: Bytes,
 }
 
 impl Response {
     #[must_use]
-    pub fn json(body: Vec<u8>) -> Self {
-        Self { status: 200, content_type: "application/json", body }
+    pub fn json(body: impl Into<Bytes>) -> Self {
+        Self { status: 200, content_type: "application/json", body: body.into() }
     }
 
     #[must_use]
     pub fn text(status: u16, body: impl Into<String>) -> Self {
-        Self { status, content_type: "text/plain; charset=utf-8", body: body.into().into_bytes() }
+        Self { status, content_type: "text/plain; charset=utf-8", body: Bytes::from(body.into()) }
     }
 }
 
@@ -109,7 +110,7 @@ fn respond<B>(handler: &dyn Handler, limits: &Limits, req: &hyper::Request<B>) -
     } else {
         Response::text(405, "only GET is served\n")
     };
-    let mut out = hyper::Response::new(Full::new(Bytes::from(r.body)));
+    let mut out = hyper::Response::new(Full::new(r.body));
     *out.status_mut() = StatusCode::from_u16(r.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     out.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(r.content_type));
     out

@@ -20,8 +20,8 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _, Result};
 use common::{
-    gaps, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING, IDLE_POOL,
-    KILLING_SERVER, ONE_REQUEST_CLIENT,
+    gaps, lines_of, script, start_nginx, start_server, wait_line, Daemon, Killed, Topology, ECHO_SERVER,
+    HTTP_RECONNECTING, IDLE_POOL, KILLING_SERVER, ONE_REQUEST_CLIENT,
 };
 use serde_json::Value;
 
@@ -141,8 +141,13 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     let serve = format!("python3 -u {} {} 9004", echo.display(), topo.server_v4);
     let backend = start_server(&topo.ns, topo.server, &serve)?;
     let pool = script(IDLE_POOL)?;
-    children.push(topo.ns.spawn(topo.client, &format!("python3 {} {} 9004 6 3 0.5", pool.display(), topo.server_v4))?);
-    std::thread::sleep(Duration::from_secs(4));
+    let mut pooled =
+        topo.ns.spawn(topo.client, &format!("python3 {} {} 9004 6 3 0.5", pool.display(), topo.server_v4))?;
+    // All six connected (the last idle 0.5 s), whatever Python's start-up
+    // takes (seconds under TCG): then 1 s more, so they are idle 1.5 to 4 s.
+    wait_line(&lines_of(&mut pooled)?, "ready", 30.0)?;
+    children.push(pooled);
+    std::thread::sleep(Duration::from_secs(1));
     drop(backend);
     let _backend = start_server(&topo.ns, topo.server, &serve)?;
     // A pool with its own 1.5 s idle timeout (the pool gauge).

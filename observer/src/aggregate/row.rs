@@ -80,7 +80,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         owners: st.processes.keys().cloned().collect(),
         idle_buckets: buckets,
         last_change: st.changes.back().cloned(),
-        evidence_bytes: ev.bytes(),
+        evidence_bytes: ev.bytes() + st.held_bytes(),
     };
     let judgement = if key.role == Role::Server {
         let f = ServerFindings {

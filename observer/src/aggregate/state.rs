@@ -167,6 +167,13 @@ impl DestState {
         Some(change)
     }
 
+    /// Memory held beside the evidence: peer closes waiting for the restart
+    /// judgement and contradictions waiting for a change (both capped).
+    pub(crate) fn held_bytes(&self) -> usize {
+        self.pending.capacity() * std::mem::size_of::<Observed>()
+            + self.contradictions.capacity() * std::mem::size_of::<Contradiction>()
+    }
+
     /// Does `o` contradict the interval the earlier evidence gave
     /// (`before`)? Evidence confirming the old interval on the side the
     /// contradictions questioned clears them.
@@ -192,6 +199,9 @@ impl DestState {
         };
         if let Some(shorter) = contradiction {
             self.contradictions.retain(|c| c.shorter == shorter);
+            if self.contradictions.len() >= MAX_CONTRADICTIONS {
+                return;
+            }
             self.contradictions.push(Contradiction {
                 ts_ns: o.ts_ns,
                 shorter,

@@ -732,3 +732,29 @@ fn a_sweeps_phase_cluster_is_no_point_outside_the_interval() {
     assert!(p >= r.path_idle_timeout_lower_seconds && p <= upper, "point {p} outside the interval: {r:#?}");
     assert!(r.last_change.is_none());
 }
+
+/// However many contradictions come without opening an epoch, a
+/// destination holds a bounded number of them (the oldest, which decide
+/// the new epoch's start), and its `evidence_bytes` counts them.
+#[test]
+fn held_contradictions_are_capped_and_counted() {
+    use crate::{
+        evidence::{Observation, Observed},
+        table::FailureMode,
+    };
+    let mut st = super::state::DestState::new(Config::default().window_ns);
+    let before = crate::estimate::Interval { lower: Some(2.38), upper: Some(2.53), ..Default::default() };
+    for k in 0..5_000u64 {
+        let death = Observed {
+            ts_ns: k * 1_000_000_000,
+            sock_id: 7,
+            keepalive: false,
+            keepalive_idle: 0.0,
+            obs: Observation::Reuse { idle: 2.0, failed: Some(FailureMode::Fin), refreshed: false },
+        };
+        st.note_contradiction(&death, &before);
+    }
+    assert_eq!(st.contradictions.len(), MAX_CONTRADICTIONS);
+    assert_eq!(st.contradictions[0].ts_ns, 0, "the oldest are kept: the epoch would start at the first");
+    assert!(st.held_bytes() >= MAX_CONTRADICTIONS * std::mem::size_of::<super::state::Contradiction>());
+}

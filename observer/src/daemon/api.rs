@@ -56,14 +56,44 @@ pub struct Shared {
     pub aggregator: Mutex<Aggregator>,
     pub metrics: Metrics,
     pub health: Health,
-    /// The table as JSON, and when it was built (boot clock, ns).
-    pub table: Mutex<(u64, Arc<Vec<u8>>)>,
+    /// The table as JSON and the metrics' exposition, as last built.
+    pub(crate) cache: Mutex<Cache>,
+}
+
+/// One build of the table and the exposition, shared by every client.
+#[derive(Default)]
+pub(crate) struct Cache {
+    /// When it was built (boot clock, ns); 0 before the first build.
+    at: u64,
+    table: hyper::body::Bytes,
+    metrics: hyper::body::Bytes,
+    /// The current build's token, and earlier builds' (alive while a slow
+    /// client still reads one).
+    current: std::sync::Weak<()>,
+    older: Vec<std::sync::Weak<()>>,
 }
 
 /// The table and the estimate gauges are rebuilt at most this often,
 /// however many clients scrape, and a row at a time: the event reader,
 /// which needs the aggregator's lock, waits for one row at most.
 pub const TABLE_MAX_AGE_NS: u64 = 250_000_000;
+
+/// Builds kept alive by slow clients at most, beside the current one: past
+/// it the current build is served even when older than
+/// [`TABLE_MAX_AGE_NS`] (at most the 30 s exchange deadline), so memory
+/// stays a few builds whatever the clients do.
+pub const MAX_OLDER_BUILDS: usize = 2;
+
+/// A body that tells, through its token, when its last reader is gone.
+fn shared_body(bytes: Vec<u8>, token: &Arc<()>) -> hyper::body::Bytes {
+    struct Owned(Vec<u8>, #[allow(dead_code, reason = "held for its drop")] Arc<()>);
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            &self.0
+        }
+    }
+    hyper::body::Bytes::from_owner(Owned(bytes, Arc::clone(token)))
+}
 
 impl Shared {
     #[must_use]
@@ -72,17 +102,21 @@ impl Shared {
             aggregator: Mutex::new(aggregator),
             metrics: Metrics::new(),
             health: Health::default(),
-            table: Mutex::new((0, Arc::new(Vec::new()))),
+            cache: Mutex::new(Cache::default()),
         }
     }
 
-    /// The table's JSON, rebuilt (with the estimate gauges) when older
-    /// than [`TABLE_MAX_AGE_NS`]. Concurrent scrapes wait for one rebuild.
-    pub(crate) fn table(&self) -> Result<Arc<Vec<u8>>, serde_json::Error> {
-        let mut cached = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+    /// The table's JSON and the exposition, rebuilt (with the estimate
+    /// gauges) when older than [`TABLE_MAX_AGE_NS`] and fewer than
+    /// [`MAX_OLDER_BUILDS`] earlier builds are still being read.
+    /// Concurrent scrapes wait for one rebuild.
+    pub(crate) fn bodies(&self) -> Result<(hyper::body::Bytes, hyper::body::Bytes), serde_json::Error> {
+        let mut cached = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
         let now = clock_ns(libc::CLOCK_BOOTTIME);
-        if cached.0 != 0 && now.saturating_sub(cached.0) < TABLE_MAX_AGE_NS {
-            return Ok(Arc::clone(&cached.1));
+        cached.older.retain(|w| w.strong_count() > 0);
+        let fresh = cached.at != 0 && now.saturating_sub(cached.at) < TABLE_MAX_AGE_NS;
+        if fresh || (cached.at != 0 && cached.older.len() >= MAX_OLDER_BUILDS) {
+            return Ok((cached.table.clone(), cached.metrics.clone()));
         }
         // A row at a time: the reader waits for one row's computation at
         // most, never for the whole table.
@@ -99,31 +133,37 @@ impl Shared {
         // Serialising and the gauges run off the aggregator's lock.
         self.metrics.forget(&gone);
         self.metrics.set_estimates(&rows);
-        *cached = (now, Arc::new(serde_json::to_vec(&rows)?));
-        Ok(Arc::clone(&cached.1))
+        let token = Arc::new(());
+        let table = shared_body(serde_json::to_vec(&rows)?, &token);
+        drop(rows);
+        let metrics = shared_body(self.metrics.encode().into_bytes(), &token);
+        // The build replaced lives on while a client reads it; the new one
+        // lives through its bodies only: the last reader frees it.
+        let replaced = std::mem::replace(&mut cached.current, Arc::downgrade(&token));
+        if cached.at != 0 {
+            cached.older.push(replaced);
+        }
+        cached.at = now;
+        cached.table = table;
+        cached.metrics = metrics;
+        Ok((cached.table.clone(), cached.metrics.clone()))
     }
 }
 
 impl Handler for Shared {
     fn get(&self, path: &str) -> Response {
         match path {
-            "/api/v1/destinations" => match self.table() {
-                Ok(body) => Response::json(body.as_ref().clone()),
+            "/api/v1/destinations" => match self.bodies() {
+                Ok((table, _)) => Response::json(table),
                 Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
             },
-            "/metrics" => {
-                if let Err(e) = self.table() {
-                    return Response::text(500, format!("encoding the table: {e}\n"));
-                }
-                Response { status: 200, content_type: metrics::CONTENT_TYPE, body: self.metrics.encode().into_bytes() }
-            }
+            "/metrics" => match self.bodies() {
+                Ok((_, metrics)) => Response { status: 200, content_type: metrics::CONTENT_TYPE, body: metrics },
+                Err(e) => Response::text(500, format!("encoding the table: {e}\n")),
+            },
             "/healthz" => {
                 let (ok, body) = self.health.report(clock_ns(libc::CLOCK_BOOTTIME));
-                Response {
-                    status: if ok { 200 } else { 503 },
-                    content_type: "application/json",
-                    body: body.into_bytes(),
-                }
+                Response { status: if ok { 200 } else { 503 }, content_type: "application/json", body: body.into() }
             }
             "/" => Response::text(200, "observer: GET /api/v1/destinations, GET /metrics, GET /healthz\n"),
             _ => Response::text(404, "not found; try /api/v1/destinations, /metrics or /healthz\n"),
