@@ -103,16 +103,32 @@ impl RoleArg {
 
 #[derive(Debug, Subcommand)]
 pub enum DebugCommand {
-    /// Write synthetic evidence records into a store as fast as possible, forever (crash tests).
+    /// Write synthetic evidence records into a store as fast as possible,
+    /// forever (crash tests) or `--records` of them (the start-up bench).
     WriteEvidence {
         #[arg(long)]
         data_dir: PathBuf,
+        /// Stop after this many records.
+        #[arg(long)]
+        records: Option<u64>,
+        /// Spread the records over this many destinations.
+        #[arg(long, default_value_t = 1)]
+        destinations: u16,
     },
     /// Write shell completions (bash, zsh, fish) and man pages for every
     /// subcommand into a directory (`cargo xtask dist`).
     Docs {
         #[arg(long)]
         out_dir: PathBuf,
+    },
+    /// Print one key line (`ts kind local remote`) per evidence event of a
+    /// recording, or per event stored under a data directory (the soak's
+    /// accounting).
+    EvidenceKeys {
+        #[arg(long, conflicts_with = "data_dir", required_unless_present = "data_dir")]
+        recording: Option<PathBuf>,
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
     /// Measure decoding plus aggregation on synthetic kernel records (benchmarks); prints JSON.
     BenchPipeline {

@@ -76,8 +76,13 @@ fn real_main() -> Result<ExitCode> {
         Command::Analyze(args) => status::analyze_command(&args)?,
         Command::Path(cmd) => return Ok(path::command(&cmd)),
         Command::Report(args) => report::command(&args)?,
-        Command::Debug(DebugCommand::WriteEvidence { data_dir }) => store::debug_write_evidence(&data_dir)?,
+        Command::Debug(DebugCommand::WriteEvidence { data_dir, records, destinations }) => {
+            store::debug_write_evidence(&data_dir, records, destinations)?;
+        }
         Command::Debug(DebugCommand::Docs { out_dir }) => write_docs(&out_dir)?,
+        Command::Debug(DebugCommand::EvidenceKeys { recording, data_dir }) => {
+            store::debug_evidence_keys(recording.as_deref(), data_dir.as_deref())?;
+        }
         Command::Debug(DebugCommand::BenchPipeline { events, destinations }) => {
             println!("{}", serde_json::to_string(&observer::bench::pipeline(events, destinations))?);
         }

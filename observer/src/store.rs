@@ -52,7 +52,7 @@ mod debug;
 mod writer;
 
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use debug::debug_write_evidence;
+pub use debug::{debug_evidence_keys, debug_write_evidence};
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 pub use writer::*;
 

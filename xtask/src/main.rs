@@ -10,10 +10,11 @@ use std::{
     time::Instant,
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod soak;
 mod vm;
 
 #[derive(Parser)]
@@ -65,6 +66,14 @@ enum Task {
         /// target/bench/<phase>.json, not the report (development).
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
+    },
+    /// One daemon through mixed traffic, two restarts, a kill -9, a scrape
+    /// storm and a disk-full window; checks the live table against the
+    /// recording, the store plus counted losses against the evidence
+    /// delivered, and RSS (target/bench/soak.json from 5 minutes on).
+    Soak {
+        #[arg(long, default_value_t = 10.0)]
+        minutes: f64,
     },
     /// (internal) hold loopback connections for the memory benchmark.
     #[command(hide = true)]
@@ -123,6 +132,7 @@ fn main() -> ExitCode {
         Task::Bench { report_only: true, .. } => bench::report_only(),
         Task::Bench { smoke, only, .. } => bench_task(smoke, only.as_deref()),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
+        Task::Soak { minutes } => soak_task(minutes),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -404,6 +414,7 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
         apt_install(BENCH_PACKAGES)?;
         status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
         bench::run(true).context("benchmark smoke run")?;
+        soak::run(2.0).context("the two-minute soak")?;
     }
     for k in vms {
         let t = Instant::now();
@@ -425,6 +436,16 @@ fn bench_task(smoke: bool, only: Option<&str>) -> Result<()> {
         Some(phase) => bench::run_phase(phase),
         None => bench::run(smoke),
     }
+}
+
+fn soak_task(minutes: f64) -> Result<()> {
+    if !is_root() {
+        bail!("`cargo xtask soak` loads probes and mounts a tmpfs, and must run as root");
+    }
+    ensure!(minutes >= 1.0, "--minutes: at least 1 (the scenario's steps need the time)");
+    let toolchain = setup(true)?;
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    soak::run(minutes)
 }
 
 fn bench_hold(runs: &str, per_port: usize) -> Result<()> {

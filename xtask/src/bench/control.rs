@@ -25,6 +25,11 @@ pub(crate) fn observer_bin() -> PathBuf {
 impl Observer {
     pub(crate) fn start(extra: &[&str], data: &Path) -> Result<Self> {
         let _ = std::fs::remove_dir_all(data);
+        Self::start_on(extra, data)
+    }
+
+    /// Start on the store that `data` holds.
+    pub(crate) fn start_on(extra: &[&str], data: &Path) -> Result<Self> {
         let mut child = Command::new(observer_bin())
             .args(["run", "--metrics-addr", "127.0.0.1:0", "--data-dir"])
             .arg(data)

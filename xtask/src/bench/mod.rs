@@ -50,6 +50,11 @@ pub(crate) struct Plan {
     pub(crate) pipeline_events: usize,
     pub(crate) memory_ports: usize,
     pub(crate) memory_per_port: usize,
+    /// Clients reading `/metrics` one byte per 10 ms, and for how long.
+    pub(crate) slow_readers: usize,
+    pub(crate) slow_for: Duration,
+    /// Records in the store a start-up replays.
+    pub(crate) startup_records: u64,
 }
 
 pub(crate) fn sh(cmd: &str) -> Result<String> {
@@ -128,10 +133,11 @@ pub fn run_phase(phase: &str) -> Result<()> {
     let value = match phase {
         "hot_path_interleaved" => hot_path_interleaved(&plan)?,
         "memory" => memory_phase(&plan)?,
+        "startup" => startup_phase(&plan)?,
         "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost and memory"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, memory and startup"
             )
         }
     };
@@ -154,6 +160,9 @@ pub(crate) fn plan(smoke: bool) -> Plan {
             pipeline_events: 100_000,
             memory_ports: 10,
             memory_per_port: 20,
+            slow_readers: 20,
+            slow_for: Duration::from_secs(2),
+            startup_records: 20_000,
         }
     } else {
         Plan {
@@ -166,6 +175,9 @@ pub(crate) fn plan(smoke: bool) -> Plan {
             pipeline_events: 2_000_000,
             memory_ports: 1000,
             memory_per_port: 50,
+            slow_readers: 500,
+            slow_for: Duration::from_secs(12),
+            startup_records: 2_000_000,
         }
     }
 }
@@ -189,6 +201,7 @@ pub fn run(smoke: bool) -> Result<()> {
         "pipeline": pipeline_phase(&plan)?,
         "ring_buffer": ringbuf_phase(&plan)?,
         "memory": memory_phase(&plan)?,
+        "startup": startup_phase(&plan)?,
         "seconds": started.elapsed().as_secs_f64(),
     });
     let dir = root.join("target/bench");

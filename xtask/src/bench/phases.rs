@@ -304,6 +304,7 @@ pub(crate) fn memory_phase(plan: &Plan) -> Result<Value> {
     // The peak (start-up's BTF parsing, a socket-table refresh, a scrape)
     // is what a host must have room for.
     let peak = status_kib(o.pid(), "VmHWM:")?;
+    let slow = slow_readers(&o, plan)?;
     let mut map_bytes = 0u64;
     let mut seen = std::collections::BTreeSet::new();
     for (_, id) in &o.progs {
@@ -338,6 +339,113 @@ pub(crate) fn memory_phase(plan: &Plan) -> Result<Value> {
         "kernel_map_bytes": map_bytes, "kernel_map_mib": map_bytes as f64 / 1_048_576.0,
         "storage_bytes": storage_bytes, "storage_mib": storage_bytes as f64 / 1_048_576.0,
         "storage_bytes_per_socket": if tracked > 0.0 { storage_bytes as f64 / tracked } else { 0.0 },
+        "slow_readers": slow,
+    }))
+}
+
+/// `plan.slow_readers` clients that each ask for `/metrics` and read it one
+/// byte per 10 ms (a 4 KiB receive buffer), while a fast client scrapes
+/// both bodies every 300 ms so the table is rebuilt under them: the
+/// daemon's RSS and peak with every one of them holding a response.
+#[allow(clippy::cast_precision_loss, reason = "KiB shown as MiB")]
+fn slow_readers(o: &Observer, plan: &Plan) -> Result<Value> {
+    use std::os::fd::AsRawFd as _;
+    let stop = Arc::new(AtomicBool::new(false));
+    let read = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for _ in 0..plan.slow_readers {
+        let (addr, stop, read) = (o.http.clone(), Arc::clone(&stop), Arc::clone(&read));
+        threads.push(thread::spawn(move || -> Result<()> {
+            let mut s = TcpStream::connect(&addr)?;
+            let small: libc::c_int = 4096;
+            // SAFETY: setsockopt on an open socket with a valid int option.
+            unsafe {
+                libc::setsockopt(
+                    s.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVBUF,
+                    (&raw const small).cast(),
+                    libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4),
+                );
+            }
+            s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")?;
+            let mut b = [0u8; 1];
+            while !stop.load(Ordering::Relaxed) {
+                if s.read(&mut b)? == 0 {
+                    break;
+                }
+                read.fetch_add(1, Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(10));
+            }
+            Ok(())
+        }));
+    }
+    let started = Instant::now();
+    let mut scrapes = 0u64;
+    while started.elapsed() < plan.slow_for {
+        http_get(&o.http, "/api/v1/destinations")?;
+        http_get(&o.http, "/metrics")?;
+        scrapes += 1;
+        thread::sleep(Duration::from_millis(300));
+    }
+    let rss = rss_kib(o.pid())?;
+    let peak = status_kib(o.pid(), "VmHWM:")?;
+    let body = http_get(&o.http, "/metrics")?.len();
+    stop.store(true, Ordering::Relaxed);
+    let mut failed = 0;
+    for t in threads {
+        if !matches!(t.join(), Ok(Ok(()))) {
+            failed += 1;
+        }
+    }
+    ensure!(failed == 0, "{failed} slow readers failed");
+    println!(
+        "bench: memory: {} slow /metrics readers for {:.0} s ({scrapes} fast scrapes meanwhile, body {body} bytes): RSS {rss} KiB, peak {peak} KiB",
+        plan.slow_readers,
+        plan.slow_for.as_secs_f64()
+    );
+    Ok(json!({
+        "readers": plan.slow_readers, "seconds": plan.slow_for.as_secs_f64(), "fast_scrapes": scrapes,
+        "metrics_body_bytes": body, "bytes_read": read.load(Ordering::Relaxed),
+        "rss_bytes": rss * 1024, "rss_mib": rss as f64 / 1024.0,
+        "peak_rss_bytes": peak * 1024, "peak_rss_mib": peak as f64 / 1024.0,
+    }))
+}
+
+/// A store holding `plan.startup_records` evidence records over 1,000
+/// destinations, written by `observer debug write-evidence`; the daemon
+/// started on it: the time until it says it runs (the records replayed,
+/// streamed) and its peak RSS.
+#[allow(clippy::cast_precision_loss, reason = "KiB shown as MiB")]
+pub(crate) fn startup_phase(plan: &Plan) -> Result<Value> {
+    let data = tmp("startup");
+    let _ = std::fs::remove_dir_all(&data);
+    let written = Instant::now();
+    sh(&format!(
+        "{} debug write-evidence --data-dir {} --records {} --destinations 1000 > /dev/null",
+        observer_bin().display(),
+        data.display(),
+        plan.startup_records
+    ))?;
+    let write_s = written.elapsed().as_secs_f64();
+    let store_bytes = std::fs::read_dir(&data)?.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum::<u64>();
+    let started = Instant::now();
+    let o = Observer::start_on(&["--max-store-bytes", "4GiB"], &data)?;
+    let start_s = started.elapsed().as_secs_f64();
+    let peak = status_kib(o.pid(), "VmHWM:")?;
+    let rss = rss_kib(o.pid())?;
+    let rows: Value = serde_json::from_str(&http_get(&o.http, "/api/v1/destinations")?)?;
+    let destinations = rows.as_array().map_or(0, Vec::len);
+    o.stop()?;
+    let _ = std::fs::remove_dir_all(&data);
+    println!(
+        "bench: startup: {} stored records ({store_bytes} bytes, written in {write_s:.0} s) replayed in {start_s:.1} s to {destinations} rows: RSS {rss} KiB, peak {peak} KiB",
+        plan.startup_records
+    );
+    Ok(json!({
+        "records": plan.startup_records, "store_bytes": store_bytes, "destinations": destinations,
+        "seconds_to_running": start_s, "rss_bytes": rss * 1024, "peak_rss_bytes": peak * 1024,
+        "peak_rss_mib": peak as f64 / 1024.0,
     }))
 }
 
