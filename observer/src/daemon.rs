@@ -1,6 +1,7 @@
 //! `observer run`: brings the probes up, follows the ring buffer, prints or
 //! records events, reports losses, and tears everything down on SIGINT/SIGTERM.
-//! The events' way through the sinks is [`pipeline`]; what the HTTP
+//! The events' way through the sinks is [`pipeline`], the outputs that
+//! never end the run [`outputs`]; what the HTTP
 //! endpoint serves, health included, is [`api`].
 
 use std::{

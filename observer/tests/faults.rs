@@ -307,9 +307,9 @@ fn a_full_disk_degrades_then_resumes_and_every_loss_is_counted() -> Result<()> {
     Ok(())
 }
 
-/// A data directory on a read-only mount, a file that is not `SQLite` and
-/// another program's database: exit 1 with one line that names the path
-/// and the fix, no panic, and the file left as it was.
+/// A data directory on a read-only mount, a file that is not `SQLite`,
+/// another program's database and a newer schema: exit 1 with one line
+/// that names the path and the fix, no panic, and the file left as it was.
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn unusable_data_dirs_are_one_line_errors() -> Result<()> {
@@ -322,10 +322,17 @@ fn unusable_data_dirs_are_one_line_errors() -> Result<()> {
         "python3 -c \"import sqlite3; c = sqlite3.connect('{}'); c.execute('CREATE TABLE t (x)'); c.commit()\"",
         foreign.path().join("evidence.sqlite").display()
     ))?;
-    let cases: [(PathBuf, &str); 3] = [
+    let newer = tempfile::tempdir()?;
+    drop(Store::open(newer.path())?);
+    sh(&format!(
+        "python3 -c \"import sqlite3; c = sqlite3.connect('{}'); c.execute('UPDATE meta SET value = 99'); c.commit()\"",
+        newer.path().join("evidence.sqlite").display()
+    ))?;
+    let cases: [(PathBuf, &str); 4] = [
         (ro.path().join("data"), "Read-only file system"),
         (junk.path().to_path_buf(), "not an SQLite database"),
         (foreign.path().to_path_buf(), "another program"),
+        (newer.path().to_path_buf(), "schema version 99"),
     ];
     for (dir, want) in &cases {
         let file = dir.join("evidence.sqlite");
