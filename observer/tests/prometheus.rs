@@ -174,7 +174,24 @@ fn dashboards_query_real_prometheus() -> Result<()> {
             break;
         }
         if Instant::now() > deadline {
-            bail!("prometheus never scraped the estimates (point series: {ok:?}, scrapes: {scrapes:?})");
+            // Which series is missing, and what the daemon saw of the pool
+            // that closes its own connections (port 9005).
+            let each: Vec<String> = [
+                "observer_path_idle_timeout_seconds{bound=\"point\"}",
+                "observer_peer_restarts_total",
+                "observer_request_timeout_seconds",
+                "observer_pool_idle_timeout_seconds",
+            ]
+            .iter()
+            .map(|q| format!("{q}: {:?}", query(&prom_addr, &format!("count({q})")).ok().and_then(|v| scalar(&v))))
+            .collect();
+            let pool: Vec<String> = daemon
+                .events()
+                .into_iter()
+                .filter(|e| e.remote.port() == 9005 || e.local.port() == 9005)
+                .map(|e| format!("{} {:.3}", e.kind.as_str(), e.idle_seconds))
+                .collect();
+            bail!("prometheus never scraped the estimates (product: {ok:?}, scrapes: {scrapes:?}); {each:?}; port 9005 events: {pool:?}");
         }
         std::thread::sleep(Duration::from_millis(500));
     }
