@@ -40,6 +40,17 @@ for t in ts: t.start()
 for t in ts: t.join()
 "#;
 
+/// What the daemon saw of the pool that closes its own connections (port
+/// 9005), for a failure message: a missed close or a scattered cluster.
+fn pool_events(daemon: &Daemon) -> Vec<String> {
+    daemon
+        .events()
+        .into_iter()
+        .filter(|e| e.remote.port() == 9005 || e.local.port() == 9005)
+        .map(|e| format!("{} {:.3}", e.kind.as_str(), e.idle_seconds))
+        .collect()
+}
+
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -174,8 +185,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
             break;
         }
         if Instant::now() > deadline {
-            // Which series is missing, and what the daemon saw of the pool
-            // that closes its own connections (port 9005).
+            // Which series is missing.
             let each: Vec<String> = [
                 "observer_path_idle_timeout_seconds{bound=\"point\"}",
                 "observer_peer_restarts_total",
@@ -185,12 +195,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
             .iter()
             .map(|q| format!("{q}: {:?}", query(&prom_addr, &format!("count({q})")).ok().and_then(|v| scalar(&v))))
             .collect();
-            let pool: Vec<String> = daemon
-                .events()
-                .into_iter()
-                .filter(|e| e.remote.port() == 9005 || e.local.port() == 9005)
-                .map(|e| format!("{} {:.3}", e.kind.as_str(), e.idle_seconds))
-                .collect();
+            let pool = pool_events(&daemon);
             bail!("prometheus never scraped the estimates (product: {ok:?}, scrapes: {scrapes:?}); {each:?}; port 9005 events: {pool:?}");
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -212,15 +217,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
             let r = query(&prom_addr, &q)?;
             let n = r["data"]["result"].as_array().map_or(0, Vec::len);
             if n == 0 {
-                // What the daemon saw of the pool that closes its own
-                // connections (port 9005), to tell a missed close from a
-                // scattered cluster.
-                let pool: Vec<_> = daemon
-                    .events()
-                    .into_iter()
-                    .filter(|e| e.remote.port() == 9005 || e.local.port() == 9005)
-                    .map(|e| format!("{} {:.3}", e.kind.as_str(), e.idle_seconds))
-                    .collect();
+                let pool = pool_events(&daemon);
                 bail!("{}: `{q}` returned no data; port 9005 events: {pool:?}", path.display());
             }
             checked += 1;
