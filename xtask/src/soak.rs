@@ -38,34 +38,16 @@ const RSS_TARGET_KIB: u64 = 64 * 1024;
 /// What a `kill -9` may lose (README: the evidence of the last second).
 const KILL_BOUND_NS: u64 = 1_000_000_000;
 
-/// An echo server: `python3 ECHO PORT [IDLE_TIMEOUT]`; prints `ready`.
-const ECHO: &str = r#"
-import socket, sys, threading
-port = int(sys.argv[1]); idle = float(sys.argv[2]) if len(sys.argv) > 2 else None
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind(("127.0.0.1", port)); s.listen(256); print("ready", flush=True)
-def serve(c):
-    c.settimeout(idle)
-    while True:
-        try:
-            d = c.recv(65536)
-        except OSError:
-            break
-        if not d:
-            break
-        c.sendall(d)
-    c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
+/// The tests' echo server (`python3 ECHO HOST PORT [IDLE_TIMEOUT]`;
+/// prints `ready`), one script for both.
+const ECHO: &str = include_str!("../../observer/tests/common/echo_server.py");
 
 struct Server(Child);
 
 impl Server {
     fn start(script: &Path, port: u16, idle: Option<f64>) -> Result<Self> {
         let mut cmd = Command::new("python3");
-        cmd.arg(script).arg(port.to_string());
+        cmd.arg(script).arg("127.0.0.1").arg(port.to_string());
         if let Some(i) = idle {
             cmd.arg(i.to_string());
         }
