@@ -293,7 +293,9 @@ impl Aggregator {
 
     /// Sort rows as the table shows them.
     pub fn sort_rows(rows: &mut [DestinationRow]) {
-        rows.sort_by(|a, b| (&a.destination, a.role, a.netns).cmp(&(&b.destination, b.role, b.netns)));
+        rows.sort_by(|a, b| {
+            (&a.id.destination, a.id.role, a.id.netns).cmp(&(&b.id.destination, b.id.role, b.id.netns))
+        });
     }
 
     /// The input is complete (a recording): commit or classify every held

@@ -357,9 +357,9 @@ impl Metrics {
     pub fn restart(&self, r: &crate::aggregate::Restart) {
         self.restarts
             .get_or_create(&DestLabels {
-                destination: r.destination.clone(),
-                role: r.role.as_str().to_owned(),
-                netns: netns_label(r.netns),
+                destination: r.id.destination.clone(),
+                role: r.id.role.as_str().to_owned(),
+                netns: netns_label(r.id.netns),
             })
             .inc();
     }
@@ -429,14 +429,14 @@ impl Metrics {
         self.mixed_paths.clear();
         for r in rows {
             let d = || DestLabels {
-                destination: r.destination.clone(),
-                role: r.role.as_str().to_owned(),
-                netns: netns_label(r.netns),
+                destination: r.id.destination.clone(),
+                role: r.id.role.as_str().to_owned(),
+                netns: netns_label(r.id.netns),
             };
             let bound = |b: &str| BoundLabels {
-                destination: r.destination.clone(),
-                role: r.role.as_str().to_owned(),
-                netns: netns_label(r.netns),
+                destination: r.id.destination.clone(),
+                role: r.id.role.as_str().to_owned(),
+                netns: netns_label(r.id.netns),
                 bound: b.to_owned(),
             };
             let has_lower = r.path_lower_evidence > 0;
@@ -472,9 +472,9 @@ impl Metrics {
             if r.verdict != Verdict::Unknown {
                 self.mismatch
                     .get_or_create(&MismatchLabels {
-                        destination: r.destination.clone(),
-                        role: r.role.as_str().to_owned(),
-                        netns: netns_label(r.netns),
+                        destination: r.id.destination.clone(),
+                        role: r.id.role.as_str().to_owned(),
+                        netns: netns_label(r.id.netns),
                         failure_mode: r.failure_mode.as_str().to_owned(),
                     })
                     .set(i64::from(r.verdict.is_mismatch()));
@@ -482,7 +482,7 @@ impl Metrics {
             if r.path_idle_timeout_upper_seconds.is_some() {
                 self.at_risk.get_or_create(&d()).set(i64::try_from(r.at_risk_idle_sockets).unwrap_or(i64::MAX));
             }
-            if r.role == crate::event::Role::Client {
+            if r.id.role == crate::event::Role::Client {
                 self.doomed.get_or_create(&d()).set(i64::try_from(r.doomed_idle_sockets).unwrap_or(i64::MAX));
             }
         }

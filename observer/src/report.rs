@@ -396,7 +396,7 @@ fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
         ),
         q("maximum body size", "What is the largest request and response body you accept?", "not measured".into()),
         q("TLS versions", "Which TLS versions and cipher suites do you accept, and when will that change?", "not measured".into()),
-        q("source address ranges", "Which source address ranges do you allow, and which addresses do you connect from?", format!("we connect to {}", row.destination)),
+        q("source address ranges", "Which source address ranges do you allow, and which addresses do you connect from?", format!("we connect to {}", row.id.destination)),
     ]
 }
 
@@ -468,21 +468,21 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         return Err(NoEvidence::Empty(input.destination.clone()));
     }
     let mut select = input.select;
-    if select.role.is_none() && rows.iter().any(|r| r.role == Role::Client) {
+    if select.role.is_none() && rows.iter().any(|r| r.id.role == Role::Client) {
         select.role = Some(Role::Client);
     }
     let row = select.pick(&rows, &input.destination, input.host_netns)?.clone();
-    let role = row.role;
-    let id = crate::table::RowId { destination: row.destination.clone(), role, netns: row.netns };
+    let role = row.id.role;
+    let id = row.id.clone();
     let mine: Vec<&SockEvent> = input.events.iter().filter(|e| agg.label_of(e).as_ref() == Some(&id)).collect();
     // The row's netns as the aggregator names it (null: the host's or
     // unknown); counts stored before the store knew namespaces count for
     // every namespace of their role.
     let ns = |raw: u32| (raw != 0 && raw != input.host_netns).then_some(raw);
     let volume: Vec<&VolumeCount> =
-        input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.netns)).collect();
+        input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.id.netns)).collect();
     let changes: Vec<Change> =
-        input.changes.iter().filter(|c| c.role == role && c.netns == row.netns).cloned().collect();
+        input.changes.iter().filter(|c| c.id.role == role && c.id.netns == row.id.netns).cloned().collect();
     let reuses: Vec<&SockEvent> =
         mine.iter().copied().filter(|e| e.kind == EventKind::Reuse && e.outcome.is_some()).collect();
     let failures: Vec<&SockEvent> = reuses.iter().copied().filter(|e| is_failure(e)).collect();
@@ -490,7 +490,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     Ok(Report {
         destination: input.destination.clone(),
         role: role.as_str().to_owned(),
-        netns: row.netns,
+        netns: row.id.netns,
         generated_unix_ns: crate::event::clock_ns(libc::CLOCK_REALTIME),
         window_start_unix_ns: mine.first().map_or(input.since_ns, |e| e.ts_unix_ns),
         window_end_unix_ns: mine.last().map_or(input.until_ns, |e| e.ts_unix_ns),

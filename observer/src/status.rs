@@ -86,7 +86,7 @@ pub(crate) fn columns<const N: usize>(header: &[&str; N], rows: &[[String; N]]) 
 }
 
 fn timeout_cell(r: &DestinationRow) -> String {
-    match r.role {
+    match r.id.role {
         crate::event::Role::Server => {
             r.server_idle_timeout_seconds.map_or_else(|| "-".to_owned(), |t| format!("ours {t:.3}s"))
         }
@@ -104,9 +104,9 @@ fn deadline_cell(r: &DestinationRow) -> String {
 /// The destination, with its network namespace when it is not the host's
 /// (one address seen from two pods is two rows).
 fn destination_cell(r: &DestinationRow) -> String {
-    match r.netns {
-        Some(n) => format!("{} netns:{n}", r.destination),
-        None => r.destination.clone(),
+    match r.id.netns {
+        Some(n) => format!("{} netns:{n}", r.id.destination),
+        None => r.id.destination.clone(),
     }
 }
 
@@ -132,13 +132,13 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
     let cells: Vec<[String; 14]> = rows
         .iter()
         .map(|r| {
-            let pool = match r.role {
+            let pool = match r.id.role {
                 crate::event::Role::Server => r.client_pool_idle_timeout_seconds,
                 _ => r.pool_idle_timeout_seconds,
             };
             [
                 destination_cell(r),
-                r.role.as_str().to_owned(),
+                r.id.role.as_str().to_owned(),
                 r.failure_mode.as_str().to_owned(),
                 timeout_cell(r),
                 secs(pool),
@@ -159,7 +159,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         out.push_str("(no destinations with evidence yet)\n");
     }
     for r in rows {
-        let who = format!("{} ({})", destination_cell(r), r.role.as_str());
+        let who = format!("{} ({})", destination_cell(r), r.id.role.as_str());
         if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
             let _ = writeln!(out, "{who}: {}", r.recommendation);
         }

@@ -390,9 +390,9 @@ impl Store {
                         let ts = i64::try_from(c.ts_unix_ns).unwrap_or(i64::MAX);
                         ch_stmt.execute(params![
                             ts,
-                            c.destination,
-                            c.role.as_str(),
-                            c.netns,
+                            c.id.destination,
+                            c.id.role.as_str(),
+                            c.id.netns,
                             serde_json::to_string(c)?
                         ])?;
                         n += 1;

@@ -60,11 +60,16 @@ impl DestKey {
 
 /// A row's identity as the interfaces name it: the `destination` text (an
 /// address or `other`), the role, and the network namespace (`None` for
-/// the host's), which is the metrics' `netns` label.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// the host's), which is the metrics' `netns` label. Rows, changes and
+/// restarts carry it flattened, so their JSON keeps the three fields.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct RowId {
     pub destination: String,
     pub role: Role,
+    /// Inode of the network namespace the sockets are in (null: the host's,
+    /// the namespace of PID 1). The same address seen from two namespaces
+    /// (two pods) is two rows.
+    #[serde(default)]
     pub netns: Option<u32>,
 }
 
@@ -143,11 +148,8 @@ named! {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Change {
     pub ts_unix_ns: u64,
-    pub destination: String,
-    pub role: Role,
-    /// Network namespace inode (null: the host's).
-    #[serde(default)]
-    pub netns: Option<u32>,
+    #[serde(flatten)]
+    pub id: RowId,
     /// Interval before the change `[lower, upper]`.
     pub before_lower_seconds: Option<f64>,
     pub before_upper_seconds: Option<f64>,
@@ -160,11 +162,8 @@ pub struct Change {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Restart {
     pub ts_unix_ns: u64,
-    pub destination: String,
-    pub role: Role,
-    /// Network namespace inode (null: the host's).
-    #[serde(default)]
-    pub netns: Option<u32>,
+    #[serde(flatten)]
+    pub id: RowId,
     /// Connections the peer closed within the restart's span.
     pub sockets: usize,
     /// Their idle ages, smallest and largest.
@@ -195,13 +194,9 @@ pub struct Bucket {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[allow(clippy::struct_excessive_bools, reason = "a flat JSON row")]
 pub struct DestinationRow {
-    pub destination: String,
-    pub role: Role,
-    /// Inode of the network namespace the sockets are in (null: the host's,
-    /// the namespace of PID 1). The same address seen from two namespaces
-    /// (two pods) is two rows.
-    #[serde(default)]
-    pub netns: Option<u32>,
+    /// Destination, role and network namespace.
+    #[serde(flatten)]
+    pub id: RowId,
     pub failure_mode: FailureMode,
     /// Point estimate from a cluster of peer closes (the smallest, with
     /// mixed paths).
@@ -403,9 +398,9 @@ impl Select {
         destination: &str,
         host_netns: u32,
     ) -> Result<&'a DestinationRow, SelectError> {
-        let mine: Vec<&DestinationRow> = rows.iter().filter(|r| r.destination == destination).collect();
+        let mine: Vec<&DestinationRow> = rows.iter().filter(|r| r.id.destination == destination).collect();
         let fit: Vec<&DestinationRow> =
-            mine.iter().copied().filter(|r| self.matches(r.role, r.netns, host_netns)).collect();
+            mine.iter().copied().filter(|r| self.matches(r.id.role, r.id.netns, host_netns)).collect();
         match fit.as_slice() {
             [one] => Ok(one),
             [] => Err(SelectError::NoRow {
@@ -423,16 +418,16 @@ impl Select {
                 } else {
                     format!(
                         "; it was seen as: {}",
-                        mine.iter().map(|r| describe(r.role, r.netns, true)).collect::<Vec<_>>().join("; ")
+                        mine.iter().map(|r| describe(r.id.role, r.id.netns, true)).collect::<Vec<_>>().join("; ")
                     )
                 },
             }),
             many => {
                 // Roles named only where they tell the rows apart.
-                let roles = many.iter().any(|r| r.role != many[0].role);
+                let roles = many.iter().any(|r| r.id.role != many[0].id.role);
                 Err(SelectError::Ambiguous {
                     destination: destination.to_owned(),
-                    candidates: many.iter().map(|r| describe(r.role, r.netns, roles)).collect(),
+                    candidates: many.iter().map(|r| describe(r.id.role, r.id.netns, roles)).collect(),
                     flags: if roles { "--role and --netns" } else { "--netns" },
                 })
             }

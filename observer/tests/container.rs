@@ -103,7 +103,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let row = loop {
         let body = observer::http::get(&addr, "/api/v1/destinations").map_err(anyhow::Error::msg)?;
         let rows: Vec<DestinationRow> = serde_json::from_slice(&body)?;
-        if let Some(r) = rows.into_iter().find(|r| r.destination == dest && r.reuses >= 1) {
+        if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.reuses >= 1) {
             break r;
         }
         if Instant::now() > deadline {

@@ -30,7 +30,7 @@ fn row_when(daemon: &Daemon, dest: &str, secs: f64, pred: impl Fn(&DestinationRo
     let deadline = Instant::now() + Duration::from_secs_f64(common::tolerance(secs));
     loop {
         let rows = daemon.status()?;
-        if let Some(r) = rows.iter().find(|r| r.destination == dest && r.role == Role::Client) {
+        if let Some(r) = rows.iter().find(|r| r.id.destination == dest && r.id.role == Role::Client) {
             if pred(r) {
                 return Ok(r.clone());
             }

@@ -31,7 +31,7 @@ fn wait_all(children: Vec<Child>) -> Result<()> {
 
 fn row<'a>(rows: &'a [DestinationRow], dest: &str) -> Result<&'a DestinationRow> {
     rows.iter()
-        .find(|r| r.destination == dest && r.role == Role::Client)
+        .find(|r| r.id.destination == dest && r.id.role == Role::Client)
         .with_context(|| format!("no row for {dest}: {rows:#?}"))
 }
 
@@ -83,11 +83,11 @@ fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &st
     }
     // Server-side rows see the same traffic; compare everything.
     assert_eq!(live, offline, "observer analyze differs from the live daemon");
-    for r in live.iter().filter(|r| r.role == Role::Client && r.verdict == Verdict::Mismatch) {
-        let n = time_to_diagnosis(recording, &r.destination)?;
+    for r in live.iter().filter(|r| r.id.role == Role::Client && r.verdict == Verdict::Mismatch) {
+        let n = time_to_diagnosis(recording, &r.id.destination)?;
         eprintln!(
             "MEASURED time to diagnosis for {}: {n} failed reuses before the verdict was mismatch and held",
-            r.destination
+            r.id.destination
         );
     }
     Ok(())
@@ -113,7 +113,7 @@ fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
         let right = agg
             .rows(e.ts_unix_ns)
             .iter()
-            .any(|r| r.destination == dest && r.role == Role::Client && r.verdict == Verdict::Mismatch);
+            .any(|r| r.id.destination == dest && r.id.role == Role::Client && r.verdict == Verdict::Mismatch);
         match (right, at) {
             (true, None) => at = Some(failures),
             (false, Some(_)) => at = None,
@@ -178,7 +178,7 @@ fn fin_path_diagnosed() -> Result<()> {
     // nginx's own row: its 2 s keep-alive toward clients that reuse up to 3 s.
     let srv = rows
         .iter()
-        .find(|x| x.destination == format!("{}:8080", topo.server_v4) && x.role == Role::Server)
+        .find(|x| x.id.destination == format!("{}:8080", topo.server_v4) && x.id.role == Role::Server)
         .with_context(|| format!("no server row: {rows:#?}"))?;
     eprintln!(
         "MEASURED server row: server_idle_timeout {:?}, late_reuses {}, client_max_reuse_idle {:?}, verdict {}, recommended {:?} / raise to {:?}: {}",
@@ -508,10 +508,11 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     wait_all(children)?;
     let rows = settle(&daemon)?;
     let dest = "10.201.1.1:9060";
-    let mine: Vec<&DestinationRow> = rows.iter().filter(|r| r.destination == dest && r.role == Role::Client).collect();
+    let mine: Vec<&DestinationRow> =
+        rows.iter().filter(|r| r.id.destination == dest && r.id.role == Role::Client).collect();
     ensure!(mine.len() == 2, "one row per namespace: {mine:#?}");
-    let ra = mine.iter().find(|r| r.netns == Some(ino_a)).context("namespace A's row")?;
-    let rb = mine.iter().find(|r| r.netns == Some(ino_b)).context("namespace B's row")?;
+    let ra = mine.iter().find(|r| r.id.netns == Some(ino_a)).context("namespace A's row")?;
+    let rb = mine.iter().find(|r| r.id.netns == Some(ino_b)).context("namespace B's row")?;
     assert!(ra.failures > 0 && ra.verdict == Verdict::Mismatch, "{ra:#?}");
     assert_eq!(rb.failures, 0, "{rb:#?}");
     assert_ne!(rb.verdict, Verdict::Mismatch, "{rb:#?}");

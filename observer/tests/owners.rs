@@ -154,12 +154,13 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
     assert_eq!(neighbour.container, None);
     // One address from two namespaces: two rows, each naming its namespace,
     // the container among the client namespace's owners.
-    let rows: Vec<_> = all.status()?.into_iter().filter(|r| r.destination == dest && r.role == Role::Client).collect();
+    let rows: Vec<_> =
+        all.status()?.into_iter().filter(|r| r.id.destination == dest && r.id.role == Role::Client).collect();
     assert_eq!(rows.len(), 2, "{rows:#?}");
-    let client_row = rows.iter().find(|r| r.netns == Some(client_inode)).context("the client namespace's row")?;
+    let client_row = rows.iter().find(|r| r.id.netns == Some(client_inode)).context("the client namespace's row")?;
     assert_eq!(client_row.reuses, 2);
     assert!(client_row.owners.iter().any(|o| o.container.as_deref() == Some(CONTAINER)), "{:?}", client_row.owners);
-    let server_row = rows.iter().find(|r| r.netns == Some(server_inode)).context("the server namespace's row")?;
+    let server_row = rows.iter().find(|r| r.id.netns == Some(server_inode)).context("the server namespace's row")?;
     assert_eq!(server_row.reuses, 1);
     let metrics = String::from_utf8(observer::http::get(&all.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
     assert!(

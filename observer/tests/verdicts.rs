@@ -44,7 +44,7 @@ print(sum(done), flush=True)
 
 fn client_row(rows: &[DestinationRow], dest: &str) -> Result<DestinationRow> {
     rows.iter()
-        .find(|r| r.destination == dest && r.role == Role::Client)
+        .find(|r| r.id.destination == dest && r.id.role == Role::Client)
         .cloned()
         .with_context(|| format!("no client row for {dest}: {rows:#?}"))
 }
@@ -131,7 +131,7 @@ fn rows_and_gauges_expire_with_a_small_window() -> Result<()> {
     // 6 s window plus one slice (0.5 s) and the last events' age.
     std::thread::sleep(Duration::from_secs(8));
     let rows = daemon.status()?;
-    assert!(rows.iter().all(|r| r.destination != dest), "the row expired: {rows:#?}");
+    assert!(rows.iter().all(|r| r.id.destination != dest), "the row expired: {rows:#?}");
     let text = metrics()?;
     assert!(!text.contains(&gauge), "the gauges went with the row:\n{text}");
     assert!(!text.contains(&format!("destination=\"{dest}\"")), "and every series of the row:\n{text}");

@@ -30,12 +30,6 @@ use crate::{apt_install, cargo, output_ok, status, workspace_root};
 /// own outputs: pipes, a full tmpfs, `kill -9`).
 const SUITES: &[&str] =
     &["foundation", "probes", "wire_truth", "diagnosis", "owners", "servers", "dead_sockets", "verdicts", "prometheus"];
-/// Tests skipped in the guests, with why: `dashboards_query_real_prometheus`
-/// checks that every dashboard panel gets data, which on 6.12 under TCG
-/// missed the pool idle timeout series in 2 of 3 runs (not yet explained;
-/// it passes on the host and on 6.1). The fleet test of the same suite,
-/// two daemons and their probes scraped by one Prometheus, runs there.
-const SKIPPED_IN_GUESTS: &[(&str, &str)] = &[("prometheus", "dashboards_query_real_prometheus")];
 /// One suite in the guest longer than this is killed and failed (a hung
 /// test must not hang CI).
 const SUITE_TIMEOUT_S: u64 = 900;
@@ -207,13 +201,9 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     );
     let filter = filter.join(" ");
     for (name, exe) in &bins {
-        let mut skip = String::new();
-        for (_, test) in SKIPPED_IN_GUESTS.iter().filter(|(suite, _)| suite == name) {
-            let _ = write!(skip, " --skip {test}");
-        }
         let _ = writeln!(
             script,
-            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1{skip} {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
+            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
             exe = exe.display(),
             out = out.display()
         );

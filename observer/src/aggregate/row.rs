@@ -23,9 +23,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
     let peer_clusters = st.point();
     let deadline = |v: Vec<f64>| estimate::cluster(&v).map(|c| c.value);
     let mut r = DestinationRow {
-        destination: key.dest.to_string(),
-        role: key.role,
-        netns: key.netns(),
+        id: key.id(),
         failure_mode: FailureMode::None,
         path_idle_timeout_seconds: None,
         path_idle_timeout_lower_seconds: 0.0,

@@ -152,9 +152,7 @@ impl DestState {
         let after = interval_of(&self.ev).0;
         let change = Change {
             ts_unix_ns: o.ts_ns,
-            destination: key.dest.to_string(),
-            role: key.role,
-            netns: key.netns(),
+            id: key.id(),
             before_lower_seconds: before.lower,
             before_upper_seconds: before.upper,
             after_lower_seconds: after.lower,
@@ -311,9 +309,7 @@ pub(crate) fn restart_of(group: &[Observed], key: DestKey) -> Option<Restart> {
     }
     Some(Restart {
         ts_unix_ns: group[0].ts_ns,
-        destination: key.dest.to_string(),
-        role: key.role,
-        netns: key.netns(),
+        id: key.id(),
         sockets: sockets.len(),
         min_idle_seconds: min,
         max_idle_seconds: max,

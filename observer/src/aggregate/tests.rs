@@ -39,7 +39,7 @@ fn table(agg: &mut Aggregator) -> Vec<DestinationRow> {
 }
 
 fn row<'a>(rows: &'a [DestinationRow], d: &str) -> &'a DestinationRow {
-    rows.iter().find(|r| r.destination == d).unwrap()
+    rows.iter().find(|r| r.id.destination == d).unwrap()
 }
 
 /// Reuse outcome after `gap` for a path with timeout `t` and mode `o`.
@@ -386,9 +386,9 @@ fn dead_destinations_make_room_before_other() {
     let rows = table(&mut agg);
     assert_eq!(rows.len(), 10);
     assert!(
-        rows.iter().all(|r| r.destination.starts_with("10.2.")),
+        rows.iter().all(|r| r.id.destination.starts_with("10.2.")),
         "{:?}",
-        rows.iter().map(|r| &r.destination).collect::<Vec<_>>()
+        rows.iter().map(|r| &r.id.destination).collect::<Vec<_>>()
     );
     assert_eq!(agg.evicted(), 10);
 }
@@ -414,7 +414,7 @@ fn the_server_view() {
     agg.ingest(&late);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.1:8080");
-    assert_eq!(r.role, Role::Server);
+    assert_eq!(r.id.role, Role::Server);
     assert_eq!(r.server_idle_timeout_seconds, Some(2.0015));
     assert_eq!(r.late_reuses, 1);
     assert_eq!(r.client_max_reuse_idle_seconds, Some(3.0));
@@ -586,8 +586,8 @@ fn one_address_in_two_namespaces_is_two_rows() {
     assert_eq!(label.netns, Some(4_026_532_999));
     let rows = table(&mut agg);
     assert_eq!(rows.len(), 2, "{rows:#?}");
-    let host = rows.iter().find(|r| r.netns.is_none()).unwrap();
-    let pod = rows.iter().find(|r| r.netns == Some(4_026_532_999)).unwrap();
+    let host = rows.iter().find(|r| r.id.netns.is_none()).unwrap();
+    let pod = rows.iter().find(|r| r.id.netns == Some(4_026_532_999)).unwrap();
     assert_eq!((host.reuses, host.failures), (5, 0));
     assert_eq!((pod.reuses, pod.failures), (5, 5));
     assert_eq!(pod.owners.len(), 1);
@@ -677,7 +677,7 @@ fn doomed_sockets_count_in_their_row_and_are_replaced() {
     assert_eq!(r.doomed_idle_sockets, 3, "{r:#?}");
     let names: Vec<&str> = r.doomed_owners.iter().map(|o| o.process.as_str()).collect();
     assert_eq!(names, ["api", "worker"]);
-    assert!(rows.iter().all(|r| r.destination != "10.0.0.9:1"), "no row is made by the view");
+    assert!(rows.iter().all(|r| r.id.destination != "10.0.0.9:1"), "no row is made by the view");
     agg.set_doomed(&[]);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
@@ -757,4 +757,33 @@ fn held_contradictions_are_capped_and_counted() {
     assert_eq!(st.contradictions.len(), MAX_CONTRADICTIONS);
     assert_eq!(st.contradictions[0].ts_ns, 0, "the oldest are kept: the epoch would start at the first");
     assert!(st.held_bytes() >= MAX_CONTRADICTIONS * std::mem::size_of::<super::state::Contradiction>());
+}
+
+/// The row carries its identity flattened: the JSON keeps `destination`,
+/// `role` and `netns` first and at the top level, and a row written before
+/// `netns` existed still reads (as the host's).
+#[test]
+fn row_json_keeps_the_identity_fields_flat() {
+    let mut agg = Aggregator::new(Config::default());
+    agg.ingest(&reuse(1.0, "10.0.0.2:80", 2.0, Outcome::Ok));
+    let r = table(&mut agg).remove(0);
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(text.starts_with(r#"{"destination":"10.0.0.2:80","role":"client","netns":null,"failure_mode":"#), "{text}");
+    let back: DestinationRow = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, r);
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v.as_object_mut().unwrap().remove("netns");
+    let old: DestinationRow = serde_json::from_value(v).unwrap();
+    assert_eq!(old.id, RowId { destination: "10.0.0.2:80".into(), role: Role::Client, netns: None });
+    let change = crate::table::Change {
+        ts_unix_ns: 1,
+        id: old.id.clone(),
+        before_lower_seconds: None,
+        before_upper_seconds: Some(2.0),
+        after_lower_seconds: Some(1.0),
+        after_upper_seconds: None,
+    };
+    let text = serde_json::to_string(&change).unwrap();
+    assert!(text.starts_with(r#"{"ts_unix_ns":1,"destination":"10.0.0.2:80","role":"client","netns":null,"#), "{text}");
+    assert_eq!(serde_json::from_str::<crate::table::Change>(&text).unwrap(), change);
 }

@@ -50,8 +50,8 @@ impl Sinks {
                 self.shared.metrics.restart(&r);
                 warn!(
                     "peer restart at {} ({}): {} connections closed at once, idle {:.3} to {:.3} s; not timeout evidence",
-                    r.destination,
-                    r.role.as_str(),
+                    r.id.destination,
+                    r.id.role.as_str(),
                     r.sockets,
                     r.min_idle_seconds,
                     r.max_idle_seconds
@@ -64,8 +64,8 @@ impl Sinks {
                 }
                 warn!(
                     "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
-                    c.destination,
-                    c.role.as_str(),
+                    c.id.destination,
+                    c.id.role.as_str(),
                     c.before_lower_seconds,
                     c.before_upper_seconds,
                     c.after_lower_seconds,

@@ -13,7 +13,7 @@ fn analyze_a_recording() {
     let rows = analyze(&events, Config::default());
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
-    assert_eq!(r.destination, "10.0.0.2:80");
+    assert_eq!(r.id.destination, "10.0.0.2:80");
     assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (1.5, Some(2.0)));
     assert_eq!(r.verdict.as_str(), "mismatch");
     assert_eq!(r.failure_mode.as_str(), "fin");
