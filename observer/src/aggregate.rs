@@ -218,12 +218,7 @@ impl Aggregator {
         self.changes.extend(changes);
         self.restarts.extend(restart);
         if matches!(o.obs, Observation::Reuse { .. }) && !ev.comm.is_empty() {
-            let who = ProcessOwner {
-                process: ev.comm.clone(),
-                container: ev.container.clone(),
-                pod: ev.pod.clone(),
-                unit: ev.unit.clone(),
-            };
+            let who = ProcessOwner { process: ev.comm.clone(), owner: ev.owner.clone() };
             if let Some(n) = st.processes.get_mut(&who) {
                 *n += 1;
             } else if st.processes.len() < MAX_PROCESSES {

@@ -55,7 +55,7 @@ fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> R
             // A store shared with an unfiltered run holds sockets this run
             // does not watch. Replayed history is not news: no log lines or
             // counters for it.
-            if filter.keeps_event(&ev) {
+            if filter.keeps(ev.netns, ev.cgroup()) {
                 aggregator.replay(std::iter::once(&ev));
                 replayed += 1;
             }

@@ -15,7 +15,7 @@ use observer_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::names::named;
+use crate::{names::named, owner::Owner};
 
 mod clock;
 mod views;
@@ -192,18 +192,12 @@ pub struct SockEvent {
     /// cgroup v2 id of the process that connected or wrote; 0 = none seen.
     #[serde(default)]
     pub cgroup_id: u64,
-    /// That cgroup's path below the cgroup v2 root, when resolved.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cgroup: Option<String>,
-    /// Container id, from the cgroup path's runtime convention.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-    /// Kubernetes pod uid, from a `kubepods` cgroup path.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    /// systemd unit, from the cgroup path.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unit: Option<String>,
+    /// What that cgroup says, when resolved: its path below the cgroup v2
+    /// root (`cgroup`), and `container`, `runtime`, `pod` and `unit` where
+    /// the path tells them. Flattened: the JSON keeps those fields at the
+    /// top level, all absent when unresolved.
+    #[serde(flatten, default)]
+    pub owner: Option<Owner>,
 }
 
 fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
@@ -310,14 +304,23 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         sock_id: raw.sock_id,
         netns: raw.netns,
         cgroup_id: raw.cgroup_id,
-        cgroup: None,
-        container: None,
-        pod: None,
-        unit: None,
+        owner: None,
     })
 }
 
 impl SockEvent {
+    /// The owner's cgroup path, when resolved (what `--cgroup` filters on).
+    #[must_use]
+    pub fn cgroup(&self) -> Option<&str> {
+        self.owner.as_ref().map(|o| o.cgroup.as_str())
+    }
+
+    /// The owner's container id, when its cgroup path names one.
+    #[must_use]
+    pub fn container(&self) -> Option<&str> {
+        self.owner.as_ref().and_then(|o| o.container.as_deref())
+    }
+
     /// An event with the given identity and nothing else set (recordings
     /// written by other tools, tests, benchmarks).
     #[must_use]
@@ -355,10 +358,7 @@ impl SockEvent {
             sock_id: 0,
             netns: 0,
             cgroup_id: 0,
-            cgroup: None,
-            container: None,
-            pod: None,
-            unit: None,
+            owner: None,
         }
     }
 
@@ -431,15 +431,17 @@ impl fmt::Display for SockEvent {
                 None => write!(f, " keepalive")?,
             }
         }
-        if let Some(c) = &self.container {
-            write!(f, " container={}", printable(c.get(..12).unwrap_or(c)))?;
-        }
-        if let Some(p) = &self.pod {
-            write!(f, " pod={}", printable(p))?;
-        }
-        if self.container.is_none() {
-            if let Some(u) = &self.unit {
-                write!(f, " unit={}", printable(u))?;
+        if let Some(o) = &self.owner {
+            if let Some(c) = &o.container {
+                write!(f, " container={}", printable(c.get(..12).unwrap_or(c)))?;
+            }
+            if let Some(p) = &o.pod {
+                write!(f, " pod={}", printable(p))?;
+            }
+            if o.container.is_none() {
+                if let Some(u) = &o.unit {
+                    write!(f, " unit={}", printable(u))?;
+                }
             }
         }
         Ok(())

@@ -16,8 +16,6 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::event::SockEvent;
-
 /// The cgroup id of the root cgroup (every process on a host without
 /// cgroup v2 delegation, or a hybrid host, may sit there).
 pub const ROOT_CGROUP_ID: u64 = 1;
@@ -28,8 +26,9 @@ pub const MAX_SCAN: usize = 200_000;
 /// A scan of the tree at most this often (an unknown id waits for the next).
 pub const RESCAN_EVERY: Duration = Duration::from_secs(2);
 
-/// What a cgroup path says about its owner.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What a cgroup path says about its owner. The one owner type: events
+/// and rows embed it (flattened, so their JSON keeps these fields flat).
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Owner {
     /// The cgroup path, relative to the cgroup v2 root (`/` for the root).
     pub cgroup: String,
@@ -235,14 +234,9 @@ impl Resolver {
         }
     }
 
-    /// Fill in an event's `cgroup`, `container`, `pod` and `unit`.
-    pub fn enrich(&mut self, ev: &mut SockEvent) {
-        if let Some(o) = self.resolve(ev.cgroup_id) {
-            ev.cgroup = Some(o.cgroup.clone());
-            ev.container.clone_from(&o.container);
-            ev.pod.clone_from(&o.pod);
-            ev.unit.clone_from(&o.unit);
-        }
+    /// The owner of cgroup `id` as events carry it (a copy).
+    pub fn owner_of(&mut self, id: u64) -> Option<Owner> {
+        self.resolve(id).map(|o| Owner::clone(&o))
     }
 }
 
@@ -314,12 +308,6 @@ impl Filter {
                     || (have.starts_with(want.as_str()) && have.as_bytes().get(want.len()) == Some(&b'/'))
             }
         }
-    }
-
-    /// [`Self::keeps`] for a decoded (and enriched) event.
-    #[must_use]
-    pub fn keeps_event(&self, ev: &SockEvent) -> bool {
-        self.keeps(ev.netns, ev.cgroup.as_deref())
     }
 }
 

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::names::named;
 
-use crate::event::Role;
+use crate::{event::Role, owner::Owner};
 
 /// A destination's address, or the overflow row past the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -316,28 +316,33 @@ pub struct DestinationRow {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct ProcessOwner {
     pub process: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pod: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unit: Option<String>,
+    /// Its cgroup's owner (flattened: `cgroup`, `container`, `runtime`,
+    /// `pod`, `unit`), absent when the cgroup was not resolved.
+    #[serde(flatten, default)]
+    pub owner: Option<Owner>,
 }
 
 impl ProcessOwner {
+    /// The container id, when its cgroup path names one.
+    #[must_use]
+    pub fn container(&self) -> Option<&str> {
+        self.owner.as_ref().and_then(|o| o.container.as_deref())
+    }
+
     /// How reports name it: `api (container 0123456789ab, pod 1f2e…)`,
     /// `nginx (nginx.service)`, or the bare name.
     #[must_use]
     pub fn label(&self) -> String {
         let mut parts = Vec::new();
-        if let Some(c) = &self.container {
+        let o = self.owner.as_ref();
+        if let Some(c) = o.and_then(|o| o.container.as_ref()) {
             parts.push(format!("container {}", c.get(..12).unwrap_or(c)));
         }
-        if let Some(p) = &self.pod {
+        if let Some(p) = o.and_then(|o| o.pod.as_ref()) {
             parts.push(format!("pod {p}"));
         }
         if parts.is_empty() {
-            if let Some(u) = &self.unit {
+            if let Some(u) = o.and_then(|o| o.unit.as_ref()) {
                 parts.push(u.clone());
             }
         }

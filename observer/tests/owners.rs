@@ -143,15 +143,14 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
     let dest = format!("{}:7000", topo.server_v4);
     let ours: Vec<_> = seen.iter().filter(|e| e.remote.to_string() == dest).collect();
     assert_eq!(ours.len(), 3, "three reuses to {dest}: {ours:#?}");
-    let app_reuse =
-        ours.iter().find(|e| e.cgroup.as_deref() == Some(app_rel.as_str())).context("the container's reuse")?;
+    let app_reuse = ours.iter().find(|e| e.cgroup() == Some(app_rel.as_str())).context("the container's reuse")?;
     assert_eq!(app_reuse.netns, client_inode);
-    assert_eq!(app_reuse.container.as_deref(), Some(CONTAINER), "{app_reuse:?}");
+    assert_eq!(app_reuse.container(), Some(CONTAINER), "{app_reuse:?}");
     assert_ne!(app_reuse.cgroup_id, 0);
-    assert!(ours.iter().any(|e| e.netns == client_inode && e.cgroup.as_deref() == Some(other_rel.as_str())));
+    assert!(ours.iter().any(|e| e.netns == client_inode && e.cgroup() == Some(other_rel.as_str())));
     let neighbour = ours.iter().find(|e| e.netns == server_inode).context("the server namespace's reuse")?;
-    assert_eq!(neighbour.cgroup.as_deref(), Some(other_rel.as_str()));
-    assert_eq!(neighbour.container, None);
+    assert_eq!(neighbour.cgroup(), Some(other_rel.as_str()));
+    assert_eq!(neighbour.container(), None);
     // One address from two namespaces: two rows, each naming its namespace,
     // the container among the client namespace's owners.
     let rows: Vec<_> =
@@ -159,7 +158,7 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
     assert_eq!(rows.len(), 2, "{rows:#?}");
     let client_row = rows.iter().find(|r| r.id.netns == Some(client_inode)).context("the client namespace's row")?;
     assert_eq!(client_row.reuses, 2);
-    assert!(client_row.owners.iter().any(|o| o.container.as_deref() == Some(CONTAINER)), "{:?}", client_row.owners);
+    assert!(client_row.owners.iter().any(|o| o.container() == Some(CONTAINER)), "{:?}", client_row.owners);
     let server_row = rows.iter().find(|r| r.id.netns == Some(server_inode)).context("the server namespace's row")?;
     assert_eq!(server_row.reuses, 1);
     let metrics = String::from_utf8(observer::http::get(&all.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
@@ -175,10 +174,10 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
 
     // --cgroup: the container's sockets only.
     let in_cg = by_cgroup.events();
-    assert!(in_cg.iter().all(|e| e.cgroup.as_deref() == Some(app_rel.as_str())), "{in_cg:#?}");
+    assert!(in_cg.iter().all(|e| e.cgroup() == Some(app_rel.as_str())), "{in_cg:#?}");
     let r = reuses(&by_cgroup);
     assert_eq!(r.len(), 1, "{r:#?}");
-    assert_eq!(r[0].container.as_deref(), Some(CONTAINER));
+    assert_eq!(r[0].container(), Some(CONTAINER));
 
     for d in [all, by_netns, by_cgroup] {
         assert!(d.terminate()?.success());

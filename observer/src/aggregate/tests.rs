@@ -569,7 +569,8 @@ fn one_address_in_two_namespaces_is_two_rows() {
         let mut e = reuse(ts, "10.96.0.10:5432", idle, outcome);
         e.netns = netns;
         e.comm = who.0.into();
-        e.container = who.1.map(str::to_owned);
+        e.owner =
+            who.1.map(|c| crate::owner::Owner { container: Some(c.to_owned()), ..crate::owner::Owner::default() });
         agg.ingest(&e);
     };
     // The host's pool survives 40 s; a pod's pool (same address, its own
@@ -591,8 +592,8 @@ fn one_address_in_two_namespaces_is_two_rows() {
     assert_eq!((host.reuses, host.failures), (5, 0));
     assert_eq!((pod.reuses, pod.failures), (5, 5));
     assert_eq!(pod.owners.len(), 1);
-    assert_eq!((pod.owners[0].process.as_str(), pod.owners[0].container.as_deref()), ("api", Some("c0ffee")));
-    assert_eq!(host.owners[0].container, None);
+    assert_eq!((pod.owners[0].process.as_str(), pod.owners[0].container()), ("api", Some("c0ffee")));
+    assert_eq!(host.owners[0].container(), None);
     assert_eq!(host.processes, vec!["app".to_owned()]);
 }
 
@@ -607,7 +608,7 @@ fn dead_view(remote: &str, netns: u32, comm: &str) -> (DoomedView, ProcessOwner)
         comm: comm.to_owned(),
         cgroup_id: 0,
     };
-    let who = ProcessOwner { process: comm.to_owned(), container: None, pod: None, unit: None };
+    let who = ProcessOwner { process: comm.to_owned(), owner: None };
     (d, who)
 }
 

@@ -32,8 +32,8 @@ pub(crate) struct Sinks {
 impl Sinks {
     pub(crate) fn handle(&mut self, mut ev: SockEvent) {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
-        self.owners.enrich(&mut ev);
-        if !self.filter.keeps_event(&ev) {
+        ev.owner = self.owners.owner_of(ev.cgroup_id);
+        if !self.filter.keeps(ev.netns, ev.cgroup()) {
             return;
         }
         let ev = &ev;
@@ -192,9 +192,7 @@ pub(crate) fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
         }
         let who = ProcessOwner {
             process: if d.comm.is_empty() { "?".to_owned() } else { d.comm.clone() },
-            container: owner.as_ref().and_then(|o| o.container.clone()),
-            pod: owner.as_ref().and_then(|o| o.pod.clone()),
-            unit: owner.as_ref().and_then(|o| o.unit.clone()),
+            owner: owner.as_deref().cloned(),
         };
         doomed.push((d, who));
     });

@@ -187,3 +187,34 @@ fn hz_from_the_coarse_clock_matches_the_config() {
     assert!((100..=1000).contains(&hz), "{hz}");
     assert_eq!(kernel_hz(), Some(hz));
 }
+
+/// The owner is one embedded type, flattened: an event's JSON keeps
+/// `cgroup`, `container`, `runtime`, `pod` and `unit` at the top level,
+/// absent when unresolved, and lines written before `runtime` existed (or
+/// with no owner at all) still read.
+#[test]
+fn owner_fields_stay_flat_in_the_json() {
+    let mut ev = decode(&fixture_v4(), Clock::with_offset_ns(0)).unwrap();
+    let bare = ev.to_json_line();
+    assert!(!bare.contains("\"cgroup\"") && !bare.contains("\"container\""), "{bare}");
+    assert_eq!(serde_json::from_str::<SockEvent>(&bare).unwrap().owner, None);
+    ev.owner = Some(crate::owner::parse(
+        "/kubepods.slice/kubepods-pod1f2e3d4c_5b6a_7980_a1b2_c3d4e5f60718.slice/cri-containerd-0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef.scope",
+    ));
+    let line = ev.to_json_line();
+    for key in [
+        "\"cgroup\":\"/kubepods.slice/",
+        "\"container\":\"0123456789ab",
+        "\"runtime\":\"containerd\"",
+        "\"pod\":\"1f2e3d4c-",
+    ] {
+        assert!(line.contains(key), "{key} missing in {line}");
+    }
+    let back: SockEvent = serde_json::from_str(&line).unwrap();
+    assert_eq!(back, ev);
+    assert_eq!(back.container().map(str::len), Some(64));
+    let old = line.replace(",\"runtime\":\"containerd\"", "");
+    let back: SockEvent = serde_json::from_str(&old).unwrap();
+    assert_eq!(back.owner.as_ref().and_then(|o| o.runtime.as_deref()), None);
+    assert_eq!(back.cgroup(), ev.cgroup());
+}

@@ -210,7 +210,7 @@ fn doomed_and_discarded_dead_are_exported_per_client_row() {
         comm: "api".into(),
         cgroup_id: 0,
     };
-    let who = crate::table::ProcessOwner { process: "api".into(), container: None, pod: None, unit: None };
+    let who = crate::table::ProcessOwner { process: "api".into(), owner: None };
     agg.set_doomed(&[(doomed.clone(), who.clone()), (doomed, who)]);
     agg.finish();
     m.set_estimates(&agg.rows(agg.latest_ns()));

@@ -125,7 +125,7 @@ fn resolver_walks_a_tree_by_inode() {
     std::fs::create_dir(&late).unwrap();
     assert_eq!(r.resolve(std::fs::metadata(&late).unwrap().ino()), None);
     assert_eq!(r.scans(), 1);
-    let mut ev = SockEvent::new(
+    let mut ev = crate::event::SockEvent::new(
         0,
         crate::event::EventKind::Reuse,
         crate::event::Role::Client,
@@ -134,8 +134,8 @@ fn resolver_walks_a_tree_by_inode() {
         1.0,
     );
     ev.cgroup_id = ino;
-    r.enrich(&mut ev);
-    assert_eq!(ev.container.as_deref(), Some(ID));
+    ev.owner = r.owner_of(ev.cgroup_id);
+    assert_eq!(ev.owner.as_ref().and_then(|o| o.container.as_deref()), Some(ID));
     assert!(ev.to_json_line().contains("\"container\""));
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -182,9 +182,13 @@ fn processes_are_named_with_their_owners() {
     use crate::table::ProcessOwner;
     let owner = |c: Option<&str>, p: Option<&str>, u: Option<&str>| ProcessOwner {
         process: "api".into(),
-        container: c.map(str::to_owned),
-        pod: p.map(str::to_owned),
-        unit: u.map(str::to_owned),
+        owner: Some(crate::owner::Owner {
+            cgroup: "/x".into(),
+            container: c.map(str::to_owned),
+            runtime: None,
+            pod: p.map(str::to_owned),
+            unit: u.map(str::to_owned),
+        }),
     };
     let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
     assert_eq!(owner(Some(id), Some("1f2e"), None).label(), "api (container 0123456789ab, pod 1f2e)");
