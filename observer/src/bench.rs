@@ -8,9 +8,9 @@ use observer_common::{how, kind, outcome, role, Event, AF_INET, EVENT_SIZE};
 use serde::Serialize;
 
 use crate::{
-    aggregate::{Aggregator, Config},
-    event::{decode_bytes, Clock},
-    metrics::Metrics,
+    diagnosis::aggregate::{Aggregator, Config},
+    kernel::event::{decode_bytes, Clock},
+    surfaces::metrics::Metrics,
 };
 
 /// What the pipeline sustained.

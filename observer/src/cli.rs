@@ -79,8 +79,8 @@ pub struct SelectArgs {
 
 impl SelectArgs {
     #[must_use]
-    pub fn select(self) -> crate::table::Select {
-        crate::table::Select { role: self.role.map(RoleArg::role), netns: self.netns }
+    pub fn select(self) -> crate::diagnosis::table::Select {
+        crate::diagnosis::table::Select { role: self.role.map(RoleArg::role), netns: self.netns }
     }
 }
 
@@ -93,10 +93,10 @@ pub enum RoleArg {
 
 impl RoleArg {
     #[must_use]
-    pub const fn role(self) -> crate::event::Role {
+    pub const fn role(self) -> crate::kernel::event::Role {
         match self {
-            Self::Client => crate::event::Role::Client,
-            Self::Server => crate::event::Role::Server,
+            Self::Client => crate::kernel::event::Role::Client,
+            Self::Server => crate::kernel::event::Role::Server,
         }
     }
 }

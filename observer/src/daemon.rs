@@ -20,15 +20,15 @@ use tokio::{
 };
 
 use crate::{
-    aggregate::{self, Aggregator},
-    bpf::{self, KernelCounters, ProbeConfig, Probes},
     cli::{EventsFormat, RunArgs},
-    event::{clock_ns, EventKind, SockEvent},
-    http::{self, Handler, Response},
-    metrics::{self, Metrics},
-    owner::{self, Filter, Resolver},
-    store::{self, Record, Store, Writer},
-    table::ProcessOwner,
+    diagnosis::aggregate::{self, Aggregator},
+    diagnosis::table::ProcessOwner,
+    kernel::bpf::{self, KernelCounters, ProbeConfig, Probes},
+    kernel::event::{clock_ns, EventKind, SockEvent},
+    kernel::owner::{self, Filter, Resolver},
+    surfaces::http::{self, Handler, Response},
+    surfaces::metrics::{self, Metrics},
+    surfaces::store::{self, Record, Store, Writer},
 };
 
 mod api;

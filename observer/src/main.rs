@@ -6,7 +6,8 @@ use anyhow::{Context as _, Result};
 use clap::Parser as _;
 use observer::{
     cli::{Cli, Command, DebugCommand, LogFormat},
-    path, report, status, store,
+    path,
+    surfaces::{report, status, store},
 };
 
 fn main() -> ExitCode {

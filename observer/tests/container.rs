@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _, Result};
 use common::{lines_of, start_server, wait_line, Killed, Topology, ECHO_SERVER, IDLE_POOL};
-use observer::aggregate::DestinationRow;
+use observer::diagnosis::aggregate::DestinationRow;
 
 /// `podman` with this machine's quirks: crun refuses a hybrid cgroup v1/v2
 /// host, so runc with cgroupfs runs the container. Nothing here is needed
@@ -74,7 +74,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
         )
     };
     let deadline = Instant::now() + Duration::from_secs(30);
-    while observer::http::get(&addr, "/healthz").is_err() {
+    while observer::surfaces::http::get(&addr, "/healthz").is_err() {
         if Instant::now() > deadline {
             bail!("the container never became healthy; its log:\n{}", logs());
         }
@@ -101,7 +101,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let dest = format!("{}:7200", topo.server_v4);
     let deadline = Instant::now() + Duration::from_secs(10);
     let row = loop {
-        let body = observer::http::get(&addr, "/api/v1/destinations").map_err(anyhow::Error::msg)?;
+        let body = observer::surfaces::http::get(&addr, "/api/v1/destinations").map_err(anyhow::Error::msg)?;
         let rows: Vec<DestinationRow> = serde_json::from_slice(&body)?;
         if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.reuses >= 1) {
             break r;
@@ -113,7 +113,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     };
     let log = logs();
     ensure!(log.contains("observer running"), "{log}");
-    let metrics = String::from_utf8(observer::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let metrics = String::from_utf8(observer::surfaces::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
     let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("build info")?.to_owned();
     eprintln!(
         "MEASURED container: {image}, CapEff {cap_eff} (CAP_BPF,CAP_PERFMON): {dest} reuses={} failures={} verdict={:?}; {info}",

@@ -19,9 +19,9 @@ use common::{
     client_records, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING,
 };
 use observer::{
-    aggregate::DestinationRow,
-    event::{EventKind, How, Outcome, Role, SockEvent},
-    table::Verdict,
+    diagnosis::aggregate::DestinationRow,
+    diagnosis::table::Verdict,
+    kernel::event::{EventKind, How, Outcome, Role, SockEvent},
 };
 
 /// The client row of `dest`, once `pred` holds for it (polled through
@@ -319,7 +319,7 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
     let dest = format!("{}:7610", topo.server_v4);
     let row = row_when(&daemon, &dest, 10.0, |r| r.failures_window > 0)?;
     assert_eq!(row.failures_window, 1, "no failure counted twice: {row:#?}");
-    assert_eq!(row.failure_mode, observer::table::FailureMode::SilentDrop, "{row:#?}");
+    assert_eq!(row.failure_mode, observer::diagnosis::table::FailureMode::SilentDrop, "{row:#?}");
     let upper = row.path_idle_timeout_upper_seconds.context("an upper bound")?;
     assert!(upper <= 2.0 + common::tolerance(0.05), "the first unanswered probe bounds the timeout: {row:#?}");
     assert_eq!(row.path_idle_timeout_seconds, None, "a death found by probes is no point: {row:#?}");
@@ -387,8 +387,9 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
         .inspect(|e| assert_eq!(e.how, Some(How::Fin), "{e:?}"))
         .collect();
     ensure!(discarded.len() == 10, "{discarded:#?}");
-    let metrics =
-        String::from_utf8(observer::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let metrics = String::from_utf8(
+        observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?,
+    )?;
     let doomed_line = metrics
         .lines()
         .find(|l| l.starts_with("observer_doomed_idle_sockets{") && l.contains(&dest))
@@ -397,7 +398,7 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     eprintln!(
         "MEASURED doomed pool of 10 behind a 2 s server: doomed_idle_sockets {} held by {:?}, then {} after the pool closed them; discarded_dead {}",
         held.doomed_idle_sockets,
-        held.doomed_owners.iter().map(observer::aggregate::ProcessOwner::label).collect::<Vec<_>>(),
+        held.doomed_owners.iter().map(observer::diagnosis::aggregate::ProcessOwner::label).collect::<Vec<_>>(),
         after.doomed_idle_sockets,
         after.discarded_dead
     );

@@ -17,8 +17,8 @@ use common::{
     OBSERVER, RECONNECTING_CLIENT,
 };
 use observer::{
-    aggregate::{Aggregator, Config, DestinationRow, FailureMode, Verdict, VerdictEvidence},
-    event::{EventKind, Outcome, Role, SockEvent},
+    diagnosis::aggregate::{Aggregator, Config, DestinationRow, FailureMode, Verdict, VerdictEvidence},
+    kernel::event::{EventKind, Outcome, Role, SockEvent},
 };
 
 fn wait_all(children: Vec<Child>) -> Result<()> {

@@ -23,8 +23,8 @@ use std::{
 use anyhow::{bail, ensure, Context as _, Result};
 use common::{script, sh, start_server_here, Daemon, ECHO_SERVER};
 use observer::{
-    event::{EventKind, Role, SockEvent},
-    store::Store,
+    kernel::event::{EventKind, Role, SockEvent},
+    surfaces::store::Store,
 };
 
 const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
@@ -115,13 +115,13 @@ fn echo_server() -> Result<(common::Killed, u16, tempfile::TempPath)> {
 }
 
 fn get_json(addr: &str, path: &str) -> Result<serde_json::Value> {
-    let body = observer::http::get(addr, path).map_err(anyhow::Error::msg)?;
+    let body = observer::surfaces::http::get(addr, path).map_err(anyhow::Error::msg)?;
     serde_json::from_slice(&body).with_context(|| format!("{path} is JSON"))
 }
 
 /// `observer_events_lost_total{reason=...}` from a scrape.
 fn lost(addr: &str, reason: &str) -> Result<u64> {
-    let body = String::from_utf8(observer::http::get(addr, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let body = String::from_utf8(observer::surfaces::http::get(addr, "/metrics").map_err(anyhow::Error::msg)?)?;
     let needle = format!("observer_events_lost_total{{reason=\"{reason}\"}} ");
     body.lines()
         .find_map(|l| l.strip_prefix(&needle))
@@ -376,7 +376,7 @@ fn a_command_whose_reader_goes_away_ends_quietly() -> Result<()> {
             format!("10.1.{}.{}:443", k / 250, k % 250 + 1).parse()?,
             2.0,
         );
-        e.outcome = Some(observer::event::Outcome::Ok);
+        e.outcome = Some(observer::kernel::event::Outcome::Ok);
         e.elapsed_seconds = Some(0.002);
         text.push_str(&e.to_json_line());
         text.push('\n');
@@ -427,7 +427,7 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
         seed ^= seed << 17;
         std::thread::sleep(Duration::from_millis(300 + seed % 3000));
         sh(&format!("kill -9 {}", daemon.pid()))?;
-        kills.push(observer::event::clock_ns(libc::CLOCK_REALTIME));
+        kills.push(observer::kernel::event::clock_ns(libc::CLOCK_REALTIME));
         drop(daemon);
         let store = Store::open(&data).context("the store opens after kill -9")?;
         ensure!(store.integrity_ok()?, "integrity_check after kill {}", kills.len());

@@ -12,8 +12,8 @@ use std::{
 use anyhow::{ensure, Context as _, Result};
 use common::{sh, Daemon};
 use observer::{
-    bpf::{ProbeConfig, Probes},
-    event::{EventKind, Role, SockEvent},
+    kernel::bpf::{ProbeConfig, Probes},
+    kernel::event::{EventKind, Role, SockEvent},
 };
 
 /// Open and close one connection on `bind`, returning (client, server) addresses.
@@ -147,11 +147,11 @@ fn daemon_exits_zero_on_sigint() -> Result<()> {
 fn healthz_and_build_info() -> Result<()> {
     let daemon = Daemon::start(&[])?;
     let addr = daemon.http_addr()?;
-    let body = observer::http::get(&addr, "/healthz").map_err(anyhow::Error::msg)?;
+    let body = observer::surfaces::http::get(&addr, "/healthz").map_err(anyhow::Error::msg)?;
     let v: serde_json::Value = serde_json::from_slice(&body)?;
     assert_eq!(v["status"], "ok", "{v}");
     assert_eq!(v["probes_attached"], true, "{v}");
-    let metrics = String::from_utf8(observer::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let metrics = String::from_utf8(observer::surfaces::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")?;
     let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("observer_build_info")?;
     assert!(info.contains(&format!("kernel=\"{}\"", kernel.trim())) && info.ends_with(" 1"), "{info}");
@@ -206,10 +206,11 @@ fn runs_as_an_unprivileged_user_with_capabilities() -> Result<()> {
     let out = sh(&format!("python3 {} {port}", client.display()))?;
     let local_port: u16 = out.trim().parse()?;
     let evs = daemon.wait_for("the reuse", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == observer::event::EventKind::Reuse && e.local.port() == local_port)
+        evs.iter().any(|e| e.kind == observer::kernel::event::EventKind::Reuse && e.local.port() == local_port)
     })?;
-    let reuse = evs.iter().find(|e| e.kind == observer::event::EventKind::Reuse && e.local.port() == local_port);
-    ensure!(reuse.is_some_and(|r| r.outcome == Some(observer::event::Outcome::Ok)), "{reuse:?}");
+    let reuse =
+        evs.iter().find(|e| e.kind == observer::kernel::event::EventKind::Reuse && e.local.port() == local_port);
+    ensure!(reuse.is_some_and(|r| r.outcome == Some(observer::kernel::event::Outcome::Ok)), "{reuse:?}");
     eprintln!("MEASURED capabilities: uid 65534 with CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN: probes attached, reuse seen: {reuse:?}");
     drop(daemon);
 

@@ -14,7 +14,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 use common::{lines_of, sh, start_server, wait_line, Daemon, Killed, Topology, ECHO_SERVER, IDLE_POOL, OBSERVER};
-use observer::event::{EventKind, Role, SockEvent};
+use observer::kernel::event::{EventKind, Role, SockEvent};
 
 const CONTAINER: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
 
@@ -28,7 +28,7 @@ struct TestCgroup {
 
 impl TestCgroup {
     fn create(tag: &str) -> Result<Self> {
-        let (root, mounted) = if let Some(r) = observer::owner::cgroup2_root() {
+        let (root, mounted) = if let Some(r) = observer::kernel::owner::cgroup2_root() {
             (r, None)
         } else {
             let t = tempfile::tempdir()?;
@@ -161,7 +161,8 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
     assert!(client_row.owners.iter().any(|o| o.container() == Some(CONTAINER)), "{:?}", client_row.owners);
     let server_row = rows.iter().find(|r| r.id.netns == Some(server_inode)).context("the server namespace's row")?;
     assert_eq!(server_row.reuses, 1);
-    let metrics = String::from_utf8(observer::http::get(&all.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
+    let metrics =
+        String::from_utf8(observer::surfaces::http::get(&all.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
     assert!(
         metrics.contains(&format!(r#"{{destination="{dest}",role="client",netns="{client_inode}",outcome="ok"}}"#)),
         "{metrics}"

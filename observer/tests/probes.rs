@@ -17,7 +17,7 @@ use common::{
     client_records, matching, reuses_from, script, sh, start_server, Daemon, Netns, Topology, ECHO_SERVER,
     HTTP_RECONNECTING, RECONNECTING_CLIENT,
 };
-use observer::event::{EventKind, How, Outcome, Role, SockEvent};
+use observer::kernel::event::{EventKind, How, Outcome, Role, SockEvent};
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]

@@ -115,7 +115,8 @@ fn expand(expr: &str) -> String {
 
 fn query(prom: &str, q: &str) -> Result<Value> {
     let path = format!("/api/v1/query?query={}", urlencode(q));
-    let body = observer::http::get(prom, &path).map_err(anyhow::Error::msg).with_context(|| format!("query {q}"))?;
+    let body =
+        observer::surfaces::http::get(prom, &path).map_err(anyhow::Error::msg).with_context(|| format!("query {q}"))?;
     let v: Value = serde_json::from_slice(&body)?;
     ensure!(v["status"] == "success", "query {q} failed: {v}");
     Ok(v)
@@ -237,7 +238,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
             let inner = l.trim_start_matches("label_values(").trim_end_matches(')');
             let (sel, label) = inner.rsplit_once(',').context("label_values form")?;
             let path = format!("/api/v1/label/{}/values?match[]={}", label.trim(), urlencode(&expand(sel.trim())));
-            let body = observer::http::get(&prom_addr, &path).map_err(anyhow::Error::msg)?;
+            let body = observer::surfaces::http::get(&prom_addr, &path).map_err(anyhow::Error::msg)?;
             let v: Value = serde_json::from_slice(&body)?;
             ensure!(v["data"].as_array().is_some_and(|a| !a.is_empty()), "variable `{l}` has no values: {v}");
             checked += 1;
@@ -259,7 +260,7 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     assert_eq!(mismatch, Some(1.0));
     let series =
         query(&prom_addr, &format!("count({{__name__=~\"observer_.+\",destination=\"{dest}\",role=\"client\"}})"))?;
-    let scrape = observer::http::get(&target, "/metrics").map_err(anyhow::Error::msg)?;
+    let scrape = observer::surfaces::http::get(&target, "/metrics").map_err(anyhow::Error::msg)?;
     eprintln!(
         "MEASURED prometheus: {checked} dashboard expressions returned data; path [{lower:.3}, {upper:.3}] s; {:?} series for the destination; scrape {} bytes",
         scalar(&series),

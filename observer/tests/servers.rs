@@ -16,7 +16,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _, Result};
 use common::{client_records, script, sh, start_server, ClientReuse, Daemon, Topology, HTTP_RECONNECTING};
-use observer::event::{EventKind, How, Outcome, Role, SockEvent};
+use observer::kernel::event::{EventKind, How, Outcome, Role, SockEvent};
 
 /// Check each client record against observer's reuse event on the same
 /// socket: reuses within `timeout` are `ok`, later ones failed before any

@@ -6,7 +6,7 @@ use std::{
     process::{Command, Stdio},
 };
 
-use observer::store::Store;
+use observer::surfaces::store::Store;
 
 #[test]
 fn sigkill_mid_write_leaves_a_readable_store() {

@@ -14,8 +14,8 @@ use common::{
     ONE_REQUEST_CLIENT,
 };
 use observer::{
-    aggregate::{DestinationRow, Verdict},
-    event::Role,
+    diagnosis::aggregate::{DestinationRow, Verdict},
+    kernel::event::Role,
 };
 
 /// `python3 HTTP_LOAD HOST PORT CONNS COUNT GAP`: CONNS keep-alive
@@ -103,7 +103,7 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     assert_eq!(after.path_idle_timeout_seconds, before.path_idle_timeout_seconds);
     assert_eq!(after.verdict, Verdict::Mismatch);
     assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
-    assert!(after.evidence_bytes <= observer::evidence::MAX_BYTES, "{} bytes", after.evidence_bytes);
+    assert!(after.evidence_bytes <= observer::diagnosis::evidence::MAX_BYTES, "{} bytes", after.evidence_bytes);
     Ok(())
 }
 
@@ -123,7 +123,7 @@ fn rows_and_gauges_expire_with_a_small_window() -> Result<()> {
     ensure!(row.path_idle_timeout_upper_seconds.is_some(), "{row:#?}");
     let addr = daemon.http_addr()?;
     let metrics = || -> Result<String> {
-        Ok(String::from_utf8(observer::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?)
+        Ok(String::from_utf8(observer::surfaces::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?)
     };
     let text = metrics()?;
     let gauge = format!("observer_path_idle_timeout_seconds{{destination=\"{dest}\"");

@@ -11,7 +11,7 @@ use anyhow::{ensure, Context as _, Result};
 use common::{
     script, sh, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, KILLING_SERVER, ONE_REQUEST_CLIENT,
 };
-use observer::event::{EventKind, How, Outcome, Role, SockEvent};
+use observer::kernel::event::{EventKind, How, Outcome, Role, SockEvent};
 
 /// Events of one socket, by its local address.
 fn of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {

@@ -164,9 +164,9 @@ pub(crate) fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
     let mut views = Vec::new();
     let counted = probes.for_each_socket(|rec| {
         let Some(floor) = floor else { return };
-        let Some(v) = crate::event::view_of(rec, now) else { return };
+        let Some(v) = crate::kernel::event::view_of(rec, now) else { return };
         // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
-        if v.role == crate::event::Role::Client
+        if v.role == crate::kernel::event::Role::Client
             && v.idle_seconds > floor
             && (sinks.filter.is_empty() || {
                 let owner = sinks.owners.resolve(v.cgroup_id);
@@ -185,7 +185,7 @@ pub(crate) fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
     }
     let mut doomed = Vec::new();
     let walked = probes.for_each_doomed(|rec| {
-        let Some(d) = crate::event::doomed_of(rec, now) else { return };
+        let Some(d) = crate::kernel::event::doomed_of(rec, now) else { return };
         let owner = sinks.owners.resolve(d.cgroup_id);
         if !sinks.filter.is_empty() && !sinks.filter.keeps(d.netns, owner.as_deref().map(|o| o.cgroup.as_str())) {
             return;

@@ -3,9 +3,9 @@
 use std::process::ExitCode;
 
 use crate::{
-    aggregate::DestinationRow,
     cli::{Output, PathCommand},
-    http,
+    diagnosis::aggregate::DestinationRow,
+    surfaces::http,
 };
 
 /// `observer path ...`: exit 0 clean, 1 violations, 2 unusable input.
@@ -39,7 +39,7 @@ pub fn command(cmd: &PathCommand) -> ExitCode {
                     .and_then(|b| serde_json::from_slice::<Vec<DestinationRow>>(&b).map_err(|e| e.to_string()));
                 match rows {
                     Ok(rows) => {
-                        super::compare_observed(&mut report, &rows, args.netns, crate::owner::host_netns());
+                        super::compare_observed(&mut report, &rows, args.netns, crate::kernel::owner::host_netns());
                     }
                     Err(e) => {
                         eprintln!("observer: error: --observed: {e}");

@@ -21,11 +21,12 @@ use std::{fmt, fmt::Write as _, net::SocketAddr};
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::{
+use crate::diagnosis::{
     aggregate::DestinationRow,
     estimate::POOL_FRACTION,
     table::{Select, SelectError},
 };
+use crate::units::fmt_secs;
 use catalog::{Category, Kind};
 
 mod command;
@@ -68,17 +69,6 @@ impl Limit {
             Self::Seconds(s) => Some(s),
             Self::Unlimited => None,
         }
-    }
-}
-
-/// `60 s`, `2.4 s`, `none`.
-#[must_use]
-pub fn fmt_secs(s: f64) -> String {
-    let r = (s * 1000.0).round() / 1000.0;
-    if (r - r.round()).abs() < 1e-9 {
-        format!("{r:.0} s")
-    } else {
-        format!("{r} s")
     }
 }
 
@@ -429,7 +419,7 @@ pub fn render(report: &Report) -> String {
         })
         .collect();
     let header = ["HOP (client first)", "KIND", "IDLE TIMEOUT (must rise)", "DEADLINE (must fall)"];
-    let mut out = crate::status::columns(&header, &rows);
+    let mut out = crate::surfaces::status::columns(&header, &rows);
     out.push('\n');
     if report.violations.is_empty() {
         out.push_str("both staircases hold: no violations\n");

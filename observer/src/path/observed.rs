@@ -21,7 +21,7 @@ pub(crate) fn close_enough(declared: f64, measured: f64) -> bool {
 /// (`None`: the only one seen; `host_netns` is the inode rows show as
 /// null); a hop seen from several namespaces is noted, not compared.
 pub fn compare_observed(report: &mut Report, rows: &[DestinationRow], netns: Option<u32>, host_netns: u32) {
-    let select = Select { role: Some(crate::event::Role::Client), netns };
+    let select = Select { role: Some(crate::kernel::event::Role::Client), netns };
     compare_idle(report, rows, select, host_netns);
     compare_deadlines(report, rows, select, host_netns);
 }

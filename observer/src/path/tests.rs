@@ -76,17 +76,17 @@ fn node_headers_and_health_check_rules() {
 }
 
 fn row(dest: &str, lower: f64, upper: Option<f64>, point: Option<f64>) -> DestinationRow {
-    let mut agg = crate::aggregate::Aggregator::new(crate::aggregate::Config::default());
+    let mut agg = crate::diagnosis::aggregate::Aggregator::new(crate::diagnosis::aggregate::Config::default());
     // Build a row through the aggregator, then set the bounds under test.
-    let mut ev = crate::event::SockEvent::new(
+    let mut ev = crate::kernel::event::SockEvent::new(
         1,
-        crate::event::EventKind::Reuse,
-        crate::event::Role::Client,
+        crate::kernel::event::EventKind::Reuse,
+        crate::kernel::event::Role::Client,
         "10.0.0.1:40000".parse().unwrap(),
         dest.parse().unwrap(),
         1.0,
     );
-    ev.outcome = Some(crate::event::Outcome::Ok);
+    ev.outcome = Some(crate::kernel::event::Outcome::Ok);
     agg.ingest(&ev);
     let mut r = agg.rows(1).remove(0);
     r.path_idle_timeout_lower_seconds = lower;

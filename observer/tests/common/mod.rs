@@ -12,7 +12,7 @@ use std::{
 };
 
 use anyhow::{bail, Context as _, Result};
-use observer::event::SockEvent;
+use observer::kernel::event::SockEvent;
 
 pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
 
@@ -130,7 +130,7 @@ impl Daemon {
     }
 
     /// `observer status --json` against this daemon.
-    pub fn status(&self) -> Result<Vec<observer::aggregate::DestinationRow>> {
+    pub fn status(&self) -> Result<Vec<observer::diagnosis::aggregate::DestinationRow>> {
         let out = Command::new(OBSERVER).args(["status", "--json", "--addr", &self.http_addr()?]).output()?;
         if !out.status.success() {
             bail!("observer status failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -420,7 +420,7 @@ impl ClientReuse {
 
 /// Reuse events on the socket `local`.
 pub fn reuses_from(events: &[SockEvent], local: std::net::SocketAddr) -> Vec<SockEvent> {
-    events.iter().filter(|e| e.kind == observer::event::EventKind::Reuse && e.local == local).cloned().collect()
+    events.iter().filter(|e| e.kind == observer::kernel::event::EventKind::Reuse && e.local == local).cloned().collect()
 }
 
 /// The observer reuse event that matches a client record (same socket,

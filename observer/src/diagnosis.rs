@@ -1,0 +1,10 @@
+//! From events to a diagnosis: [`evidence`] says what each event proves,
+//! [`estimate`] holds the interval and point rules, [`verdict`] judges a
+//! destination, [`aggregate`] keeps the per-row state, and [`table`] is the
+//! row itself, its identity and its selection. Pure logic: no I/O.
+
+pub mod aggregate;
+pub mod estimate;
+pub mod evidence;
+pub mod table;
+pub mod verdict;

@@ -1,0 +1,429 @@
+//! Per-destination diagnosis: turns the typed event stream (live or from a
+//! recording) into the destination table. It routes each observation to its
+//! row ([`crate::diagnosis::table::DestKey`]), keeps it ([`crate::diagnosis::evidence`]), watches
+//! for peer restarts and changes of the path's timeout, and asks
+//! [`crate::diagnosis::verdict`] for the verdict. No aya here.
+//!
+//! A destination is the remote `ip:port` of client-role sockets and the local
+//! listening `ip:port` of server-role sockets; sockets whose role is unknown
+//! are left out, so ephemeral ports never become destinations.
+//!
+//! Bounded: at most `max_destinations` rows of their own (the rest are
+//! pooled under `other`; rows whose evidence has all left the window are
+//! removed first, and counted), each holding at most
+//! [`crate::diagnosis::evidence::MAX_BYTES`] of evidence.
+//!
+//! # Peer restarts
+//!
+//! A backend restart closes every pooled connection at once, each at its own
+//! idle age. Peer idle closes are therefore held for [`RESTART_SPAN_NS`]
+//! before they become evidence: when at least [`RESTART_MIN_SOCKETS`]
+//! sockets of one destination were closed within that span at spread-out
+//! idle ages (no cluster holds half of them), it is a restart. Neither those
+//! closes nor the failed reuses of sockets that were idle across it, nor the
+//! requests it aborted, are timeout or deadline evidence.
+//!
+//! # Change of timeout
+//!
+//! Evidence that falls on the wrong side of the current interval is a
+//! contradiction. [`CHANGE_AFTER`] of them in one direction, from as many
+//! distinct sockets, spread over at least [`CHANGE_SPREAD_NS`], with
+//! nothing in between that confirms the old interval, no restart to
+//! explain them, and as many observations backing the side of the old
+//! interval they question, start a new epoch: later survivals and the dead evidence
+//! from the first contradiction on make the new estimate.
+
+use std::{
+    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    net::SocketAddr,
+};
+
+use crate::{
+    diagnosis::estimate::{self, Interval},
+    diagnosis::evidence::{Evidence, Observation, Observed},
+    diagnosis::verdict::{self, ClientFindings, ServerFindings},
+    kernel::event::{DoomedView, Role, SockEvent, SocketView},
+};
+pub use crate::{
+    diagnosis::evidence::IDLE_BUCKETS,
+    diagnosis::table::{
+        Bucket, Change, DestKey, Destination, DestinationRow, FailureMode, LowerBasis, PathShare, ProcessOwner,
+        Restart, RowId, Verdict, VerdictEvidence,
+    },
+    diagnosis::verdict::RECOMMENDED_MAX_LIFETIME_SECONDS,
+};
+
+mod row;
+mod state;
+
+#[allow(clippy::wildcard_imports, reason = "the aggregator and its parts share one namespace")]
+use row::*;
+#[allow(clippy::wildcard_imports, reason = "the aggregator and its parts share one namespace")]
+use state::*;
+
+/// Distinct process names remembered per destination.
+pub(crate) const MAX_PROCESSES: usize = 16;
+/// Changes of estimate and restarts remembered per destination.
+pub(crate) const MAX_CHANGES: usize = 16;
+/// Contradicting observations that start a new epoch.
+pub const CHANGE_AFTER: usize = 3;
+/// The contradictions of a new epoch span at least this long.
+pub const CHANGE_SPREAD_NS: u64 = 5_000_000_000;
+/// Peer closes within this span may form a restart.
+pub const RESTART_SPAN_NS: u64 = 1_000_000_000;
+/// Sockets a restart closes at least.
+pub const RESTART_MIN_SOCKETS: usize = 4;
+/// Peer closes held per destination at most (a storm is judged early).
+pub(crate) const MAX_PENDING: usize = 4096;
+/// Contradictions held per destination at most: past [`CHANGE_AFTER`] the
+/// oldest decide (the new epoch starts at the first), and a stream of them
+/// that never opens an epoch (the old side never backed) cannot grow the
+/// table without bound.
+pub(crate) const MAX_CONTRADICTIONS: usize = 1024;
+pub(crate) const HOUR_NS: u64 = 3_600_000_000_000;
+
+/// An evidence event as the aggregator took it: its row (`other` past the
+/// cap) and its observation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ingested {
+    pub id: RowId,
+    pub obs: Observed,
+}
+
+/// Settings of the aggregation.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Evidence older than this is dropped (ns).
+    pub window_ns: u64,
+    /// Destinations with their own row; the rest go to `other`.
+    pub max_destinations: usize,
+    /// Inode of the host's network namespace: its sockets' rows carry
+    /// no `netns` (0: none known, every namespace is named).
+    pub host_netns: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self { window_ns: 24 * HOUR_NS, max_destinations: 1000, host_netns: 0 }
+    }
+}
+
+/// The destination an event belongs to, if any.
+#[must_use]
+pub const fn destination_of(ev: &SockEvent) -> Option<(SocketAddr, Role)> {
+    match ev.role {
+        Role::Client => Some((ev.remote, Role::Client)),
+        Role::Server => Some((ev.local, Role::Server)),
+        Role::Unknown => None,
+    }
+}
+
+/// The destination table.
+#[derive(Debug)]
+pub struct Aggregator {
+    config: Config,
+    dests: HashMap<DestKey, DestState>,
+    /// Newest event time seen (the clock of a recording).
+    latest_ns: u64,
+    changes: Vec<Change>,
+    restarts: Vec<Restart>,
+    evicted: u64,
+    gone: Vec<RowId>,
+    /// Event time of the last sweep.
+    last_tick_ns: u64,
+}
+
+impl Aggregator {
+    #[must_use]
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            dests: HashMap::new(),
+            latest_ns: 0,
+            changes: Vec::new(),
+            restarts: Vec::new(),
+            evicted: 0,
+            gone: Vec::new(),
+            last_tick_ns: 0,
+        }
+    }
+
+    /// Newest event time seen, ns since the epoch.
+    #[must_use]
+    pub const fn latest_ns(&self) -> u64 {
+        self.latest_ns
+    }
+
+    /// Changes of estimate reported since the last call.
+    pub fn take_changes(&mut self) -> Vec<Change> {
+        std::mem::take(&mut self.changes)
+    }
+
+    /// Peer restarts detected since the last call.
+    pub fn take_restarts(&mut self) -> Vec<Restart> {
+        std::mem::take(&mut self.restarts)
+    }
+
+    /// Rows removed since the last call (their metric series can go).
+    pub fn take_gone(&mut self) -> Vec<RowId> {
+        std::mem::take(&mut self.gone)
+    }
+
+    /// Rows removed because their evidence left the window, in all.
+    #[must_use]
+    pub const fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// The key's namespace part: 0 for the host's.
+    const fn netns_of(&self, netns: u32) -> u32 {
+        if netns == self.config.host_netns {
+            0
+        } else {
+            netns
+        }
+    }
+
+    fn slot(&mut self, addr: SocketAddr, role: Role, netns: u32) -> DestKey {
+        let key = DestKey { dest: Destination::Addr(addr), role, netns };
+        if self.dests.contains_key(&key) {
+            return key;
+        }
+        let own = |d: &HashMap<DestKey, DestState>| d.keys().filter(|k| k.dest != Destination::Other).count();
+        if own(&self.dests) >= self.config.max_destinations && self.latest_ns >= self.last_tick_ns + RESTART_SPAN_NS {
+            // Dead rows make room before anything lands in `other` (at most
+            // once a second: a flood of new destinations past the cap must
+            // not sweep the table on every event).
+            self.tick(self.latest_ns);
+        }
+        if own(&self.dests) < self.config.max_destinations {
+            key
+        } else {
+            DestKey { dest: Destination::Other, role, netns: 0 }
+        }
+    }
+
+    /// Feed one event; for evidence, the row it went to and what it
+    /// proves: the one classification the metrics, the store and the
+    /// report use too.
+    pub fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
+        self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
+        let (addr, role) = destination_of(ev)?;
+        let o = Observed::of(ev)?;
+        let key = self.slot(addr, role, self.netns_of(ev.netns));
+        let now = self.latest_ns;
+        let window = self.config.window_ns;
+        let st = self.dests.entry(key).or_insert_with(|| DestState::new(window));
+        let (changes, restart) = st.flush(now, key);
+        self.changes.extend(changes);
+        self.restarts.extend(restart);
+        if matches!(o.obs, Observation::Reuse { .. }) && !ev.comm.is_empty() {
+            let who = ProcessOwner { process: ev.comm.clone(), owner: ev.owner.clone() };
+            if let Some(n) = st.processes.get_mut(&who) {
+                *n += 1;
+            } else if st.processes.len() < MAX_PROCESSES {
+                st.processes.insert(who, 1);
+            }
+        }
+        if matches!(o.obs, Observation::PeerIdleClose { .. }) {
+            if st.pending.len() >= MAX_PENDING {
+                // A storm of closes: judge the oldest span now.
+                let first = st.pending[0].ts_ns;
+                let (changes, restart) = st.flush(first + RESTART_SPAN_NS + 1, key);
+                self.changes.extend(changes);
+                self.restarts.extend(restart);
+            }
+            let at = st.pending.partition_point(|p| p.ts_ns <= o.ts_ns);
+            st.pending.insert(at, o);
+        } else if let Some(c) = st.commit(&o, key) {
+            self.changes.push(c);
+        }
+        Some(Ingested { id: key.id(), obs: o })
+    }
+
+    /// Bring the table to `now_ns`: commit held peer closes, expire
+    /// evidence and drop rows that have none left.
+    pub fn tick(&mut self, now_ns: u64) {
+        let now = now_ns.max(self.latest_ns);
+        self.last_tick_ns = now;
+        for key in self.keys() {
+            self.tick_one(key, now);
+        }
+    }
+
+    /// [`Self::tick`] for one row; false when the row is gone.
+    fn tick_one(&mut self, key: DestKey, now: u64) -> bool {
+        let Some(st) = self.dests.get_mut(&key) else { return false };
+        let (changes, restart) = st.flush(now, key);
+        self.changes.extend(changes);
+        self.restarts.extend(restart);
+        st.ev.expire(now);
+        if !(st.ev.is_empty() && st.pending.is_empty()) {
+            return true;
+        }
+        self.dests.remove(&key);
+        self.evicted += 1;
+        if self.gone.len() < 4 * self.config.max_destinations.max(1) {
+            self.gone.push(key.id());
+        }
+        false
+    }
+
+    /// The keys of the rows, for building the table a row at a time
+    /// ([`Self::row_at`]) without holding the aggregator for all of it.
+    #[must_use]
+    pub fn keys(&self) -> Vec<DestKey> {
+        self.dests.keys().copied().collect()
+    }
+
+    /// One row as of `now_ns`, brought up to date first like [`Self::tick`]
+    /// does; None when it is gone (or left the window just now).
+    pub fn row_at(&mut self, key: DestKey, now_ns: u64) -> Option<DestinationRow> {
+        let now = now_ns.max(self.latest_ns);
+        if !self.tick_one(key, now) {
+            return None;
+        }
+        self.dests.get(&key).map(|st| row(key, st, now))
+    }
+
+    /// Sort rows as the table shows them.
+    pub fn sort_rows(rows: &mut [DestinationRow]) {
+        rows.sort_by(|a, b| {
+            (&a.id.destination, a.id.role, a.id.netns).cmp(&(&b.id.destination, b.id.role, b.id.netns))
+        });
+    }
+
+    /// The input is complete (a recording): commit or classify every held
+    /// peer close now instead of waiting for its span to pass.
+    /// Feed history in order (the store's window at start-up): what it
+    /// changed (changes, restarts, rows gone) is dropped, since replayed
+    /// history is not news. Returns the events fed.
+    pub fn replay<'a>(&mut self, events: impl IntoIterator<Item = &'a SockEvent>) -> usize {
+        let mut n = 0;
+        for ev in events {
+            self.ingest(ev);
+            n += 1;
+        }
+        self.take_changes();
+        self.take_restarts();
+        self.take_gone();
+        n
+    }
+
+    /// The table a finished recording (or a report's window) gives: every
+    /// event fed, then the held peer closes judged as the stream's end.
+    #[must_use]
+    pub fn of_events<'a>(config: Config, events: impl IntoIterator<Item = &'a SockEvent>) -> Self {
+        let mut agg = Self::new(config);
+        for ev in events {
+            agg.ingest(ev);
+        }
+        agg.finish();
+        agg
+    }
+
+    pub fn finish(&mut self) {
+        let end = self.latest_ns.saturating_add(RESTART_SPAN_NS + 1);
+        for (key, st) in &mut self.dests {
+            let (changes, restart) = st.flush(end, *key);
+            self.changes.extend(changes);
+            self.restarts.extend(restart);
+        }
+    }
+
+    /// The `destination` label of an evidence event already ingested: its
+    /// address, or `other` past the cap. None for events of no destination.
+    #[must_use]
+    pub fn label_of(&self, ev: &SockEvent) -> Option<RowId> {
+        let (addr, role) = destination_of(ev)?;
+        let own = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
+        let other = DestKey { dest: Destination::Other, role, netns: 0 };
+        [own, other].into_iter().find(|k| self.dests.contains_key(k)).map(|k| k.id())
+    }
+
+    /// The idle age past which a client socket is at risk, per client
+    /// destination: past the path timeout (the point, or the largest idle
+    /// age proven to survive) once a failure bounded it. Server rows have
+    /// none: past our idle timeout minus the clients' margin is not ours to
+    /// judge.
+    fn risk_thresholds(&mut self) -> HashMap<DestKey, f64> {
+        self.dests
+            .iter_mut()
+            .filter(|(k, _)| k.role == Role::Client)
+            .filter_map(|(k, st)| {
+                let i = st.interval_cached();
+                let point = estimate::point_of(&i, &st.point()).map(|c| c.value);
+                if point.is_none() {
+                    i.upper?;
+                }
+                Some((*k, point.or(i.lower).or(i.upper)?))
+            })
+            .collect()
+    }
+
+    /// The smallest idle age any socket can be at risk at now (None: no
+    /// destination has a threshold). A socket no idler than this cannot be
+    /// counted by [`Aggregator::set_sockets`], so the caller need not keep
+    /// it.
+    pub fn at_risk_floor(&mut self) -> Option<f64> {
+        self.risk_thresholds().into_values().reduce(f64::min)
+    }
+
+    /// Replace the at-risk view with the current idle sockets.
+    pub fn set_sockets(&mut self, sockets: &[SocketView]) {
+        for st in self.dests.values_mut() {
+            st.at_risk = 0;
+        }
+        let thresholds = self.risk_thresholds();
+        for s in sockets {
+            if s.role != Role::Client {
+                continue;
+            }
+            let own = DestKey { dest: Destination::Addr(s.remote), role: Role::Client, netns: self.netns_of(s.netns) };
+            let key =
+                if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, netns: 0, ..own } };
+            if let (Some(&th), Some(st)) = (thresholds.get(&key), self.dests.get_mut(&key)) {
+                if s.idle_seconds > th {
+                    st.at_risk += 1;
+                }
+            }
+        }
+    }
+
+    /// Replace the doomed-socket view: client sockets that are dead while
+    /// their process holds them, each with its owner. A socket whose
+    /// destination has no row counts in `other` when that row exists, else
+    /// nowhere (no evidence of the destination yet: its peer close, which
+    /// made a row, is what killed it, so this is rare and brief).
+    pub fn set_doomed(&mut self, doomed: &[(DoomedView, ProcessOwner)]) {
+        for st in self.dests.values_mut() {
+            st.doomed = 0;
+            st.doomed_owners.clear();
+        }
+        for (d, who) in doomed {
+            let own = DestKey { dest: Destination::Addr(d.remote), role: Role::Client, netns: self.netns_of(d.netns) };
+            let key =
+                if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, netns: 0, ..own } };
+            if let Some(st) = self.dests.get_mut(&key) {
+                st.doomed += 1;
+                if let Some(n) = st.doomed_owners.get_mut(who) {
+                    *n += 1;
+                } else if st.doomed_owners.len() < MAX_PROCESSES {
+                    st.doomed_owners.insert(who.clone(), 1);
+                }
+            }
+        }
+    }
+
+    /// The destination table, sorted by destination, as of `now_ns`.
+    pub fn rows(&mut self, now_ns: u64) -> Vec<DestinationRow> {
+        self.tick(now_ns);
+        let now = now_ns.max(self.latest_ns);
+        let mut rows: Vec<DestinationRow> = self.dests.iter().map(|(k, st)| row(*k, st, now)).collect();
+        Self::sort_rows(&mut rows);
+        rows
+    }
+}
+
+#[cfg(test)]
+mod tests;

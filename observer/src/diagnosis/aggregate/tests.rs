@@ -1,0 +1,792 @@
+#![allow(clippy::float_cmp, reason = "expected values are exact copies of the inputs")]
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::*;
+use crate::kernel::event::{EventKind, How, Outcome};
+
+static SOCK: AtomicU64 = AtomicU64::new(1);
+
+const S: u64 = 1_000_000_000;
+
+fn ev(ts_s: f64, kind: EventKind, remote: &str, idle: f64) -> SockEvent {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test times are small and positive")]
+    let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
+    let mut e =
+        SockEvent::new(ts, kind, Role::Client, "10.0.0.1:40000".parse().unwrap(), remote.parse().unwrap(), idle);
+    e.pid = 7;
+    e.comm = "client".into();
+    e.sock_id = SOCK.fetch_add(1, Ordering::Relaxed);
+    e
+}
+
+fn reuse(ts: f64, remote: &str, idle: f64, outcome: Outcome) -> SockEvent {
+    let mut e = ev(ts, EventKind::Reuse, remote, idle);
+    e.outcome = Some(outcome);
+    e.elapsed_seconds = Some(0.001);
+    e
+}
+
+fn peer_close(ts: f64, remote: &str, idle: f64) -> SockEvent {
+    let mut e = ev(ts, EventKind::PeerCloseWhileIdle, remote, idle);
+    e.how = Some(How::Fin);
+    e
+}
+
+fn table(agg: &mut Aggregator) -> Vec<DestinationRow> {
+    agg.finish();
+    let now = agg.latest_ns();
+    agg.rows(now)
+}
+
+fn row<'a>(rows: &'a [DestinationRow], d: &str) -> &'a DestinationRow {
+    rows.iter().find(|r| r.id.destination == d).unwrap()
+}
+
+/// Reuse outcome after `gap` for a path with timeout `t` and mode `o`.
+fn feed(agg: &mut Aggregator, ts: &mut f64, remote: &str, t: f64, gaps: &[f64], fail: Outcome) {
+    for &g in gaps {
+        *ts += g;
+        agg.ingest(&reuse(*ts, remote, g, if g < t { Outcome::Ok } else { fail }));
+    }
+}
+
+#[test]
+fn mismatch_with_recommendation() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    let gaps: Vec<f64> = (0..20).map(|k| 30.0 + f64::from(k) * 3.0).collect(); // 30..87 s
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.failure_mode, FailureMode::Rst);
+    assert_eq!(r.path_idle_timeout_lower_seconds, 57.0);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(60.0));
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(45.6));
+    assert!(r.safe_retry_rule);
+    assert_eq!((r.reuses, r.failures), (20, 10));
+    assert_eq!(r.processes, vec!["client".to_owned()]);
+    let b60 = r.idle_buckets.iter().find(|b| b.le == Some(60.0)).unwrap();
+    let b75 = r.idle_buckets.iter().find(|b| b.le == Some(75.0)).unwrap();
+    assert_eq!((b60.reuses, b60.failures), (5, 1), "(45, 60]: only the reuse at exactly 60 s fails");
+    assert_eq!((b75.reuses, b75.failures), (5, 5), "above it everything fails");
+}
+
+#[test]
+fn peer_close_cluster_gives_point_and_fin_mode() {
+    let mut agg = Aggregator::new(Config::default());
+    for (k, idle) in [60.01, 60.2, 59.98, 60.05].iter().enumerate() {
+        agg.ingest(&peer_close(f64::from(u8::try_from(k).unwrap()) * 100.0, "[fd00::1]:80", *idle));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, "[fd00::1]:80");
+    assert_eq!(r.path_idle_timeout_seconds, Some(60.03));
+    assert_eq!(r.path_point_evidence, 4);
+    assert_eq!(r.failure_mode, FailureMode::Fin);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(59.98));
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(48.024));
+    assert_eq!(
+        (r.verdict, r.evidence),
+        (Verdict::Mismatch, Some(VerdictEvidence::PeerCloses)),
+        "the pool kept those sockets idle past the path's timeout: diagnosed before any reuse failed"
+    );
+    assert_eq!(r.failures_window, 0);
+}
+
+#[test]
+fn no_failures_is_never_mismatch() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.3:5432", f64::INFINITY, &[1.0, 5.0, 10.0], Outcome::Reset);
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, "10.0.0.3:5432").verdict, Verdict::Unknown);
+    // The pool's own idle closes at 8 s, below the 10 s proven alive: ok.
+    for k in 0..3 {
+        let mut e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
+        e.how = None;
+        agg.ingest(&e);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.3:5432");
+    assert_eq!(r.pool_idle_timeout_seconds, Some(8.01));
+    assert_eq!(r.verdict, Verdict::Ok);
+}
+
+#[test]
+fn one_stray_reset_is_an_outlier() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    let gaps: Vec<f64> = (0..20).map(|k| 30.0 + f64::from(k) * 3.0).collect();
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
+    agg.ingest(&reuse(ts + 10.0, "10.0.0.2:443", 4.0, Outcome::Reset));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (57.0, Some(60.0)));
+    assert_eq!(r.path_outliers, 1);
+    assert!(r.last_change.is_none());
+}
+
+#[test]
+fn a_timeout_change_is_followed_within_a_few_failures() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    let gaps: Vec<f64> = (0..40).map(|k| 30.0 + f64::from(k % 20) * 3.0).collect();
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
+    assert!(agg.take_changes().is_empty());
+    // The balancer's idle timeout is lowered to 40 s.
+    let new_gaps = [45.0, 50.0, 42.0, 35.0, 38.0, 55.0];
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 40.0, &new_gaps, Outcome::Reset);
+    let changes = agg.take_changes();
+    assert_eq!(changes.len(), 1, "{changes:?}");
+    assert_eq!(changes[0].before_upper_seconds, Some(60.0));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(42.0));
+    assert_eq!(r.path_idle_timeout_lower_seconds, 38.0);
+    assert!(r.last_change.is_some());
+}
+
+/// A swept timeout seen early: one survival at 2.38 s and one failure at
+/// 2.53 s, then three failures at 2.03 to 2.2 s. One survival does not
+/// outvote three deaths: no change of timeout, and the interval moves.
+#[test]
+fn one_early_survival_is_no_timeout_to_change_from() {
+    let d = "10.0.0.2:9050";
+    // Survivals at `alive`, a failure at 2.53 s, then three failures at
+    // 2.03 to 2.2 s, 3 s apart.
+    let run = |alive: &[f64]| {
+        let mut agg = Aggregator::new(Config::default());
+        let mut ts = 0.0;
+        for &g in alive {
+            ts += g;
+            agg.ingest(&reuse(ts, d, g, Outcome::Ok));
+        }
+        ts += 2.53;
+        agg.ingest(&reuse(ts, d, 2.53, Outcome::Eof));
+        for g in [2.03, 2.1, 2.2] {
+            ts += 3.0;
+            agg.ingest(&reuse(ts, d, g, Outcome::Eof));
+        }
+        agg
+    };
+    let mut agg = run(&[1.0, 1.3, 1.6, 1.9, 2.38]);
+    assert!(agg.take_changes().is_empty(), "one survival at 2.38 s is no established timeout");
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert!(r.last_change.is_none());
+    assert_eq!(r.path_outliers, 1, "the survival at 2.38 s is the outlier: {r:#?}");
+    // The same three deaths against three survivals past them are a change.
+    assert_eq!(run(&[1.0, 1.3, 1.6, 2.3, 2.35, 2.38]).take_changes().len(), 1);
+}
+
+#[test]
+fn cardinality_is_capped() {
+    let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
+    for k in 0..1200u32 {
+        let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
+        agg.ingest(&reuse(f64::from(k), &remote, 2.0, Outcome::Ok));
+    }
+    let rows = table(&mut agg);
+    assert_eq!(rows.len(), 1001);
+    let other = row(&rows, "other");
+    assert_eq!(other.reuses_window, 200);
+}
+
+#[test]
+fn window_and_last_hour() {
+    let mut agg = Aggregator::new(Config { window_ns: 2 * HOUR_NS, ..Config::default() });
+    agg.ingest(&reuse(0.0, "10.0.0.2:443", 70.0, Outcome::Reset));
+    agg.ingest(&reuse(5400.0, "10.0.0.2:443", 30.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!((r.reuses, r.failures, r.reuses_window), (1, 0, 2));
+    agg.ingest(&reuse(9000.0, "10.0.0.2:443", 20.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, "10.0.0.2:443").failures_window, 0, "the 0 s failure left the 2 h window");
+}
+
+/// An idle client socket to `remote`, as the socket table gives it.
+fn view(idle: f64, remote: &str) -> SocketView {
+    SocketView {
+        local: "10.0.0.1:40001".parse().unwrap(),
+        remote: remote.parse().unwrap(),
+        role: Role::Client,
+        idle_seconds: idle,
+        netns: 0,
+        cgroup_id: 0,
+    }
+}
+
+#[test]
+fn at_risk_counts_idle_sockets_past_the_timeout() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 58.0, 62.0, 70.0], Outcome::Eof);
+    agg.set_sockets(&[
+        view(10.0, "10.0.0.2:443"),
+        view(59.0, "10.0.0.2:443"),
+        view(300.0, "10.0.0.2:443"),
+        view(900.0, "10.0.0.9:1"),
+    ]);
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, "10.0.0.2:443").at_risk_idle_sockets, 2);
+}
+
+/// The daemon keeps only sockets idler than the floor: the smallest
+/// threshold, so dropping the others changes no count.
+#[test]
+fn at_risk_floor_is_the_smallest_threshold() {
+    let mut agg = Aggregator::new(Config::default());
+    assert_eq!(agg.at_risk_floor(), None, "no evidence, no threshold");
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 58.0, 62.0, 70.0], Outcome::Eof);
+    feed(&mut agg, &mut ts, "10.0.0.3:443", 5.0, &[3.0, 4.0, 6.0, 7.0], Outcome::Eof);
+    feed(&mut agg, &mut ts, "10.0.0.4:443", 5.0, &[1.0, 2.0], Outcome::Ok);
+    let floor = agg.at_risk_floor().expect("two destinations have a threshold");
+    // Without a point estimate a threshold is the largest idle age proven
+    // to survive: 58 s and 4 s here.
+    assert_eq!(floor, 4.0);
+    let all: Vec<SocketView> = [1.0, 4.0, 5.5, 30.0, 59.0, 61.0, 300.0]
+        .iter()
+        .flat_map(|&idle| ["10.0.0.2:443", "10.0.0.3:443", "10.0.0.4:443"].map(|d| view(idle, d)))
+        .collect();
+    agg.set_sockets(&all);
+    let counts = |agg: &mut Aggregator| -> Vec<u64> { table(agg).iter().map(|r| r.at_risk_idle_sockets).collect() };
+    let full = counts(&mut agg);
+    assert_eq!(full, vec![3, 5, 0], "past 58 s; past 4 s; no failure, no threshold");
+    let kept: Vec<SocketView> = all.iter().filter(|v| v.idle_seconds > floor).copied().collect();
+    assert!(kept.len() < all.len());
+    agg.set_sockets(&kept);
+    assert_eq!(counts(&mut agg), full);
+}
+
+#[test]
+fn unknown_roles_never_become_destinations() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut e = reuse(1.0, "10.0.0.2:51000", 3.0, Outcome::Ok);
+    e.role = Role::Unknown;
+    agg.ingest(&e);
+    assert!(table(&mut agg).is_empty());
+}
+
+fn at_sock(mut e: SockEvent, sock: u64) -> SockEvent {
+    e.sock_id = sock;
+    e
+}
+
+#[test]
+fn a_failure_burst_survives_ten_thousand_successes() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.5:80";
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, d, 3.0, &[1.0, 2.0, 2.5, 2.9, 3.1, 3.5, 4.0, 5.0, 3.2, 3.3, 6.0, 2.8], Outcome::Eof);
+    let before = table(&mut agg).remove(0);
+    assert_eq!(before.verdict, Verdict::Mismatch);
+    for k in 0..10_000 {
+        ts += 0.01;
+        agg.ingest(&reuse(ts, d, 1.0 + f64::from(k % 10) * 0.1, Outcome::Ok));
+    }
+    let after = table(&mut agg).remove(0);
+    assert_eq!(
+        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds),
+        (before.path_idle_timeout_lower_seconds, before.path_idle_timeout_upper_seconds)
+    );
+    assert_eq!((after.verdict, after.failures_window), (Verdict::Mismatch, 7));
+    assert_eq!(after.reuses_window, 10_012);
+    assert!(after.evidence_bytes <= crate::diagnosis::evidence::MAX_BYTES, "{}", after.evidence_bytes);
+}
+
+#[test]
+fn a_stray_reset_keeps_an_ok_verdict() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.6:5432";
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, d, f64::INFINITY, &[5.0, 10.0, 20.0, 30.0, 40.0], Outcome::Reset);
+    for k in 0..3 {
+        let e = ev(100.0 + f64::from(k), EventKind::LocalClose, d, 15.0 + f64::from(k) * 0.01);
+        agg.ingest(&e);
+    }
+    assert_eq!(row(&table(&mut agg), d).verdict, Verdict::Ok);
+    agg.ingest(&reuse(200.0, d, 2.0, Outcome::Reset));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.verdict, r.path_outliers, r.failures_window), (Verdict::Ok, 1, 1));
+}
+
+#[test]
+fn a_peer_restart_is_no_timeout_evidence() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.7:8080";
+    let mut ts = 0.0;
+    // The path's timeout is 60 s and well measured.
+    let gaps: Vec<f64> = (0..20).map(|k| 30.0 + f64::from(k) * 3.0).collect();
+    feed(&mut agg, &mut ts, d, 60.0, &gaps, Outcome::Reset);
+    let before = table(&mut agg).remove(0);
+    // A restart: 20 idle sockets closed within 0.4 s at ages 1..20 s.
+    let r0 = ts + 100.0;
+    for k in 0..20u32 {
+        agg.ingest(&at_sock(peer_close(r0 + f64::from(k) * 0.02, d, 1.0 + f64::from(k)), 1000 + u64::from(k)));
+    }
+    // The pool then reuses sockets that were idle across it: they fail.
+    for k in 0..5u32 {
+        agg.ingest(&at_sock(reuse(r0 + 5.0 + f64::from(k), d, 20.0 + f64::from(k), Outcome::Eof), 2000 + u64::from(k)));
+    }
+    // Later evidence as before.
+    feed(&mut agg, &mut ts.clone(), d, 60.0, &[], Outcome::Reset);
+    let restarts = agg.take_restarts();
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert_eq!(restarts[0].sockets, 20);
+    let after = table(&mut agg).remove(0);
+    assert!(agg.take_changes().is_empty(), "a restart is no change of timeout");
+    assert_eq!(after.peer_restarts, 1);
+    assert_eq!(after.restart_failures, 5);
+    assert_eq!(after.path_idle_timeout_seconds, None, "no point estimate from a restart");
+    assert_eq!(
+        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds),
+        (before.path_idle_timeout_lower_seconds, before.path_idle_timeout_upper_seconds)
+    );
+    assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
+}
+
+#[test]
+fn a_shared_idle_timeout_is_no_restart() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.8:80";
+    // Eight sockets that went idle together, closed together at 5 s.
+    for k in 0..8u32 {
+        agg.ingest(&at_sock(peer_close(10.0 + f64::from(k) * 0.01, d, 5.0 + f64::from(k) * 0.001), 10 + u64::from(k)));
+    }
+    let rows = table(&mut agg);
+    assert!(agg.take_restarts().is_empty());
+    assert_eq!(row(&rows, d).path_point_evidence, 8);
+}
+
+#[test]
+fn rows_expire_with_the_window_and_are_counted() {
+    let mut agg = Aggregator::new(Config { window_ns: 60 * S, ..Config::default() });
+    agg.ingest(&reuse(0.0, "10.0.0.9:80", 3.0, Outcome::Reset));
+    agg.ingest(&reuse(1.0, "10.0.0.9:80", 2.0, Outcome::Ok));
+    let now = agg.latest_ns();
+    assert_eq!(agg.rows(now).len(), 1);
+    assert_eq!(agg.rows(now + 30 * S).len(), 1);
+    assert!(agg.rows(now + 200 * S).is_empty());
+    assert_eq!(agg.evicted(), 1);
+}
+
+#[test]
+fn dead_destinations_make_room_before_other() {
+    let mut agg = Aggregator::new(Config { window_ns: 60 * S, max_destinations: 10, host_netns: 0 });
+    for k in 0..10u32 {
+        agg.ingest(&reuse(f64::from(k), &format!("10.1.0.{k}:80"), 2.0, Outcome::Ok));
+    }
+    // Much later, new destinations arrive: the old ones are gone.
+    for k in 0..10u32 {
+        agg.ingest(&reuse(1000.0 + f64::from(k), &format!("10.2.0.{k}:80"), 2.0, Outcome::Ok));
+    }
+    let rows = table(&mut agg);
+    assert_eq!(rows.len(), 10);
+    assert!(
+        rows.iter().all(|r| r.id.destination.starts_with("10.2.")),
+        "{:?}",
+        rows.iter().map(|r| &r.id.destination).collect::<Vec<_>>()
+    );
+    assert_eq!(agg.evicted(), 10);
+}
+
+fn server_ev(ts: f64, kind: EventKind, idle: f64) -> SockEvent {
+    let mut e = ev(ts, kind, "10.0.0.50:51000", idle);
+    e.role = Role::Server;
+    e.local = "10.0.0.1:8080".parse().unwrap();
+    e
+}
+
+#[test]
+fn the_server_view() {
+    let mut agg = Aggregator::new(Config::default());
+    for k in 0..4 {
+        agg.ingest(&server_ev(f64::from(k) * 10.0, EventKind::LocalClose, 2.0 + f64::from(k) * 0.001));
+        let mut ok = server_ev(f64::from(k) * 10.0 + 1.0, EventKind::Reuse, 1.5);
+        ok.outcome = Some(Outcome::Ok);
+        agg.ingest(&ok);
+    }
+    let mut late = server_ev(50.0, EventKind::LateReuse, 2.0);
+    late.elapsed_seconds = Some(1.0);
+    agg.ingest(&late);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.1:8080");
+    assert_eq!(r.id.role, Role::Server);
+    assert_eq!(r.server_idle_timeout_seconds, Some(2.0015));
+    assert_eq!(r.late_reuses, 1);
+    assert_eq!(r.client_max_reuse_idle_seconds, Some(3.0));
+    assert_eq!((r.verdict, r.evidence), (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses)));
+    assert_eq!(r.pool_idle_timeout_seconds, None, "our idle closes are no pool timeout");
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(1.601));
+    assert_eq!(r.recommended_server_idle_timeout_seconds, Some(3.75));
+}
+
+#[test]
+fn observed_deadlines() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.11:80";
+    for k in 0..3 {
+        let mut a = ev(f64::from(k) * 10.0, EventKind::RequestAborted, d, 0.0);
+        a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+        agg.ingest(&a);
+        let mut t = ev(f64::from(k) * 10.0 + 5.0, EventKind::RequestTimeout, d, 0.0);
+        t.elapsed_seconds = Some(2.0 + f64::from(k) * 0.001);
+        agg.ingest(&t);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.peer_request_deadline_seconds, Some(3.001));
+    assert_eq!(r.request_timeout_seconds, Some(2.001));
+    assert_eq!((r.requests_aborted_window, r.request_timeouts_window), (3, 3));
+}
+
+#[test]
+fn mixed_paths_recommend_from_the_smallest() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.12:80";
+    for k in 0..6u32 {
+        agg.ingest(&peer_close(f64::from(k) * 20.0, d, 2.0 + f64::from(k) * 0.002));
+        agg.ingest(&peer_close(f64::from(k) * 20.0 + 7.0, d, 5.0 + f64::from(k) * 0.002));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    let paths: Vec<f64> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds * 10.0).round() / 10.0).collect();
+    assert_eq!(paths, vec![2.0, 5.0]);
+    assert_eq!(r.mixed_paths[0].share, 0.5);
+    assert_eq!(r.recommended_pool_idle_timeout_seconds.map(|x| (x * 10.0).round() / 10.0), Some(1.6));
+    assert_eq!(r.verdict, Verdict::Mismatch);
+}
+
+#[test]
+fn keepalive_survivals_are_kept_apart() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.13:5432";
+    // Probes every 10 s kept these alive through 400 s idle periods.
+    for k in 0..5 {
+        let mut e = reuse(f64::from(k) * 500.0, d, 400.0, Outcome::Ok);
+        e.keepalive = true;
+        e.keepalive_idle_seconds = Some(10.0);
+        agg.ingest(&e);
+    }
+    // With the probes' time unknown, nothing is claimed for silent flows.
+    let mut other = Aggregator::new(Config::default());
+    let mut e = reuse(1.0, d, 400.0, Outcome::Ok);
+    e.keepalive = true;
+    other.ingest(&e);
+    let rows = table(&mut other);
+    assert_eq!(row(&rows, d).path_lower_basis, Some(LowerBasis::Keepalive));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    // Each socket's first probe was answered after 10 s without a packet:
+    // that much holds for every hop; the 400 s only for proxies.
+    assert_eq!((r.path_lower_basis, r.path_idle_timeout_lower_seconds), (Some(LowerBasis::Silent), 10.0));
+    assert_eq!(r.keepalive_evidence, 5);
+    // A silent survival at 30 s becomes the bound the table rests on.
+    agg.ingest(&reuse(3000.0, d, 30.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.path_lower_basis, r.path_idle_timeout_lower_seconds), (Some(LowerBasis::Silent), 30.0));
+}
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// A destination that never failed never shows a mismatch, whatever
+        /// the pool's reuse ages.
+        #[test]
+        fn healthy_destinations_show_none(gaps in prop::collection::vec(0.5f64..4000.0, 1..300)) {
+            let mut agg = Aggregator::new(Config::default());
+            let mut ts = 0.0;
+            feed(&mut agg, &mut ts, "10.9.0.1:80", f64::INFINITY, &gaps, Outcome::Reset);
+            let rows = table(&mut agg);
+            prop_assert_ne!(rows[0].verdict, Verdict::Mismatch);
+            prop_assert_eq!(rows[0].failures_window, 0);
+        }
+
+        /// The recommendation never exceeds 0.8 x the true timeout, and the
+        /// interval contains it, with a stray reset thrown in.
+        #[test]
+        fn recommendations_stay_below_the_truth(
+            t in 2.0f64..4000.0,
+            gaps in prop::collection::vec(0.05f64..3.0, 1..300),
+            stray in prop::option::of(0.0f64..0.5),
+        ) {
+            let gaps: Vec<f64> = gaps.iter().map(|g| g * t).collect();
+            let mut agg = Aggregator::new(Config::default());
+            let mut ts = 0.0;
+            feed(&mut agg, &mut ts, "10.9.0.2:80", t, &gaps, Outcome::Eof);
+            if let Some(s) = stray {
+                agg.ingest(&reuse(ts + 1.0, "10.9.0.2:80", s * t, Outcome::Reset));
+            }
+            let rows = table(&mut agg);
+            let r = &rows[0];
+            if let Some(rec) = r.recommended_pool_idle_timeout_seconds {
+                prop_assert!(rec <= 0.8 * t + 1e-6, "recommended {} for a {} s path", rec, t);
+            }
+            if gaps.iter().any(|&g| g >= t) {
+                prop_assert_eq!(r.verdict, Verdict::Mismatch);
+                // A stray failure below every success-free failure cannot
+                // be told apart from the timeout; without one the upper
+                // bound holds the truth.
+                if stray.is_none() {
+                    prop_assert!(r.path_idle_timeout_upper_seconds.is_some_and(|u| u >= t));
+                }
+            }
+            prop_assert!(r.path_idle_timeout_lower_seconds < t);
+        }
+    }
+}
+
+#[test]
+fn a_storm_of_peer_closes_is_judged_early_and_stays_bounded() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.14:80";
+    for k in 0..10_000u32 {
+        let idle = 1.0 + f64::from(k % 100) * 0.5;
+        agg.ingest(&at_sock(peer_close(100.0 + f64::from(k) * 0.00005, d, idle), 50_000 + u64::from(k)));
+    }
+    let held: usize = agg.dests.values().map(|st| st.pending.len()).max().unwrap_or(0);
+    assert!(held <= MAX_PENDING, "{held} closes held");
+    let rows = table(&mut agg);
+    assert!(agg.take_restarts().len() >= 2, "each full span of spread-out closes is a restart");
+    assert_eq!(row(&rows, d).path_point_evidence, 0, "none of it is timeout evidence");
+}
+
+#[test]
+fn one_address_in_two_namespaces_is_two_rows() {
+    let mut agg = Aggregator::new(Config { host_netns: 100, ..Config::default() });
+    let mut ts = 0.0;
+    let mut send = |agg: &mut Aggregator, netns: u32, idle: f64, outcome: Outcome, who: (&str, Option<&str>)| {
+        ts += idle;
+        let mut e = reuse(ts, "10.96.0.10:5432", idle, outcome);
+        e.netns = netns;
+        e.comm = who.0.into();
+        e.owner = who.1.map(|c| crate::kernel::owner::Owner {
+            container: Some(c.to_owned()),
+            ..crate::kernel::owner::Owner::default()
+        });
+        agg.ingest(&e);
+    };
+    // The host's pool survives 40 s; a pod's pool (same address, its own
+    // namespace and path) fails at 40 s.
+    for _ in 0..5 {
+        send(&mut agg, 100, 40.0, Outcome::Ok, ("app", None));
+        send(&mut agg, 4_026_532_999, 40.0, Outcome::Reset, ("api", Some("c0ffee")));
+    }
+    let label = {
+        let mut e = reuse(ts, "10.96.0.10:5432", 1.0, Outcome::Ok);
+        e.netns = 4_026_532_999;
+        agg.label_of(&e).unwrap()
+    };
+    assert_eq!(label.netns, Some(4_026_532_999));
+    let rows = table(&mut agg);
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    let host = rows.iter().find(|r| r.id.netns.is_none()).unwrap();
+    let pod = rows.iter().find(|r| r.id.netns == Some(4_026_532_999)).unwrap();
+    assert_eq!((host.reuses, host.failures), (5, 0));
+    assert_eq!((pod.reuses, pod.failures), (5, 5));
+    assert_eq!(pod.owners.len(), 1);
+    assert_eq!((pod.owners[0].process.as_str(), pod.owners[0].container()), ("api", Some("c0ffee")));
+    assert_eq!(host.owners[0].container(), None);
+    assert_eq!(host.processes, vec!["app".to_owned()]);
+}
+
+fn dead_view(remote: &str, netns: u32, comm: &str) -> (DoomedView, ProcessOwner) {
+    let d = DoomedView {
+        local: "10.0.0.1:40002".parse().unwrap(),
+        remote: remote.parse().unwrap(),
+        how: How::Rst,
+        idle_seconds: 12.0,
+        netns,
+        pid: 9,
+        comm: comm.to_owned(),
+        cgroup_id: 0,
+    };
+    let who = ProcessOwner { process: comm.to_owned(), owner: None };
+    (d, who)
+}
+
+/// A reuse the kernel failed before sending is a failure like any other at
+/// its age, in `rst` mode; a discarded dead socket is counted and is no
+/// failure and no timeout evidence.
+#[test]
+fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    for k in 0..4 {
+        ts += 3.0;
+        agg.ingest(&reuse(ts, "10.0.0.2:5432", 1.0 + f64::from(k) * 0.1, Outcome::Ok));
+        ts += 5.0;
+        let mut close = peer_close(ts, "10.0.0.2:5432", 2.0);
+        close.how = Some(How::Rst);
+        agg.ingest(&close);
+        ts += 3.0;
+        let mut failed = reuse(ts, "10.0.0.2:5432", 5.0, Outcome::Reset);
+        failed.failed_before_send = true;
+        failed.safe_to_retry = true;
+        agg.ingest(&failed);
+    }
+    for _ in 0..3 {
+        ts += 1.0;
+        agg.ingest(&ev(ts, EventKind::DiscardedDead, "10.0.0.2:5432", 4.0));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:5432");
+    assert_eq!((r.failures_window, r.reuses_window), (4, 8), "{r:#?}");
+    assert_eq!(r.discarded_dead, 3);
+    assert_eq!(r.failure_mode, FailureMode::Rst, "{r:#?}");
+    assert_eq!(r.path_idle_timeout_seconds, Some(2.0), "the idle resets measure the timeout: {r:#?}");
+    assert!(r.verdict.is_mismatch(), "{r:#?}");
+}
+
+/// A timed-out socket's failed reuse reads as a silent drop.
+#[test]
+fn timed_out_reuse_is_a_silent_drop() {
+    let mut agg = Aggregator::new(Config::default());
+    let mut failed = reuse(10.0, "10.0.0.3:80", 8.0, Outcome::TimedOut);
+    failed.failed_before_send = true;
+    agg.ingest(&failed);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.3:80");
+    assert_eq!(r.failures_window, 1);
+    assert_eq!(r.failure_mode, FailureMode::SilentDrop);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(8.0));
+}
+
+/// The doomed view replaces itself: counted into its own row (by
+/// namespace), with owners; a destination without a row counts nowhere.
+#[test]
+fn doomed_sockets_count_in_their_row_and_are_replaced() {
+    let mut agg = Aggregator::new(Config { host_netns: 1, ..Config::default() });
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &[50.0, 70.0], Outcome::Eof);
+    agg.set_doomed(&[
+        dead_view("10.0.0.2:443", 1, "api"),
+        dead_view("10.0.0.2:443", 1, "api"),
+        dead_view("10.0.0.2:443", 1, "worker"),
+        dead_view("10.0.0.2:443", 77, "api"),
+        dead_view("10.0.0.9:1", 1, "api"),
+    ]);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!(r.doomed_idle_sockets, 3, "{r:#?}");
+    let names: Vec<&str> = r.doomed_owners.iter().map(|o| o.process.as_str()).collect();
+    assert_eq!(names, ["api", "worker"]);
+    assert!(rows.iter().all(|r| r.id.destination != "10.0.0.9:1"), "no row is made by the view");
+    agg.set_doomed(&[]);
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert_eq!((r.doomed_idle_sockets, r.doomed_owners.len()), (0, 0));
+}
+
+/// A keep-alive death bounds the timeout from above at the first unanswered
+/// probe's silent age, and is never a point estimate however many there are.
+#[test]
+fn keepalive_deaths_bound_the_timeout_but_make_no_point() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.14:7610";
+    for k in 0..4 {
+        let mut e = ev(f64::from(k) * 10.0, EventKind::PeerCloseWhileIdle, d, 4.0);
+        e.how = Some(How::Timeout);
+        e.keepalive = true;
+        e.keepalive_idle_seconds = Some(2.0);
+        agg.ingest(&e);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.path_idle_timeout_upper_seconds, Some(2.0), "{r:#?}");
+    assert_eq!(r.path_idle_timeout_seconds, None, "no point from deaths found by probes: {r:#?}");
+    assert_eq!(r.failure_mode, FailureMode::SilentDrop);
+    assert_eq!(r.failures_window, 0, "a death is no failed reuse");
+}
+
+/// The 6.12 VM's swept run 4, as evidence: survivals up to 2.0997 s, a
+/// failed reuse at 2.1005 s, and 13 peer closes over [2.1, 2.9] with half
+/// of them within 5% of 2.59 s. The row is a spread, its point lies in its
+/// interval, and no cluster outside the interval is reported as the point.
+#[test]
+fn a_sweeps_phase_cluster_is_no_point_outside_the_interval() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:9050";
+    let mut ts = 0.0;
+    for g in [1.0, 1.5, 1.8, 2.0, 2.0997] {
+        ts += 3.0;
+        agg.ingest(&reuse(ts, d, g, Outcome::Ok));
+    }
+    ts += 3.0;
+    agg.ingest(&reuse(ts, d, 2.1005, Outcome::Eof));
+    for c in [2.10, 2.2, 2.35, 2.45, 2.57, 2.58, 2.59, 2.59, 2.6, 2.61, 2.62, 2.8, 2.9] {
+        ts += 3.0;
+        agg.ingest(&peer_close(ts, d, c));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert!(r.path_idle_timeout_spread_seconds.is_some(), "{r:#?}");
+    let p = r.path_idle_timeout_seconds.expect("the band's start");
+    let upper = r.path_idle_timeout_upper_seconds.expect("upper");
+    assert!(p >= r.path_idle_timeout_lower_seconds && p <= upper, "point {p} outside the interval: {r:#?}");
+    assert!(r.last_change.is_none());
+}
+
+/// However many contradictions come without opening an epoch, a
+/// destination holds a bounded number of them (the oldest, which decide
+/// the new epoch's start), and its `evidence_bytes` counts them.
+#[test]
+fn held_contradictions_are_capped_and_counted() {
+    use crate::{
+        diagnosis::evidence::{Observation, Observed},
+        diagnosis::table::FailureMode,
+    };
+    let mut st = super::state::DestState::new(Config::default().window_ns);
+    let before = crate::diagnosis::estimate::Interval { lower: Some(2.38), upper: Some(2.53), ..Default::default() };
+    for k in 0..5_000u64 {
+        let death = Observed {
+            ts_ns: k * 1_000_000_000,
+            sock_id: 7,
+            keepalive: false,
+            keepalive_idle: 0.0,
+            obs: Observation::Reuse { idle: 2.0, failed: Some(FailureMode::Fin), refreshed: false },
+        };
+        st.note_contradiction(&death, &before);
+    }
+    assert_eq!(st.contradictions.len(), MAX_CONTRADICTIONS);
+    assert_eq!(st.contradictions[0].ts_ns, 0, "the oldest are kept: the epoch would start at the first");
+    assert!(st.held_bytes() >= MAX_CONTRADICTIONS * std::mem::size_of::<super::state::Contradiction>());
+}
+
+/// The row carries its identity flattened: the JSON keeps `destination`,
+/// `role` and `netns` first and at the top level, and a row written before
+/// `netns` existed still reads (as the host's).
+#[test]
+fn row_json_keeps_the_identity_fields_flat() {
+    let mut agg = Aggregator::new(Config::default());
+    agg.ingest(&reuse(1.0, "10.0.0.2:80", 2.0, Outcome::Ok));
+    let r = table(&mut agg).remove(0);
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(text.starts_with(r#"{"destination":"10.0.0.2:80","role":"client","netns":null,"failure_mode":"#), "{text}");
+    let back: DestinationRow = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, r);
+    let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v.as_object_mut().unwrap().remove("netns");
+    let old: DestinationRow = serde_json::from_value(v).unwrap();
+    assert_eq!(old.id, RowId { destination: "10.0.0.2:80".into(), role: Role::Client, netns: None });
+    let change = crate::diagnosis::table::Change {
+        ts_unix_ns: 1,
+        id: old.id.clone(),
+        before_lower_seconds: None,
+        before_upper_seconds: Some(2.0),
+        after_lower_seconds: Some(1.0),
+        after_upper_seconds: None,
+    };
+    let text = serde_json::to_string(&change).unwrap();
+    assert!(text.starts_with(r#"{"ts_unix_ns":1,"destination":"10.0.0.2:80","role":"client","netns":null,"#), "{text}");
+    assert_eq!(serde_json::from_str::<crate::diagnosis::table::Change>(&text).unwrap(), change);
+}

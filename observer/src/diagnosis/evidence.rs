@@ -1,0 +1,180 @@
+//! Bounded evidence keeping for one destination, for the whole window.
+//!
+//! What defines the estimates is kept exactly; what only adds weight is
+//! summarised:
+//! - every failure and peer idle close (`dead` evidence) is kept with its
+//!   time, idle age and socket, up to [`MAX_DEAD`] (beyond that the oldest
+//!   failure goes, never for a success);
+//! - successful reuses are summarised per time slice (the window in
+//!   [`SLICES`] parts) in bins an eighth of an octave wide that keep the
+//!   count and the exact smallest and largest idle age, so the largest
+//!   surviving idle age is exact and a bin is always placed at ages that
+//!   were really observed;
+//! - our idle closes, request deadlines and late reuses are kept with their
+//!   times up to [`MAX_TIMED`] each;
+//! - counts (reuses, failures, peer closes, restarts, idle-age buckets) are
+//!   counters per slice and per minute, so they are exact and never evicted.
+//!
+//! Expiry is per slice: a slice leaves when its newest observation is older
+//! than the window, so evidence stays at most one slice (window / 12) past
+//! it. The last hour is the last 60 whole minutes plus the current one.
+//! Memory is bounded by [`MAX_BYTES`] per destination.
+
+use std::collections::VecDeque;
+
+use crate::{
+    diagnosis::table::FailureMode,
+    kernel::event::{EventKind, How, Outcome, SockEvent},
+};
+
+mod window;
+
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use window::*;
+
+/// Time slices of the window.
+pub const SLICES: usize = 12;
+/// Slices kept at most (epoch changes split a slice early; past this the
+/// two oldest merge).
+pub const MAX_SLICES: usize = SLICES + 4;
+/// Alive bins per slice; past this a new age joins the nearest bin.
+pub const MAX_BINS_PER_SLICE: usize = 64;
+/// Dead observations (failed reuses, peer idle closes) kept exactly.
+pub const MAX_DEAD: usize = 512;
+/// Timed observations kept per kind (our idle closes, request deadlines,
+/// late reuses).
+pub const MAX_TIMED: usize = 128;
+/// Upper edges (seconds) of the idle-age buckets of the low-traffic signature.
+pub const IDLE_BUCKETS: &[f64] = &[
+    1.0, 2.0, 5.0, 10.0, 15.0, 30.0, 45.0, 60.0, 75.0, 90.0, 120.0, 180.0, 240.0, 300.0, 350.0, 400.0, 600.0, 900.0,
+    1200.0, 3600.0,
+];
+const N_BUCKETS: usize = IDLE_BUCKETS.len() + 1;
+const MINUTE_NS: u64 = 60_000_000_000;
+const TIMED_KINDS: usize = 4;
+
+/// Memory one destination's evidence can hold, bytes (heap, at full caps).
+pub const MAX_BYTES: usize = MAX_SLICES * (size_of::<Slice>() + MAX_BINS_PER_SLICE * size_of::<Bin>())
+    + MAX_DEAD * size_of::<Dead>()
+    + TIMED_KINDS * MAX_TIMED * size_of::<Timed>()
+    + 64 * size_of::<Minute>();
+
+/// One observation, as the estimates see it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Observation {
+    /// A reuse after `idle` s; `refreshed` when TCP keep-alive probes ran
+    /// during the idle time.
+    Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool },
+    /// The peer closed an idle socket.
+    PeerIdleClose { idle: f64, mode: FailureMode },
+    /// The kernel killed an idle socket whose keep-alive probes went
+    /// unanswered: the flow was dead after `silent` s without a packet
+    /// (the first unanswered probe's silent age). An upper bound, never a
+    /// point: the flow died at some time before.
+    KeepaliveDeath { silent: f64 },
+    /// Our side closed an idle socket on its own initiative.
+    LocalIdleClose { idle: f64 },
+    /// The peer closed or reset with our request outstanding.
+    RequestAborted { elapsed: f64 },
+    /// We closed with our request outstanding.
+    RequestTimeout { elapsed: f64 },
+    /// Server side: a client wrote `elapsed` s after we closed the
+    /// connection idle at `idle`.
+    LateReuse { idle: f64, elapsed: f64 },
+    /// The pool closed a socket that had died idle without writing on it
+    /// (counted; the peer close that killed it is the timeout evidence).
+    DiscardedDead,
+}
+
+/// An observation with its time and socket.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Observed {
+    pub ts_ns: u64,
+    pub sock_id: u64,
+    pub keepalive: bool,
+    /// Keep-alive idle time, s (0 = unknown).
+    pub keepalive_idle: f32,
+    pub obs: Observation,
+}
+
+/// The failure mode an event shows.
+#[must_use]
+pub fn failure_mode(ev: &SockEvent) -> FailureMode {
+    match (ev.kind, ev.outcome, ev.how) {
+        (EventKind::PeerCloseWhileIdle, _, Some(How::Rst)) => FailureMode::Rst,
+        (EventKind::PeerCloseWhileIdle, _, _) => FailureMode::Fin,
+        // A reuse written on a socket the peer had reset (or the kernel had
+        // timed out) while idle failed because of that.
+        // (A timed-out one, like a stall, shows a silent drop.)
+        (_, Some(Outcome::Reset), _) if ev.failed_before_send => FailureMode::Rst,
+        (_, Some(Outcome::TimedOut | Outcome::Stall), _) => FailureMode::SilentDrop,
+        // A reuse written after the peer's FIN failed because of that FIN.
+        (_, Some(Outcome::Eof | Outcome::Reset), _) if ev.safe_to_retry => FailureMode::Fin,
+        (_, Some(Outcome::Eof), _) => FailureMode::Fin,
+        (_, Some(Outcome::Reset), _) => FailureMode::Rst,
+        _ => FailureMode::None,
+    }
+}
+
+impl Observed {
+    /// The observation an event carries, if it is evidence at all.
+    #[must_use]
+    pub fn of(ev: &SockEvent) -> Option<Self> {
+        let idle = ev.idle_seconds;
+        let elapsed = ev.elapsed_seconds.unwrap_or_default();
+        let ka_idle = ev.keepalive_idle_seconds.unwrap_or(0.0);
+        let obs = match ev.kind {
+            EventKind::Reuse => Observation::Reuse {
+                idle,
+                failed: match ev.outcome? {
+                    Outcome::Ok => None,
+                    _ => Some(failure_mode(ev)),
+                },
+                // Unknown keep-alive time counts as refreshed: the weaker claim.
+                refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
+            },
+            EventKind::PeerCloseWhileIdle if ev.how == Some(How::Timeout) => Observation::KeepaliveDeath {
+                // The first unanswered probe went out one keep-alive idle
+                // time after the last segment received, when that is known.
+                silent: if ka_idle > 0.0 && ka_idle < idle { ka_idle } else { idle },
+            },
+            EventKind::PeerCloseWhileIdle => Observation::PeerIdleClose { idle, mode: failure_mode(ev) },
+            EventKind::LocalClose if ev.is_pool_idle_close() => Observation::LocalIdleClose { idle },
+            EventKind::RequestAborted => Observation::RequestAborted { elapsed },
+            EventKind::RequestTimeout => Observation::RequestTimeout { elapsed },
+            EventKind::LateReuse => Observation::LateReuse { idle, elapsed },
+            EventKind::DiscardedDead => Observation::DiscardedDead,
+            _ => return None,
+        };
+        #[allow(clippy::cast_possible_truncation, reason = "keep-alive times are far below f32 precision limits")]
+        Some(Self {
+            ts_ns: ev.ts_unix_ns,
+            sock_id: ev.sock_id,
+            keepalive: ev.keepalive,
+            keepalive_idle: ka_idle as f32,
+            obs,
+        })
+    }
+
+    /// When the socket last had activity before this observation.
+    #[must_use]
+    pub fn idle_since_ns(&self) -> u64 {
+        let idle = match self.obs {
+            Observation::Reuse { idle, .. }
+            | Observation::PeerIdleClose { idle, .. }
+            | Observation::LocalIdleClose { idle }
+            | Observation::KeepaliveDeath { silent: idle } => idle,
+            Observation::RequestAborted { .. } | Observation::RequestTimeout { .. } | Observation::DiscardedDead => 0.0,
+            Observation::LateReuse { idle, elapsed } => idle + elapsed,
+        };
+        self.ts_ns.saturating_sub(secs_to_ns(idle))
+    }
+}
+
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "idle ages are small and positive")]
+fn secs_to_ns(s: f64) -> u64 {
+    (s.max(0.0) * 1e9) as u64
+}
+
+#[cfg(test)]
+mod tests;

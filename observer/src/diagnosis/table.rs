@@ -1,0 +1,441 @@
+//! The destination table's schema: the row every interface shows (`GET
+//! /api/v1/destinations`, `observer status --json`, `observer analyze
+//! --json`, the metrics and the report), the destination key and the enums
+//! its fields take. No logic beyond naming lives here.
+
+use std::{fmt, net::SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+use crate::names::named;
+
+use crate::{kernel::event::Role, kernel::owner::Owner};
+
+/// A destination's address, or the overflow row past the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Destination {
+    Addr(SocketAddr),
+    /// Everything past the destination cap.
+    Other,
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Addr(a) => write!(f, "{a}"),
+            Self::Other => f.write_str("other"),
+        }
+    }
+}
+
+/// The key of one row: a destination seen in one role (the remote
+/// `ip:port` of client sockets, the local listening `ip:port` of server
+/// sockets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DestKey {
+    pub dest: Destination,
+    pub role: Role,
+    /// The network namespace's inode; 0 for the host's (and for unknown),
+    /// so the same address in two pods makes two rows.
+    pub netns: u32,
+}
+
+impl DestKey {
+    /// `netns` as rows, changes and restarts carry it (null for the host's).
+    #[must_use]
+    pub const fn netns(&self) -> Option<u32> {
+        if self.netns == 0 {
+            None
+        } else {
+            Some(self.netns)
+        }
+    }
+
+    /// This key's identity as interfaces name it.
+    #[must_use]
+    pub fn id(&self) -> RowId {
+        RowId { destination: self.dest.to_string(), role: self.role, netns: self.netns() }
+    }
+}
+
+/// A row's identity as the interfaces name it: the `destination` text (an
+/// address or `other`), the role, and the network namespace (`None` for
+/// the host's), which is the metrics' `netns` label. Rows, changes and
+/// restarts carry it flattened, so their JSON keeps the three fields.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RowId {
+    pub destination: String,
+    pub role: Role,
+    /// Inode of the network namespace the sockets are in (null: the host's,
+    /// the namespace of PID 1). The same address seen from two namespaces
+    /// (two pods) is two rows.
+    #[serde(default)]
+    pub netns: Option<u32>,
+}
+
+/// The `netns` label value: empty for the host's namespace (Prometheus
+/// treats an empty label as absent), else the namespace's inode.
+#[must_use]
+pub fn netns_label(netns: Option<u32>) -> String {
+    netns.map(|n| n.to_string()).unwrap_or_default()
+}
+
+named! {
+    /// What the evidence says about how the path fails.
+    pub enum FailureMode {
+        /// A hop closes idle connections with FIN.
+        Fin => "fin",
+        /// A hop answers a reuse with RST.
+        Rst => "rst",
+        /// A hop drops idle flows silently: the reuse stalls.
+        SilentDrop => "silent_drop",
+        None => "none",
+    }
+}
+
+named! {
+    /// The verdict for a row.
+    pub enum Verdict {
+        /// Client row: the pool keeps sockets idle longer than the path allows.
+        Mismatch => "mismatch",
+        /// Server row: clients reuse connections longer than we keep them.
+        ClientsMismatch => "clients_mismatch",
+        /// The idle staircase provably holds.
+        Ok => "ok",
+        /// Not enough evidence.
+        Unknown => "unknown",
+    }
+}
+
+impl Verdict {
+    /// A broken idle staircase, in either role.
+    #[must_use]
+    pub const fn is_mismatch(self) -> bool {
+        matches!(self, Self::Mismatch | Self::ClientsMismatch)
+    }
+}
+
+named! {
+    /// The evidence a verdict rests on.
+    pub enum VerdictEvidence {
+        /// Reuses that failed at idle ages consistent with the path's timeout.
+        Failures => "failures",
+        /// A cluster of peer idle closes of pooled connections: the pool kept
+        /// them idle past the path's timeout, before any reuse failed.
+        PeerCloses => "peer_closes",
+        /// The pool's own idle timeout lies at or past the path's.
+        PoolIdleTimeout => "pool_idle_timeout",
+        /// Server row: clients wrote on connections we had closed idle.
+        LateReuses => "late_reuses",
+        /// The pool (or the clients' pools) close idle sockets first.
+        IdleCloses => "idle_closes",
+    }
+}
+
+named! {
+    /// Which survivals the lower bound rests on.
+    pub enum LowerBasis {
+        /// Sockets that sent nothing while idle: valid for every hop.
+        Silent => "silent",
+        /// Only sockets whose TCP keep-alive probes ran while idle: the probes
+        /// refresh L4 middleboxes (conntrack, NAT, L4 balancers), so the bound
+        /// holds for L7 hops only.
+        Keepalive => "keepalive",
+    }
+}
+
+/// A change of the path estimate (the path's timeout was changed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    pub ts_unix_ns: u64,
+    #[serde(flatten)]
+    pub id: RowId,
+    /// Interval before the change `[lower, upper]`.
+    pub before_lower_seconds: Option<f64>,
+    pub before_upper_seconds: Option<f64>,
+    /// Interval after the change.
+    pub after_lower_seconds: Option<f64>,
+    pub after_upper_seconds: Option<f64>,
+}
+
+/// A peer restart: many pooled connections closed by the peer at once.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Restart {
+    pub ts_unix_ns: u64,
+    #[serde(flatten)]
+    pub id: RowId,
+    /// Connections the peer closed within the restart's span.
+    pub sockets: usize,
+    /// Their idle ages, smallest and largest.
+    pub min_idle_seconds: f64,
+    pub max_idle_seconds: f64,
+}
+
+/// One of several idle timeouts behind one address.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathShare {
+    pub idle_timeout_seconds: f64,
+    /// Fraction of the peer idle closes in this cluster.
+    pub share: f64,
+}
+
+/// Failure ratio for one idle-age bucket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// Upper edge in seconds (`null` = +Inf).
+    pub le: Option<f64>,
+    pub reuses: u64,
+    pub failures: u64,
+}
+
+/// One row of the destination table; the JSON interface of
+/// `GET /api/v1/destinations`, `observer status --json` and
+/// `observer analyze --json` (see README).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(clippy::struct_excessive_bools, reason = "a flat JSON row")]
+pub struct DestinationRow {
+    /// Destination, role and network namespace.
+    #[serde(flatten)]
+    pub id: RowId,
+    pub failure_mode: FailureMode,
+    /// Point estimate from a cluster of peer closes (the smallest, with
+    /// mixed paths).
+    pub path_idle_timeout_seconds: Option<f64>,
+    /// Largest idle age proven to survive (0 without evidence).
+    pub path_idle_timeout_lower_seconds: f64,
+    /// Smallest idle age proven to fail.
+    pub path_idle_timeout_upper_seconds: Option<f64>,
+    pub path_lower_evidence: usize,
+    pub path_upper_evidence: usize,
+    pub path_point_evidence: usize,
+    pub path_outliers: usize,
+    /// Which survivals the lower bound rests on (null without one).
+    #[serde(default)]
+    pub path_lower_basis: Option<LowerBasis>,
+    /// A timeout enforced by a sweep or a coarse clock: the band of its
+    /// peer closes, `[earliest, latest]` (null: a sharp timeout). The point
+    /// and the recommendation then come from the earliest edge.
+    #[serde(default)]
+    pub path_idle_timeout_spread_seconds: Option<[f64; 2]>,
+    /// Two or more distinct clusters of peer idle closes.
+    #[serde(default)]
+    pub mixed_paths: Vec<PathShare>,
+    /// The pool's idle timeout, from a cluster of local idle closes.
+    pub pool_idle_timeout_seconds: Option<f64>,
+    /// Longest idle age at which the pool reused a socket.
+    pub pool_max_reuse_idle_seconds: Option<f64>,
+    pub verdict: Verdict,
+    /// What the verdict rests on (null for `unknown`).
+    #[serde(default)]
+    pub evidence: Option<VerdictEvidence>,
+    pub recommended_pool_idle_timeout_seconds: Option<f64>,
+    pub recommended_max_lifetime_seconds: Option<f64>,
+    /// Server row: raise our idle timeout to at least this (the clients'
+    /// longest reuse / 0.8), the alternative to lowering their pools.
+    #[serde(default)]
+    pub recommended_server_idle_timeout_seconds: Option<f64>,
+    /// Retry once, only when no request byte reached a live peer.
+    pub safe_retry_rule: bool,
+    pub recommendation: String,
+    /// Reuses and failed reuses in the last hour.
+    pub reuses: u64,
+    pub failures: u64,
+    /// Reuses, failed reuses and peer idle closes in the window.
+    pub reuses_window: u64,
+    pub failures_window: u64,
+    pub peer_closes_window: u64,
+    /// Peer restarts in the window, and the failed reuses they explain
+    /// (counted in `failures_window`, never used as timeout evidence).
+    #[serde(default)]
+    pub peer_restarts: u64,
+    #[serde(default)]
+    pub restart_failures: u64,
+    #[serde(default)]
+    pub last_peer_restart_unix_ns: Option<u64>,
+    /// Evidence in the window from sockets with TCP keep-alive on.
+    pub keepalive_evidence: u64,
+    /// Smallest keep-alive idle time among them, when known.
+    pub keepalive_idle_seconds: Option<f64>,
+    /// The peer's request deadline: a cluster of `request_aborted` times.
+    #[serde(default)]
+    pub peer_request_deadline_seconds: Option<f64>,
+    /// Our request timeout: a cluster of `request_timeout` times.
+    #[serde(default)]
+    pub request_timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub requests_aborted_window: u64,
+    #[serde(default)]
+    pub request_timeouts_window: u64,
+    /// Server row: our idle timeout toward clients (a cluster of our idle
+    /// closes).
+    #[serde(default)]
+    pub server_idle_timeout_seconds: Option<f64>,
+    /// Server row: clients that wrote on connections we had closed idle.
+    #[serde(default)]
+    pub late_reuses: u64,
+    /// Server row: the longest idle age after which a client reused a
+    /// connection (a late reuse counts at the age of its write).
+    #[serde(default)]
+    pub client_max_reuse_idle_seconds: Option<f64>,
+    /// Server row: the clients' pool idle timeout (a cluster of their idle
+    /// closes).
+    #[serde(default)]
+    pub client_pool_idle_timeout_seconds: Option<f64>,
+    pub at_risk_idle_sockets: u64,
+    /// Client row: sockets a process holds now that are already dead (the
+    /// peer closed or reset them, or the kernel timed them out, while idle,
+    /// and nothing was written since): each fails on first use. Exact, from
+    /// the kernel's socket state, refreshed with the at-risk view.
+    #[serde(default)]
+    pub doomed_idle_sockets: u64,
+    /// Who holds them (at most 16).
+    #[serde(default)]
+    pub doomed_owners: Vec<ProcessOwner>,
+    /// Client row: dead sockets the pool closed without writing on them
+    /// (its checkout validation or reader saw the peer's close), in the
+    /// window: failures it avoided.
+    #[serde(default)]
+    pub discarded_dead: u64,
+    pub first_failure_unix_ns: Option<u64>,
+    pub last_failure_unix_ns: Option<u64>,
+    pub processes: Vec<String>,
+    /// Who the reusing processes are: name, and container, pod and unit
+    /// where the cgroup path says (at most 16).
+    #[serde(default)]
+    pub owners: Vec<ProcessOwner>,
+    pub idle_buckets: Vec<Bucket>,
+    pub last_change: Option<Change>,
+    /// Memory this row's evidence holds, bytes (bounded by
+    /// [`crate::diagnosis::evidence::MAX_BYTES`]).
+    #[serde(default)]
+    pub evidence_bytes: usize,
+}
+
+/// One process that reused connections to a destination, with what its
+/// cgroup says about it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ProcessOwner {
+    pub process: String,
+    /// Its cgroup's owner (flattened: `cgroup`, `container`, `runtime`,
+    /// `pod`, `unit`), absent when the cgroup was not resolved.
+    #[serde(flatten, default)]
+    pub owner: Option<Owner>,
+}
+
+impl ProcessOwner {
+    /// The container id, when its cgroup path names one.
+    #[must_use]
+    pub fn container(&self) -> Option<&str> {
+        self.owner.as_ref().and_then(|o| o.container.as_deref())
+    }
+
+    /// How reports name it: `api (container 0123456789ab, pod 1f2e…)`,
+    /// `nginx (nginx.service)`, or the bare name.
+    #[must_use]
+    pub fn label(&self) -> String {
+        let mut parts = Vec::new();
+        let o = self.owner.as_ref();
+        if let Some(c) = o.and_then(|o| o.container.as_ref()) {
+            parts.push(format!("container {}", c.get(..12).unwrap_or(c)));
+        }
+        if let Some(p) = o.and_then(|o| o.pod.as_ref()) {
+            parts.push(format!("pod {p}"));
+        }
+        if parts.is_empty() {
+            if let Some(u) = o.and_then(|o| o.unit.as_ref()) {
+                parts.push(u.clone());
+            }
+        }
+        if parts.is_empty() {
+            self.process.clone()
+        } else {
+            format!("{} ({})", self.process, parts.join(", "))
+        }
+    }
+}
+
+/// Which row of one destination a command means (`report` and `path
+/// check`'s `--role` and `--netns`): the one that matches, or an error
+/// that lists the candidates. `netns` is an inode as the sockets carry
+/// it; the host's namespace (rows with `netns: null`) matches its own
+/// inode and 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Select {
+    pub role: Option<Role>,
+    pub netns: Option<u32>,
+}
+
+/// No single row matched a [`Select`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SelectError {
+    #[error("no evidence for {destination}{wanted}{seen}")]
+    NoRow { destination: String, wanted: String, seen: String },
+    #[error("{destination} was seen as {} rows: {}; choose one with {flags}", .candidates.len(), .candidates.join("; "))]
+    Ambiguous { destination: String, candidates: Vec<String>, flags: &'static str },
+}
+
+/// A row's role and namespace as the flags that choose it.
+#[must_use]
+pub fn describe(role: Role, netns: Option<u32>, with_role: bool) -> String {
+    let role = if with_role { format!("--role {} ", role.as_str()) } else { String::new() };
+    match netns {
+        Some(n) => format!("{role}--netns {n}"),
+        None => format!("{role}--netns 0 (the host's namespace)"),
+    }
+}
+
+impl Select {
+    /// Does a row of this role and namespace match? `host_netns` is the
+    /// inode rows show as null (0 when unknown).
+    #[must_use]
+    pub fn matches(&self, role: Role, netns: Option<u32>, host_netns: u32) -> bool {
+        self.role.is_none_or(|r| r == role)
+            && self.netns.is_none_or(|want| match netns {
+                Some(n) => n == want,
+                None => want == 0 || want == host_netns,
+            })
+    }
+
+    /// The one row of `destination` that matches.
+    pub fn pick<'a>(
+        &self,
+        rows: &'a [DestinationRow],
+        destination: &str,
+        host_netns: u32,
+    ) -> Result<&'a DestinationRow, SelectError> {
+        let mine: Vec<&DestinationRow> = rows.iter().filter(|r| r.id.destination == destination).collect();
+        let fit: Vec<&DestinationRow> =
+            mine.iter().copied().filter(|r| self.matches(r.id.role, r.id.netns, host_netns)).collect();
+        match fit.as_slice() {
+            [one] => Ok(one),
+            [] => Err(SelectError::NoRow {
+                destination: destination.to_owned(),
+                wanted: match (self.role, self.netns) {
+                    (None, None) => String::new(),
+                    (r, n) => format!(
+                        " with{}{}",
+                        r.map(|r| format!(" --role {}", r.as_str())).unwrap_or_default(),
+                        n.map(|n| format!(" --netns {n}")).unwrap_or_default()
+                    ),
+                },
+                seen: if mine.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; it was seen as: {}",
+                        mine.iter().map(|r| describe(r.id.role, r.id.netns, true)).collect::<Vec<_>>().join("; ")
+                    )
+                },
+            }),
+            many => {
+                // Roles named only where they tell the rows apart.
+                let roles = many.iter().any(|r| r.id.role != many[0].id.role);
+                Err(SelectError::Ambiguous {
+                    destination: destination.to_owned(),
+                    candidates: many.iter().map(|r| describe(r.id.role, r.id.netns, roles)).collect(),
+                    flags: if roles { "--role and --netns" } else { "--netns" },
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! Typed events: decoding of the kernel's wire records into [`SockEvent`],
+//! and their text and JSON renderings.
+//!
+//! Everything downstream of the bpf module works on [`SockEvent`], so it can
+//! be fed from a live ring buffer or from a JSON-lines recording alike.
+
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use observer_common::{
+    dead, flags, how, kind, outcome, role, DoomedRecord, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::{kernel::owner::Owner, names::named};
+
+mod clock;
+mod views;
+
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use clock::*;
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use views::*;
+
+/// Why a record could not be decoded.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("event record is {0} bytes, expected {EVENT_SIZE}: the daemon and its eBPF object are out of step; rebuild both")]
+    Size(usize),
+    #[error("unknown event kind {0}: the eBPF object is newer than this daemon; rebuild both")]
+    Kind(u8),
+    #[error("unknown address family {0}")]
+    Family(u16),
+}
+
+named! {
+    pub enum EventKind {
+        /// Connection established.
+        Established => "established",
+        /// Connection reached CLOSE.
+        Closed => "closed",
+        /// Outcome of a reuse (first write after idle).
+        Reuse => "reuse",
+        /// The peer closed (FIN or RST) a socket idle with nothing outstanding.
+        PeerCloseWhileIdle => "peer_close_while_idle",
+        /// The local process closed a socket it held idle (a pool idle close),
+        /// or closed after the peer had (`peer_closed_first`).
+        LocalClose => "local_close",
+        /// The peer closed or reset a connection after receiving a request and
+        /// before any response byte: the peer's request deadline, observed.
+        RequestAborted => "request_aborted",
+        /// We closed a connection with a request outstanding: our own request
+        /// deadline, observed.
+        RequestTimeout => "request_timeout",
+        /// Server side: a client wrote on a connection we had already closed
+        /// idle, and the kernel answered with an RST.
+        LateReuse => "late_reuse",
+        /// The application closed a client socket the peer had closed or the
+        /// kernel had timed out while idle, without writing on it: the pool
+        /// (or its reader) discarded a dead socket instead of failing on it.
+        DiscardedDead => "discarded_dead",
+    }
+}
+
+named! {
+    pub enum Role {
+        Client => "client",
+        Server => "server",
+        /// Socket was open before observer started and the ports did not tell.
+        Unknown => "unknown",
+    }
+}
+
+impl Role {
+    /// The role a wire value (`observer_common::role`) names.
+    #[must_use]
+    pub const fn of_wire(v: u8) -> Self {
+        match v {
+            role::CLIENT => Self::Client,
+            role::SERVER => Self::Server,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+named! {
+    pub enum Outcome {
+        Ok => "ok",
+        Eof => "eof",
+        Reset => "reset",
+        Stall => "stall",
+        /// The kernel had timed the socket out while idle (keep-alive or
+        /// retransmission timeout): the write failed before a byte was sent.
+        TimedOut => "timed_out",
+    }
+}
+
+impl Outcome {
+    #[must_use]
+    pub const fn is_failure(self) -> bool {
+        !matches!(self, Self::Ok)
+    }
+}
+
+named! {
+    /// How a peer closed, or how a stall ended.
+    pub enum How {
+        Fin => "fin",
+        Rst => "rst",
+        Response => "response",
+        LocalClose => "local_close",
+        Timeout => "timeout",
+        Destroyed => "destroyed",
+        /// `ok`: the response arrived, then the peer's FIN or RST.
+        ClosedAfterResponse => "closed_after_response",
+    }
+}
+
+/// One decoded event. Field names are the JSON interface (see README).
+#[allow(clippy::struct_excessive_bools, reason = "flat JSON record; each flag is an independent fact")]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SockEvent {
+    /// Wall-clock time of the event, ns since the Unix epoch.
+    pub ts_unix_ns: u64,
+    pub kind: EventKind,
+    pub role: Role,
+    /// Process that wrote on the socket (0 when unknown).
+    pub pid: u32,
+    pub comm: String,
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+    /// Idle age at the event, seconds (ns precision).
+    pub idle_seconds: f64,
+    /// Reuse outcome (reuse events only).
+    #[serde(default)]
+    pub outcome: Option<Outcome>,
+    /// Reuses, `request_aborted`, `request_timeout`: seconds from the
+    /// request write to the event; `late_reuse`: seconds since our close.
+    #[serde(default)]
+    pub elapsed_seconds: Option<f64>,
+    /// Retransmits of the request before the outcome.
+    #[serde(default)]
+    pub retransmits: u32,
+    /// The peer's FIN came before the reuse write, or the kernel had
+    /// already failed the socket: no byte reached a live peer, one retry on
+    /// a fresh connection is safe.
+    #[serde(default)]
+    pub safe_to_retry: bool,
+    /// The reuse write failed in the kernel before any byte left the host
+    /// (the socket had been reset or timed out while idle).
+    #[serde(default)]
+    pub failed_before_send: bool,
+    /// Peer close: `fin`/`rst`; stall: how it ended.
+    #[serde(default)]
+    pub how: Option<How>,
+    /// Local close with a request still unanswered.
+    #[serde(default)]
+    pub request_outstanding: bool,
+    /// Local close after the peer had already closed.
+    #[serde(default)]
+    pub peer_closed_first: bool,
+    /// Socket was open before observer started.
+    #[serde(default)]
+    pub preexisting: bool,
+    /// TCP keep-alive was on (`SO_KEEPALIVE`).
+    #[serde(default)]
+    pub keepalive: bool,
+    /// Keep-alive idle time in seconds, when keep-alive is on and the
+    /// kernel's tick rate is known (absent: the sysctl default applies, or
+    /// it could not be converted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keepalive_idle_seconds: Option<f64>,
+    /// A small control write (TLS `close_notify`, GOAWAY) just before this
+    /// close was taken as part of it.
+    #[serde(default)]
+    pub control_write: bool,
+    /// The request of a `request_aborted`/`request_timeout` was a reuse.
+    #[serde(default)]
+    pub reuse: bool,
+    /// Request bytes written (`request_aborted`/`request_timeout`).
+    #[serde(default)]
+    pub bytes: u32,
+    /// Per-boot socket number (never a kernel address).
+    #[serde(default)]
+    pub sock_id: u64,
+    /// Inode of the socket's network namespace (`/proc/PID/ns/net`); 0 = unknown.
+    #[serde(default)]
+    pub netns: u32,
+    /// cgroup v2 id of the process that connected or wrote; 0 = none seen.
+    #[serde(default)]
+    pub cgroup_id: u64,
+    /// What that cgroup says, when resolved: its path below the cgroup v2
+    /// root (`cgroup`), and `container`, `runtime`, `pod` and `unit` where
+    /// the path tells them. Flattened: the JSON keeps those fields at the
+    /// top level, all absent when unresolved.
+    #[serde(flatten, default)]
+    pub owner: Option<Owner>,
+}
+
+fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
+    let ip = match family {
+        AF_INET => IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3])),
+        AF_INET6 => {
+            let v6 = Ipv6Addr::from(raw);
+            // v4-mapped addresses on dual-stack sockets read better as IPv4.
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+        other => return Err(DecodeError::Family(other)),
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
+#[allow(clippy::cast_precision_loss, reason = "idle ages are far below 2^52 ns")]
+fn secs(ns: u64) -> f64 {
+    ns as f64 / 1e9
+}
+
+/// Decode a raw ring-buffer record.
+pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError> {
+    if bytes.len() != EVENT_SIZE {
+        return Err(DecodeError::Size(bytes.len()));
+    }
+    // SAFETY: length checked; Event is POD with no invalid bit patterns;
+    // read_unaligned copes with any alignment of the ring-buffer slice.
+    let raw: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) };
+    decode(&raw, clock)
+}
+
+/// Decode a kernel [`Event`].
+pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
+    let kind = match raw.kind {
+        kind::ESTABLISHED => EventKind::Established,
+        kind::CLOSED => EventKind::Closed,
+        kind::REUSE => EventKind::Reuse,
+        kind::PEER_CLOSE => EventKind::PeerCloseWhileIdle,
+        kind::LOCAL_CLOSE => EventKind::LocalClose,
+        kind::REQUEST_ABORTED => EventKind::RequestAborted,
+        kind::REQUEST_TIMEOUT => EventKind::RequestTimeout,
+        kind::LATE_REUSE => EventKind::LateReuse,
+        kind::DISCARDED_DEAD => EventKind::DiscardedDead,
+        other => return Err(DecodeError::Kind(other)),
+    };
+    let local = addr(raw.family, raw.saddr, raw.sport)?;
+    let remote = addr(raw.family, raw.daddr, raw.dport)?;
+    // A socket first seen established carries no role (or, from older
+    // probes, one the ports told): the ports tell it, by the probes' rule.
+    let role = match Role::of_wire(raw.role) {
+        Role::Unknown => Role::of_wire(role::guess(raw.sport, raw.dport)),
+        r => r,
+    };
+    let outcome = match raw.outcome {
+        outcome::OK => Some(Outcome::Ok),
+        outcome::EOF => Some(Outcome::Eof),
+        outcome::RESET => Some(Outcome::Reset),
+        outcome::STALL => Some(Outcome::Stall),
+        outcome::TIMED_OUT => Some(Outcome::TimedOut),
+        _ => None,
+    };
+    let how = match raw.how {
+        how::FIN => Some(How::Fin),
+        how::RST => Some(How::Rst),
+        how::RESPONSE => Some(How::Response),
+        how::LOCAL_CLOSE => Some(How::LocalClose),
+        how::TIMEOUT => Some(How::Timeout),
+        how::DESTROYED => Some(How::Destroyed),
+        how::CLOSED_AFTER_RESPONSE => Some(How::ClosedAfterResponse),
+        _ => None,
+    };
+    let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());
+    let keepalive = raw.flags & flags::KEEPALIVE != 0;
+    let keepalive_idle_seconds = match (keepalive, raw.keepalive_jiffies, clock.hz) {
+        (true, j, Some(hz)) if j > 0 && hz > 0 => Some(f64::from(j) / f64::from(hz)),
+        _ => None,
+    };
+    let timed =
+        matches!(kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse)
+            || (matches!(kind, EventKind::DiscardedDead | EventKind::PeerCloseWhileIdle) && raw.elapsed_ns != 0);
+    Ok(SockEvent {
+        ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
+        kind,
+        role,
+        pid: raw.tgid,
+        comm: String::from_utf8_lossy(&raw.comm[..comm_len]).into_owned(),
+        local,
+        remote,
+        idle_seconds: secs(raw.idle_ns),
+        outcome: if kind == EventKind::Reuse { outcome } else { None },
+        elapsed_seconds: timed.then(|| secs(raw.elapsed_ns)),
+        retransmits: raw.retransmits,
+        safe_to_retry: raw.flags & flags::FIN_BEFORE_WRITE != 0,
+        failed_before_send: raw.flags & flags::FAILED_BEFORE_SEND != 0,
+        how,
+        request_outstanding: raw.flags & flags::REQUEST_OUTSTANDING != 0,
+        peer_closed_first: raw.flags & flags::PEER_CLOSED_FIRST != 0,
+        preexisting: raw.flags & flags::PREEXISTING != 0,
+        keepalive,
+        keepalive_idle_seconds,
+        control_write: raw.flags & flags::CONTROL_WRITE != 0,
+        reuse: raw.flags & flags::REUSE != 0,
+        bytes: raw.bytes,
+        sock_id: raw.sock_id,
+        netns: raw.netns,
+        cgroup_id: raw.cgroup_id,
+        owner: None,
+    })
+}
+
+impl SockEvent {
+    /// The owner's cgroup path, when resolved (what `--cgroup` filters on).
+    #[must_use]
+    pub fn cgroup(&self) -> Option<&str> {
+        self.owner.as_ref().map(|o| o.cgroup.as_str())
+    }
+
+    /// The owner's container id, when its cgroup path names one.
+    #[must_use]
+    pub fn container(&self) -> Option<&str> {
+        self.owner.as_ref().and_then(|o| o.container.as_deref())
+    }
+
+    /// An event with the given identity and nothing else set (recordings
+    /// written by other tools, tests, benchmarks).
+    #[must_use]
+    pub fn new(
+        ts_unix_ns: u64,
+        kind: EventKind,
+        role: Role,
+        local: SocketAddr,
+        remote: SocketAddr,
+        idle_seconds: f64,
+    ) -> Self {
+        Self {
+            ts_unix_ns,
+            kind,
+            role,
+            pid: 0,
+            comm: String::new(),
+            local,
+            remote,
+            idle_seconds,
+            outcome: None,
+            elapsed_seconds: None,
+            retransmits: 0,
+            safe_to_retry: false,
+            failed_before_send: false,
+            how: None,
+            request_outstanding: false,
+            peer_closed_first: false,
+            preexisting: false,
+            keepalive: false,
+            keepalive_idle_seconds: None,
+            control_write: false,
+            reuse: false,
+            bytes: 0,
+            sock_id: 0,
+            netns: 0,
+            cgroup_id: 0,
+            owner: None,
+        }
+    }
+
+    /// A local close that shows the pool's own idle timeout: our side closed
+    /// an idle socket on its own initiative (nothing outstanding, the peer
+    /// had not closed first).
+    #[must_use]
+    pub const fn is_pool_idle_close(&self) -> bool {
+        matches!(self.kind, EventKind::LocalClose) && !self.request_outstanding && !self.peer_closed_first
+    }
+
+    /// Wall-clock time of the event.
+    #[must_use]
+    pub fn time(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(self.ts_unix_ns)
+    }
+
+    /// The event as one JSON line (no trailing newline).
+    #[must_use]
+    pub fn to_json_line(&self) -> String {
+        // Serializing plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+impl fmt::Display for SockEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:<21} {:<7} pid={} comm={} {} -> {} idle={:.3}s",
+            humantime::format_rfc3339_millis(self.time()),
+            self.kind.as_str(),
+            self.role.as_str(),
+            self.pid,
+            if self.comm.is_empty() { "?".to_owned() } else { printable(&self.comm) },
+            self.local,
+            self.remote,
+            self.idle_seconds,
+        )?;
+        if let Some(o) = self.outcome {
+            write!(f, " outcome={}", o.as_str())?;
+        }
+        if let Some(e) = self.elapsed_seconds {
+            write!(f, " after={e:.3}s")?;
+        }
+        if self.outcome.is_some() {
+            write!(f, " retransmits={} safe_to_retry={}", self.retransmits, self.safe_to_retry)?;
+        }
+        if self.failed_before_send {
+            write!(f, " failed_before_send")?;
+        }
+        if let Some(h) = self.how {
+            write!(f, " how={}", h.as_str())?;
+        }
+        if self.request_outstanding {
+            write!(f, " request_outstanding")?;
+        }
+        if self.peer_closed_first {
+            write!(f, " peer_closed_first")?;
+        }
+        if self.preexisting {
+            write!(f, " preexisting")?;
+        }
+        if self.control_write {
+            write!(f, " control_write")?;
+        }
+        if self.keepalive {
+            match self.keepalive_idle_seconds {
+                Some(k) => write!(f, " keepalive={k:.0}s")?,
+                None => write!(f, " keepalive")?,
+            }
+        }
+        if let Some(o) = &self.owner {
+            if let Some(c) = &o.container {
+                write!(f, " container={}", printable(c.get(..12).unwrap_or(c)))?;
+            }
+            if let Some(p) = &o.pod {
+                write!(f, " pod={}", printable(p))?;
+            }
+            if o.container.is_none() {
+                if let Some(u) = &o.unit {
+                    write!(f, " unit={}", printable(u))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A process name as it may be printed: control characters (which a
+/// process can put in its own name to reach a terminal) become `\u{..}`
+/// escapes.
+#[must_use]
+pub fn printable(name: &str) -> String {
+    name.chars().map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() }).collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,161 @@
+use super::*;
+
+const ID: &str = "4f0c1b9e2d3a4b5c6d7e8f901a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d";
+
+#[test]
+fn containerd_under_kubernetes_systemd_driver() {
+    let path = format!(
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1f2e3d4c_5b6a_7980_a1b2_c3d4e5f60718.slice/cri-containerd-{ID}.scope"
+    );
+    let o = parse(&path);
+    assert_eq!(o.container.as_deref(), Some(ID));
+    assert_eq!(o.runtime.as_deref(), Some("containerd"));
+    assert_eq!(o.pod.as_deref(), Some("1f2e3d4c-5b6a-7980-a1b2-c3d4e5f60718"));
+    assert_eq!(o.unit, None, "a container scope is not reported as a unit");
+    assert_eq!(o.cgroup, path);
+}
+
+#[test]
+fn guaranteed_pod_and_cgroupfs_driver() {
+    let o = parse(&format!("/kubepods.slice/kubepods-pod0a1b2c3d_0000_1111_2222_333344445555.slice/crio-{ID}.scope"));
+    assert_eq!(o.runtime.as_deref(), Some("cri-o"));
+    assert_eq!(o.pod.as_deref(), Some("0a1b2c3d-0000-1111-2222-333344445555"));
+    let o = parse(&format!("/kubepods/besteffort/pod0a1b2c3d-0000-1111-2222-333344445555/{ID}"));
+    assert_eq!(o.container.as_deref(), Some(ID));
+    assert_eq!(o.runtime, None, "a bare id does not say which runtime");
+    assert_eq!(o.pod.as_deref(), Some("0a1b2c3d-0000-1111-2222-333344445555"));
+}
+
+#[test]
+fn docker_podman_and_their_monitors() {
+    let o = parse(&format!("/system.slice/docker-{ID}.scope"));
+    assert_eq!((o.container.as_deref(), o.runtime.as_deref()), (Some(ID), Some("docker")));
+    assert_eq!(o.pod, None, "no pod outside kubepods");
+    let o = parse(&format!("/docker/{ID}"));
+    assert_eq!((o.container.as_deref(), o.runtime.as_deref()), (Some(ID), Some("docker")));
+    let o = parse(&format!("/machine.slice/libpod-{ID}.scope/container"));
+    assert_eq!((o.container.as_deref(), o.runtime.as_deref()), (Some(ID), Some("podman")));
+    let o = parse(&format!("/libpod_parent/libpod-{ID}"));
+    assert_eq!(o.runtime.as_deref(), Some("podman"));
+    // conmon runs beside the container; it is not the container.
+    let o = parse(&format!("/machine.slice/libpod-conmon-{ID}.scope"));
+    assert_eq!(o.container, None);
+    assert_eq!(o.unit.as_deref(), Some(&*format!("libpod-conmon-{ID}.scope")));
+}
+
+#[test]
+fn systemd_units_and_plain_paths() {
+    let o = parse("/system.slice/nginx.service");
+    assert_eq!(o.unit.as_deref(), Some("nginx.service"));
+    assert_eq!(o.container, None);
+    let o = parse("/user.slice/user-1000.slice/session-3.scope");
+    assert_eq!(o.unit.as_deref(), Some("session-3.scope"));
+    assert_eq!(parse("/"), Owner { cgroup: "/".into(), ..Owner::default() });
+    // A pod-looking name outside kubepods, and a short hex name, are nothing.
+    let o = parse("/pod0a1b2c3d-0000-1111-2222-333344445555/abc123");
+    assert_eq!((o.pod, o.container), (None, None));
+}
+
+#[test]
+fn cgroup2_mount_from_mountinfo() {
+    let hybrid = "31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755\n\
+                  40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd\n\
+                  41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+    assert_eq!(mountinfo_cgroup2(hybrid), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+    let unified = "25 22 0:23 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n";
+    assert_eq!(mountinfo_cgroup2(unified), Some(PathBuf::from("/sys/fs/cgroup")));
+    // A container's namespaced view mounts a subtree: not the root.
+    let nested = "25 22 0:23 /kubepods.slice/x /sys/fs/cgroup ro - cgroup2 cgroup2 rw\n";
+    assert_eq!(mountinfo_cgroup2(nested), None);
+    let escaped = "25 22 0:23 / /mnt/my\\040cgroup rw - cgroup2 cgroup2 rw\n";
+    assert_eq!(mountinfo_cgroup2(escaped), Some(PathBuf::from("/mnt/my cgroup")));
+    assert_eq!(mountinfo_cgroup2("garbage\n\n - \n"), None);
+    // Non-ASCII stays as written; an escape past a byte is taken literally.
+    assert_eq!(unescape_mountinfo("/mnt/grüße\\040x"), "/mnt/grüße x");
+    assert_eq!(unescape_mountinfo("/a\\777b\\04"), "/a\\777b\\04");
+}
+
+#[test]
+fn filter_keeps_subtrees_and_namespaces() {
+    let f = Filter { netns: Some(7), cgroup: Some("/system.slice".into()) };
+    assert!(f.keeps(7, Some("/system.slice")));
+    assert!(f.keeps(7, Some("/system.slice/nginx.service")));
+    assert!(!f.keeps(7, Some("/system.slice2/x")), "a sibling with a longer name is outside");
+    assert!(!f.keeps(8, Some("/system.slice")));
+    assert!(!f.keeps(7, None), "an unknown owner cannot be shown to belong");
+    let root = Filter { netns: None, cgroup: Some("/".into()) };
+    assert!(root.keeps(1, Some("/anything")));
+    assert!(Filter::default().keeps(0, None));
+    assert!(Filter::default().is_empty());
+}
+
+#[test]
+fn filter_paths_are_checked() {
+    let dir = std::env::temp_dir().join(format!("observer-owner-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("a/b")).unwrap();
+    let f = Filter::new(None, Some(&dir.join("a/b")), Some(&dir)).unwrap();
+    assert_eq!(f.cgroup.as_deref(), Some("/a/b"));
+    let f = Filter::new(None, Some(Path::new("/a/")), Some(&dir)).unwrap();
+    assert_eq!(f.cgroup.as_deref(), Some("/a"));
+    let e = Filter::new(None, Some(Path::new("/nope")), Some(&dir)).unwrap_err().to_string();
+    assert!(e.contains("--cgroup /nope") && e.contains("not a directory"), "{e}");
+    let e = Filter::new(None, Some(Path::new("/a")), None).unwrap_err().to_string();
+    assert!(e.contains("no cgroup v2 hierarchy"), "{e}");
+    let e = Filter::new(Some(&dir.join("missing")), None, None).unwrap_err().to_string();
+    assert!(e.contains("--netns") && e.contains("/run/netns/NAME"), "{e}");
+    let me = Filter::new(Some(Path::new("/proc/self/ns/net")), None, None).unwrap();
+    assert_eq!(me.netns, netns_of("self"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn resolver_walks_a_tree_by_inode() {
+    let dir = std::env::temp_dir().join(format!("observer-resolver-{}", std::process::id()));
+    let leaf = dir.join(format!("system.slice/docker-{ID}.scope"));
+    std::fs::create_dir_all(&leaf).unwrap();
+    let ino = std::fs::metadata(&leaf).unwrap().ino();
+    let mut r = Resolver::new(Some(dir.clone()));
+    let o = r.resolve(ino).expect("the leaf's inode resolves");
+    assert_eq!(o.cgroup, format!("/system.slice/docker-{ID}.scope"));
+    assert_eq!(o.runtime.as_deref(), Some("docker"));
+    assert_eq!(r.resolve(std::fs::metadata(&dir).unwrap().ino()).unwrap().cgroup, "/");
+    assert_eq!(r.resolve(0), None);
+    // A new directory is found only after the rescan interval: misses are cheap.
+    let late = dir.join("late");
+    std::fs::create_dir(&late).unwrap();
+    assert_eq!(r.resolve(std::fs::metadata(&late).unwrap().ino()), None);
+    assert_eq!(r.scans(), 1);
+    let mut ev = crate::kernel::event::SockEvent::new(
+        0,
+        crate::kernel::event::EventKind::Reuse,
+        crate::kernel::event::Role::Client,
+        "127.0.0.1:1".parse().unwrap(),
+        "127.0.0.1:2".parse().unwrap(),
+        1.0,
+    );
+    ev.cgroup_id = ino;
+    ev.owner = r.owner_of(ev.cgroup_id);
+    assert_eq!(ev.owner.as_ref().and_then(|o| o.container.as_deref()), Some(ID));
+    assert!(ev.to_json_line().contains("\"container\""));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_id_the_walk_did_not_find_starts_no_more_walks() {
+    let dir = std::env::temp_dir().join(format!("observer-missed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut r = Resolver::new(Some(dir.clone()));
+    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
+    // An id of a cgroup that is gone: one walk, then none for it.
+    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert_eq!(r.scans(), 1);
+    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
+    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert_eq!(r.scans(), 1, "a missed id does not walk the tree again");
+    // A new cgroup still gets its walk once the interval has passed.
+    let new = dir.join("new");
+    std::fs::create_dir(&new).unwrap();
+    assert_eq!(r.resolve(std::fs::metadata(&new).unwrap().ino()).unwrap().cgroup, "/new");
+    assert_eq!(r.scans(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,229 @@
+use super::*;
+use crate::{
+    diagnosis::aggregate::{Aggregator, Config},
+    kernel::event::{EventKind, How, Outcome, Role},
+};
+
+fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> SockEvent {
+    let mut e = SockEvent::new(
+        1_700_000_000_000_000_000,
+        kind,
+        Role::Client,
+        "10.0.0.1:40000".parse().unwrap(),
+        remote.parse().unwrap(),
+        idle,
+    );
+    e.comm = "curl".into();
+    e.outcome = outcome;
+    e.elapsed_seconds = outcome.map(|_| 0.001);
+    e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+    e
+}
+
+fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
+    let ingested = agg.ingest(e);
+    m.observe(e, ingested.as_ref());
+}
+
+#[test]
+fn exposition_lines_for_known_events() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:443";
+    feed(&m, &mut agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
+    feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+    for idle in [60.0, 60.1, 59.9] {
+        feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
+    }
+    feed(&m, &mut agg, &ev(EventKind::Established, 0.0, None, d));
+    m.lost(reason::RING_BUFFER_FULL, 3);
+    m.reuses_unresolved(2);
+    m.set_tracked_sockets(42);
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    for line in [
+        "# TYPE observer_reuse_idle_seconds histogram",
+        "# HELP observer_events_total Events received from the kernel, by kind.",
+        "# TYPE observer_events_total counter",
+        r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="30.0",destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="15.0",destination="10.0.0.2:443",role="client",outcome="ok"} 0"#,
+        r#"observer_reuse_idle_seconds_bucket{le="75.0",destination="10.0.0.2:443",role="client",outcome="reset"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="60.0",destination="10.0.0.2:443",role="client",outcome="reset"} 0"#,
+        r#"observer_peer_idle_close_seconds_count{destination="10.0.0.2:443",role="client",how="fin"} 3"#,
+        r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="lower"} 30.0"#,
+        r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="upper"} 59.9"#,
+        r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="point"} 60.0"#,
+        r#"observer_recommended_pool_idle_timeout_seconds{destination="10.0.0.2:443",role="client"} 48.0"#,
+        r#"observer_mismatch{destination="10.0.0.2:443",role="client",failure_mode="fin"} 1"#,
+        r#"observer_at_risk_idle_sockets{destination="10.0.0.2:443",role="client"} 0"#,
+        r#"observer_events_total{kind="reuse"} 2"#,
+        r#"observer_events_total{kind="peer_close_while_idle"} 3"#,
+        r#"observer_events_total{kind="established"} 1"#,
+        r#"observer_events_lost_total{reason="ring_buffer_full"} 3"#,
+        r#"observer_events_lost_total{reason="socket_storage_full"} 0"#,
+        "observer_tracked_sockets 42",
+        "observer_reuses_unresolved_total 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
+    }
+    assert!(!text.contains("observer_pool_idle_timeout_seconds{"), "no pool evidence, no gauge:\n{text}");
+    for b in ["1.0", "350.0", "1200.0", "3600.0", "+Inf"] {
+        assert!(text.contains(&format!("le=\"{b}\"")), "bucket {b}");
+    }
+}
+
+#[test]
+fn cardinality_cap_holds_with_1200_destinations() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
+    for k in 0..1200u32 {
+        let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
+        feed(&m, &mut agg, &ev(EventKind::Reuse, 2.0, Some(Outcome::Ok), &remote));
+    }
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    let dests: std::collections::BTreeSet<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("observer_reuse_idle_seconds_count{"))
+        .filter_map(|l| l.split("destination=\"").nth(1)?.split('"').next())
+        .collect();
+    assert_eq!(dests.len(), 1001, "1000 destinations plus other");
+    assert!(dests.contains("other"));
+    assert!(text.contains(r#"observer_reuse_idle_seconds_count{destination="other",role="client",outcome="ok"} 200"#));
+}
+
+#[test]
+fn deadlines_server_rows_and_forgetting() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config { window_ns: 60_000_000_000, ..Config::default() });
+    let d = "10.0.0.3:80";
+    for k in 0..3u32 {
+        let mut a = ev(EventKind::RequestAborted, 0.0, None, d);
+        a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+        feed(&m, &mut agg, &a);
+    }
+    let mut late = ev(EventKind::LateReuse, 2.0, None, "10.0.0.9:5000");
+    late.role = Role::Server;
+    late.local = "10.0.0.1:8080".parse().unwrap();
+    late.elapsed_seconds = Some(1.0);
+    feed(&m, &mut agg, &late);
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    for line in [
+        r#"observer_peer_request_deadline_seconds{destination="10.0.0.3:80",role="client"} 3.001"#,
+        r#"observer_late_reuses_total{destination="10.0.0.1:8080",role="server"} 1"#,
+        r#"observer_client_max_reuse_idle_seconds{destination="10.0.0.1:8080",role="server"} 3.0"#,
+        r#"observer_mismatch{destination="10.0.0.1:8080",role="server",failure_mode="none"} 1"#,
+        "observer_destinations_evicted_total 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing line {line}\n{text}");
+    }
+    // Two minutes later both rows have left the 60 s window.
+    let rows = agg.rows(agg.latest_ns() + 120_000_000_000);
+    assert!(rows.is_empty());
+    m.forget(&agg.take_gone());
+    m.set_estimates(&rows);
+    let text = m.encode();
+    assert!(!text.contains("10.0.0.1:8080"), "{text}");
+    assert!(text.lines().any(|l| l == "observer_destinations_evicted_total 2"), "{text}");
+}
+
+/// Every exported metric passes `promtool check metrics` (HELP text,
+/// naming, units), with every family present.
+#[test]
+fn promtool_accepts_every_metric() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:443";
+    feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+    for idle in [60.0, 60.1, 59.9] {
+        feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
+    }
+    m.set_build_info("0.1.0", "tp_btf", "6.18.0");
+    m.undecodable();
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    let child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let mut child = child.expect("promtool (Debian package `prometheus`; `cargo xtask test` installs it)");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics:\n{said}\n{text}");
+    for line in [
+        "observer_build_info{version=\"0.1.0\",probe_set=\"tp_btf\",kernel=\"6.18.0\"} 1",
+        "observer_records_undecodable_total 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
+    }
+}
+
+#[test]
+fn namespaces_label_only_their_own_series() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config { host_netns: 7, ..Config::default() });
+    let d = "10.0.0.2:443";
+    for netns in [7, 4_026_532_001] {
+        let mut e = ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d);
+        e.netns = netns;
+        feed(&m, &mut agg, &e);
+    }
+    let text = m.encode();
+    assert!(
+        text.contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",netns="4026532001",outcome="ok"} 1"#),
+        "{text}"
+    );
+    assert!(!text.contains("netns=\"\""), "{text}");
+}
+
+#[test]
+fn doomed_and_discarded_dead_are_exported_per_client_row() {
+    let m = Metrics::new();
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:5432";
+    feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, 2.0, None, d));
+    feed(&m, &mut agg, &ev(EventKind::DiscardedDead, 3.0, None, d));
+    feed(&m, &mut agg, &ev(EventKind::DiscardedDead, 3.5, None, d));
+    let mut failed = ev(EventKind::Reuse, 9.0, Some(Outcome::TimedOut), d);
+    failed.failed_before_send = true;
+    feed(&m, &mut agg, &failed);
+    let doomed = crate::kernel::event::DoomedView {
+        local: "10.0.0.1:40001".parse().unwrap(),
+        remote: d.parse().unwrap(),
+        how: How::Fin,
+        idle_seconds: 4.0,
+        netns: 0,
+        pid: 1,
+        comm: "api".into(),
+        cgroup_id: 0,
+    };
+    let who = crate::diagnosis::table::ProcessOwner { process: "api".into(), owner: None };
+    agg.set_doomed(&[(doomed.clone(), who.clone()), (doomed, who)]);
+    agg.finish();
+    m.set_estimates(&agg.rows(agg.latest_ns()));
+    let text = m.encode();
+    for line in [
+        "# TYPE observer_doomed_idle_sockets gauge",
+        r#"observer_doomed_idle_sockets{destination="10.0.0.2:5432",role="client"} 2"#,
+        "# TYPE observer_discarded_dead_total counter",
+        r#"observer_discarded_dead_total{destination="10.0.0.2:5432",role="client"} 2"#,
+        r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:5432",role="client",outcome="timed_out"} 1"#,
+    ] {
+        assert!(text.contains(line), "missing {line:?} in\n{text}");
+    }
+    m.forget(&[crate::diagnosis::table::RowId { destination: d.into(), role: Role::Client, netns: None }]);
+    assert!(!m.encode().contains("observer_discarded_dead_total{"), "forgotten with its row");
+}

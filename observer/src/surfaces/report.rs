@@ -1,0 +1,547 @@
+//! The partner report: what the path to one destination does to idle
+//! connections, with timestamps, as HTML (inline SVG, no external assets, no
+//! scripts), Markdown (plots as tables) or JSON (stable field names, listed
+//! in the README). Built from stored evidence or a recording; no daemon.
+//!
+//! This module holds the report's data and how it is built; `html`,
+//! `markdown` and `svg` render it.
+
+use serde::Serialize;
+
+mod command;
+pub use command::command;
+mod html;
+mod markdown;
+mod svg;
+
+pub use html::html;
+pub use markdown::markdown;
+
+use crate::{
+    diagnosis::aggregate::{Aggregator, Change, Config, DestinationRow, FailureMode},
+    diagnosis::table::{Select, SelectError},
+    kernel::event::{EventKind, Role, SockEvent},
+    surfaces::store::VolumeCount,
+    units::fmt_secs,
+};
+
+/// Samples shown in the failure table at most.
+pub const MAX_SAMPLES: usize = 20;
+const PROBABILITY_BINS: usize = 20;
+const TIMELINE_BINS: usize = 24;
+
+/// What the report is built from.
+pub struct Input {
+    pub destination: String,
+    /// Evidence window start and end (ns since the epoch).
+    pub since_ns: u64,
+    pub until_ns: u64,
+    /// Evidence events for the destination, oldest first.
+    pub events: Vec<SockEvent>,
+    /// New connections per minute, of every row of the destination.
+    pub volume: Vec<VolumeCount>,
+    pub changes: Vec<Change>,
+    /// Which row (`--role`, `--netns`); by default the client row if the
+    /// destination was seen as one, else its only row.
+    pub select: Select,
+    /// The inode rows show as `netns: null` (0: every namespace named).
+    pub host_netns: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub path_idle_timeout_seconds: Option<f64>,
+    pub path_idle_timeout_lower_seconds: f64,
+    pub path_idle_timeout_upper_seconds: Option<f64>,
+    pub lower_evidence: usize,
+    pub upper_evidence: usize,
+    pub point_evidence: usize,
+    pub failure_mode: FailureMode,
+    /// The failure mode in plain words.
+    pub failure_mode_text: String,
+    pub first_failure_unix_ns: Option<u64>,
+    pub last_failure_unix_ns: Option<u64>,
+    pub reuses: u64,
+    pub failures: u64,
+    /// Failed reuses the kernel failed before a byte left the host (the
+    /// socket had been reset or timed out while idle).
+    pub failures_before_send: u64,
+    pub peer_idle_closes: u64,
+    /// Dead sockets the pool closed without writing on them (failures its
+    /// validation or reader avoided).
+    pub discarded_dead: u64,
+}
+
+impl OurSide {
+    /// The processes as the report names them (with their owners when known).
+    #[must_use]
+    pub fn process_labels(&self) -> Vec<String> {
+        if self.owners.is_empty() {
+            self.processes.clone()
+        } else {
+            self.owners.iter().map(crate::diagnosis::table::ProcessOwner::label).collect()
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OurSide {
+    pub pool_idle_timeout_seconds: Option<f64>,
+    pub pool_max_reuse_idle_seconds: Option<f64>,
+    pub processes: Vec<String>,
+    /// The processes with their container, pod or unit where known.
+    pub owners: Vec<crate::diagnosis::table::ProcessOwner>,
+    pub verdict: String,
+    pub recommended_pool_idle_timeout_seconds: Option<f64>,
+    pub recommended_max_lifetime_seconds: Option<f64>,
+    pub safe_retry_rule: bool,
+    pub recommendation: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbabilityBin {
+    pub idle_from_seconds: f64,
+    pub idle_to_seconds: f64,
+    pub reuses: u64,
+    pub failures: u64,
+    /// failures / reuses; null without reuses.
+    pub probability: Option<f64>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TimelineBin {
+    pub start_unix_ns: u64,
+    pub end_unix_ns: u64,
+    pub reuses: u64,
+    pub failures: u64,
+    pub new_connections: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Sample {
+    pub time_utc: String,
+    pub local: String,
+    pub remote: String,
+    pub process: String,
+    pub pid: u32,
+    pub idle_seconds: f64,
+    pub outcome: String,
+    pub retransmits: u32,
+    pub safe_to_retry: bool,
+    /// The write failed in the kernel before any byte left the host.
+    pub failed_before_send: bool,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Samples {
+    pub total_failures: usize,
+    pub shown: usize,
+    /// How the samples were chosen.
+    pub method: String,
+    pub rows: Vec<Sample>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Question {
+    pub topic: String,
+    pub question: String,
+    pub what_we_measured: String,
+}
+
+/// The report (its JSON form is the `--format json` interface).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub destination: String,
+    pub role: String,
+    /// The row's network namespace inode (null: the host's).
+    pub netns: Option<u32>,
+    pub generated_unix_ns: u64,
+    pub window_start_unix_ns: u64,
+    pub window_end_unix_ns: u64,
+    pub summary: Summary,
+    pub our_side: OurSide,
+    pub failure_probability: Vec<ProbabilityBin>,
+    pub timeline: Vec<TimelineBin>,
+    pub samples: Samples,
+    pub questions: Vec<Question>,
+    pub changes: Vec<Change>,
+    /// Further findings as `(what, value)` lines: the verdict's evidence,
+    /// restarts, mixed paths, the lower bound's basis, observed deadlines
+    /// and, for a server, its clients' behaviour.
+    #[serde(default)]
+    pub findings: Vec<(String, String)>,
+}
+
+/// Nothing to report, or no single row to report on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum NoEvidence {
+    #[error(
+        "no evidence for {0} in the window; check the address (ip:port, IPv6 as [addr]:port), --since, and --data-dir"
+    )]
+    Empty(String),
+    #[error(transparent)]
+    Select(#[from] SelectError),
+}
+
+/// The row's side as the report's headline names it: the role, and the
+/// network namespace when it is not the host's.
+fn side(r: &Report) -> String {
+    match r.netns {
+        Some(n) => format!("{} side, network namespace {n}", r.role),
+        None => format!("{} side", r.role),
+    }
+}
+
+fn utc(ns: u64) -> String {
+    humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns)).to_string()
+}
+
+fn failure_text(mode: FailureMode, row: &DestinationRow) -> String {
+    let (t, about) = match (row.path_idle_timeout_seconds, row.path_idle_timeout_upper_seconds) {
+        (Some(p), _) => (fmt_secs(p), "about "),
+        (None, Some(u)) => {
+            (format!("between {} and {}", fmt_secs(row.path_idle_timeout_lower_seconds), fmt_secs(u)), "")
+        }
+        (None, None) => ("an unknown time".to_owned(), ""),
+    };
+    match mode {
+        FailureMode::Fin => format!("the hop closes idle connections with FIN after {about}{t}"),
+        FailureMode::Rst => format!("the hop resets connections reused after {about}{t} of idle time"),
+        FailureMode::SilentDrop => {
+            format!("the path silently drops idle flows after {about}{t}; a reused connection stalls until the client gives up")
+        }
+        FailureMode::None => "no failed reuse observed".to_owned(),
+    }
+}
+
+/// Report input from a recording: the events of `destination`, over
+/// `since_ns` before the recording's last event (a recording is its own
+/// clock), with new connections counted per minute.
+#[must_use]
+pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::SocketAddr, since_ns: u64) -> Input {
+    let mine: Vec<SockEvent> = events
+        .into_iter()
+        .filter(|e| crate::diagnosis::aggregate::destination_of(e).is_some_and(|(a, _)| a == destination))
+        .collect();
+    let until = mine.last().map_or(0, |e| e.ts_unix_ns);
+    let since = until.saturating_sub(since_ns);
+    let mut volume = std::collections::BTreeMap::new();
+    for e in mine.iter().filter(|e| e.kind == EventKind::Established) {
+        *volume.entry((e.ts_unix_ns / 60_000_000_000, e.role, e.netns)).or_insert(0u64) += 1;
+    }
+    let evidence = mine
+        .into_iter()
+        .filter(|e| e.ts_unix_ns >= since && !matches!(e.kind, EventKind::Established | EventKind::Closed))
+        .collect();
+    Input {
+        destination: destination.to_string(),
+        since_ns: since,
+        until_ns: until,
+        events: evidence,
+        volume: volume
+            .into_iter()
+            .map(|((minute, role, netns), connections)| VolumeCount { minute, role, netns: Some(netns), connections })
+            .collect(),
+        changes: Vec::new(),
+        select: Select::default(),
+        host_netns: 0,
+    }
+}
+
+/// A failed reuse, by the aggregator's classification.
+fn is_failure(e: &SockEvent) -> bool {
+    use crate::diagnosis::evidence::{Observation, Observed};
+    matches!(Observed::of(e).map(|o| o.obs), Some(Observation::Reuse { failed: Some(_), .. }))
+}
+
+#[allow(
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "bin arithmetic on small counts"
+)]
+fn probability_bins(reuses: &[&SockEvent]) -> Vec<ProbabilityBin> {
+    let max = reuses.iter().map(|e| e.idle_seconds).fold(0.0, f64::max);
+    if max <= 0.0 {
+        return Vec::new();
+    }
+    // A round bin width covering the largest idle age in ~20 bins.
+    let raw = max * 1.05 / PROBABILITY_BINS as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let width = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|w| *w >= raw).unwrap_or(10.0 * mag);
+    let n = ((max / width).floor() as usize + 1).max(1);
+    let mut bins: Vec<ProbabilityBin> = (0..n)
+        .map(|i| ProbabilityBin {
+            idle_from_seconds: i as f64 * width,
+            idle_to_seconds: (i + 1) as f64 * width,
+            reuses: 0,
+            failures: 0,
+            probability: None,
+        })
+        .collect();
+    for e in reuses {
+        let i = ((e.idle_seconds / width).floor() as usize).min(n - 1);
+        bins[i].reuses += 1;
+        if is_failure(e) {
+            bins[i].failures += 1;
+        }
+    }
+    for b in &mut bins {
+        b.probability = (b.reuses > 0).then(|| b.failures as f64 / b.reuses as f64);
+    }
+    bins
+}
+
+fn timeline(volume: &[&VolumeCount], reuses: &[&SockEvent]) -> Vec<TimelineBin> {
+    let (start, end) = match (reuses.first(), reuses.last()) {
+        (Some(a), Some(b)) => (a.ts_unix_ns, b.ts_unix_ns.max(a.ts_unix_ns + 1)),
+        _ => return Vec::new(),
+    };
+    let span = (end - start).div_ceil(TIMELINE_BINS as u64).max(1);
+    let mut bins: Vec<TimelineBin> = (0..TIMELINE_BINS as u64)
+        .map(|i| TimelineBin {
+            start_unix_ns: start + i * span,
+            end_unix_ns: start + (i + 1) * span,
+            reuses: 0,
+            failures: 0,
+            new_connections: 0,
+        })
+        .collect();
+    let idx = |ts: u64| usize::try_from((ts.saturating_sub(start)) / span).unwrap_or(usize::MAX).min(TIMELINE_BINS - 1);
+    for e in reuses {
+        let b = &mut bins[idx(e.ts_unix_ns)];
+        b.reuses += 1;
+        if is_failure(e) {
+            b.failures += 1;
+        }
+    }
+    for v in volume {
+        let ts = v.minute * 60_000_000_000;
+        if ts + 60_000_000_000 >= start && ts <= end {
+            bins[idx(ts.max(start))].new_connections += v.connections;
+        }
+    }
+    bins
+}
+
+fn samples(failures: &[&SockEvent]) -> Samples {
+    let total = failures.len();
+    let picked: Vec<&SockEvent> = if total <= MAX_SAMPLES {
+        failures.to_vec()
+    } else {
+        let mut idx: Vec<usize> = (0..5).chain(total - 5..total).collect();
+        for k in 1..=10 {
+            idx.push(5 + (total - 10) * k / 11);
+        }
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| failures[i]).collect()
+    };
+    let method = if total <= MAX_SAMPLES {
+        format!("all {total} failed reuses in the window, oldest first")
+    } else {
+        format!("the first 5, the last 5 and 10 evenly spaced in between of {total} failed reuses, oldest first")
+    };
+    Samples {
+        total_failures: total,
+        shown: picked.len(),
+        method,
+        rows: picked
+            .iter()
+            .map(|e| Sample {
+                time_utc: utc(e.ts_unix_ns),
+                local: e.local.to_string(),
+                remote: e.remote.to_string(),
+                process: e.comm.clone(),
+                pid: e.pid,
+                idle_seconds: (e.idle_seconds * 1000.0).round() / 1000.0,
+                outcome: e.outcome.map_or("-", |o| o.as_str()).to_owned(),
+                retransmits: e.retransmits,
+                safe_to_retry: e.safe_to_retry,
+                failed_before_send: e.failed_before_send,
+            })
+            .collect(),
+    }
+}
+
+fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
+    let q = |topic: &str, question: &str, measured: String| Question {
+        topic: topic.to_owned(),
+        question: question.to_owned(),
+        what_we_measured: measured,
+    };
+    vec![
+        q(
+            "idle timeout",
+            "What is the idle timeout of every hop on your side (load balancer, proxies, NAT, firewall, servers), and does it close with FIN, RST or silently?",
+            format!(
+                "{text}; interval [{}, {}] from {} surviving and {} failing reuses",
+                fmt_secs(row.path_idle_timeout_lower_seconds),
+                row.path_idle_timeout_upper_seconds.map_or_else(|| "?".into(), fmt_secs),
+                row.path_lower_evidence,
+                row.path_upper_evidence
+            ),
+        ),
+        q(
+            "request timeout",
+            "How long do you wait for a request before giving up, at each hop?",
+            match (row.peer_request_deadline_seconds, row.request_timeout_seconds) {
+                (None, None) => "no deadline observed: no request was aborted or timed out in the window".into(),
+                (p, o) => format!(
+                    "your side aborted requests after {}; ours gives up after {}",
+                    p.map_or_else(|| "-".into(), fmt_secs),
+                    o.map_or_else(|| "-".into(), fmt_secs)
+                ),
+            },
+        ),
+        q("maximum body size", "What is the largest request and response body you accept?", "not measured".into()),
+        q("TLS versions", "Which TLS versions and cipher suites do you accept, and when will that change?", "not measured".into()),
+        q("source address ranges", "Which source address ranges do you allow, and which addresses do you connect from?", format!("we connect to {}", row.id.destination)),
+    ]
+}
+
+/// The row's findings beyond the interval, as report lines.
+fn findings(row: &DestinationRow) -> Vec<(String, String)> {
+    let mut f = Vec::new();
+    let mut add = |k: &str, v: String| f.push((k.to_owned(), v));
+    if let Some(e) = row.evidence {
+        add("The verdict rests on", e.as_str().to_owned());
+    }
+    if row.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
+        add(
+            "Lower bound",
+            "proven only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for NAT or conntrack".into(),
+        );
+    }
+    if row.mixed_paths.len() > 1 {
+        let parts: Vec<String> = row
+            .mixed_paths
+            .iter()
+            .map(|p| format!("{} ({:.0}% of peer idle closes)", fmt_secs(p.idle_timeout_seconds), p.share * 100.0))
+            .collect();
+        add("Several idle timeouts behind this address (mixed paths)", parts.join(", "));
+    }
+    if row.peer_restarts > 0 {
+        add(
+            "Peer restarts",
+            format!(
+                "{} in the window; {} failed reuses they explain are not counted as timeout evidence",
+                row.peer_restarts, row.restart_failures
+            ),
+        );
+    }
+    if let Some(p) = row.peer_request_deadline_seconds {
+        add("Your request deadline (requests you aborted)", fmt_secs(p));
+    }
+    if let Some(o) = row.request_timeout_seconds {
+        add("Our request timeout (requests we gave up on)", fmt_secs(o));
+    }
+    if let Some(t) = row.server_idle_timeout_seconds {
+        add("Our idle timeout toward clients", fmt_secs(t));
+    }
+    if row.late_reuses > 0 {
+        add("Clients writing on connections we had closed idle", row.late_reuses.to_string());
+    }
+    if let Some(m) = row.client_max_reuse_idle_seconds {
+        add("Longest idle age after which a client reused a connection", fmt_secs(m));
+    }
+    if let Some(r) = row.recommended_server_idle_timeout_seconds {
+        add("Or raise our idle timeout to at least", fmt_secs(r));
+    }
+    f
+}
+
+/// Build the report.
+pub fn build(input: &Input) -> Result<Report, NoEvidence> {
+    // Rows of their own for every role and namespace the destination was
+    // seen in (the events are of one address).
+    let mut agg = Aggregator::of_events(
+        Config {
+            window_ns: input.until_ns.saturating_sub(input.since_ns),
+            max_destinations: 4096,
+            host_netns: input.host_netns,
+        },
+        &input.events,
+    );
+    let rows = agg.rows(input.until_ns);
+    if rows.is_empty() {
+        return Err(NoEvidence::Empty(input.destination.clone()));
+    }
+    let mut select = input.select;
+    if select.role.is_none() && rows.iter().any(|r| r.id.role == Role::Client) {
+        select.role = Some(Role::Client);
+    }
+    let row = select.pick(&rows, &input.destination, input.host_netns)?.clone();
+    let role = row.id.role;
+    let id = row.id.clone();
+    let mine: Vec<&SockEvent> = input.events.iter().filter(|e| agg.label_of(e).as_ref() == Some(&id)).collect();
+    // The row's netns as the aggregator names it (null: the host's or
+    // unknown); counts stored before the store knew namespaces count for
+    // every namespace of their role.
+    let ns = |raw: u32| (raw != 0 && raw != input.host_netns).then_some(raw);
+    let volume: Vec<&VolumeCount> =
+        input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.id.netns)).collect();
+    let changes: Vec<Change> =
+        input.changes.iter().filter(|c| c.id.role == role && c.id.netns == row.id.netns).cloned().collect();
+    let reuses: Vec<&SockEvent> =
+        mine.iter().copied().filter(|e| e.kind == EventKind::Reuse && e.outcome.is_some()).collect();
+    let failures: Vec<&SockEvent> = reuses.iter().copied().filter(|e| is_failure(e)).collect();
+    let text = failure_text(row.failure_mode, &row);
+    Ok(Report {
+        destination: input.destination.clone(),
+        role: role.as_str().to_owned(),
+        netns: row.id.netns,
+        generated_unix_ns: crate::kernel::event::clock_ns(libc::CLOCK_REALTIME),
+        window_start_unix_ns: mine.first().map_or(input.since_ns, |e| e.ts_unix_ns),
+        window_end_unix_ns: mine.last().map_or(input.until_ns, |e| e.ts_unix_ns),
+        summary: Summary {
+            path_idle_timeout_seconds: row.path_idle_timeout_seconds,
+            path_idle_timeout_lower_seconds: row.path_idle_timeout_lower_seconds,
+            path_idle_timeout_upper_seconds: row.path_idle_timeout_upper_seconds,
+            lower_evidence: row.path_lower_evidence,
+            upper_evidence: row.path_upper_evidence,
+            point_evidence: row.path_point_evidence,
+            failure_mode: row.failure_mode,
+            failure_mode_text: text.clone(),
+            first_failure_unix_ns: failures.first().map(|e| e.ts_unix_ns),
+            last_failure_unix_ns: failures.last().map(|e| e.ts_unix_ns),
+            reuses: reuses.len() as u64,
+            failures: failures.len() as u64,
+            failures_before_send: failures.iter().filter(|e| e.failed_before_send).count() as u64,
+            peer_idle_closes: mine.iter().filter(|e| e.kind == EventKind::PeerCloseWhileIdle).count() as u64,
+            discarded_dead: row.discarded_dead,
+        },
+        our_side: OurSide {
+            pool_idle_timeout_seconds: row.pool_idle_timeout_seconds,
+            pool_max_reuse_idle_seconds: row.pool_max_reuse_idle_seconds,
+            processes: row.processes.clone(),
+            owners: row.owners.clone(),
+            verdict: row.verdict.as_str().to_owned(),
+            recommended_pool_idle_timeout_seconds: row.recommended_pool_idle_timeout_seconds,
+            recommended_max_lifetime_seconds: row.recommended_max_lifetime_seconds,
+            safe_retry_rule: row.safe_retry_rule,
+            recommendation: row.recommendation.clone(),
+        },
+        failure_probability: probability_bins(&reuses),
+        timeline: timeline(&volume, &reuses),
+        samples: samples(&failures),
+        questions: questions(&row, &text),
+        changes,
+        findings: findings(&row),
+    })
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+fn opt_secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "unknown".to_owned(), fmt_secs)
+}
+
+fn opt_time(v: Option<u64>) -> String {
+    v.map_or_else(|| "none".to_owned(), utc)
+}
+
+#[cfg(test)]
+mod tests;

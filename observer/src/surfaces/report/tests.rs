@@ -1,0 +1,198 @@
+use super::*;
+use crate::surfaces::status::read_recording;
+
+/// A recording of the FIN end-to-end scenario (nginx `keepalive_timeout 2s`,
+/// 20 reuses at gaps spread over 1-3 s), made by `cargo xtask test` with
+/// `OBSERVER_SAVE_RECORDING`.
+const FIN_RECORDING: &str = include_str!("../../../tests/fixtures/fin-nginx-2s.jsonl");
+const DEST: &str = "10.201.1.1:8080";
+
+fn fin_report() -> Report {
+    let events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap()
+}
+
+#[test]
+fn summary_numbers_from_the_recording() {
+    let r = fin_report();
+    assert_eq!(r.destination, DEST);
+    assert_eq!(r.role, "client");
+    let s = &r.summary;
+    assert_eq!(s.failure_mode, FailureMode::Fin);
+    let p = s.path_idle_timeout_seconds.expect("point from peer closes");
+    assert!((p - 2.0).abs() < 0.01, "point {p}");
+    assert!(s.path_idle_timeout_lower_seconds < 2.0 && s.path_idle_timeout_upper_seconds.is_some_and(|u| u > 1.98));
+    assert_eq!((s.reuses, s.failures), (20, 10));
+    assert!(s.peer_idle_closes >= 10, "{}", s.peer_idle_closes);
+    assert!(
+        s.failure_mode_text.starts_with("the hop closes idle connections with FIN after about 2"),
+        "{}",
+        s.failure_mode_text
+    );
+    assert!(s.first_failure_unix_ns <= s.last_failure_unix_ns);
+    assert_eq!(r.our_side.verdict, "mismatch");
+    assert_eq!(r.our_side.recommended_pool_idle_timeout_seconds, Some(1.6));
+    assert_eq!(r.our_side.recommended_max_lifetime_seconds, Some(300.0));
+    assert!(r.our_side.safe_retry_rule);
+    assert_eq!(r.our_side.processes, vec!["python3".to_owned()]);
+}
+
+#[test]
+fn plots_show_the_step_at_the_timeout() {
+    let r = fin_report();
+    let below: u64 = r.failure_probability.iter().filter(|b| b.idle_to_seconds <= 1.9).map(|b| b.failures).sum();
+    let above: Vec<&ProbabilityBin> =
+        r.failure_probability.iter().filter(|b| b.idle_from_seconds >= 2.1 && b.reuses > 0).collect();
+    assert_eq!(below, 0, "no failure below the timeout");
+    assert!(!above.is_empty() && above.iter().all(|b| b.probability == Some(1.0)), "every reuse above it fails");
+    assert_eq!(r.timeline.len(), TIMELINE_BINS);
+    assert_eq!(r.timeline.iter().map(|b| b.failures).sum::<u64>(), 10);
+    assert!(r.timeline.iter().map(|b| b.new_connections).sum::<u64>() >= 4, "the clients' connections count as volume");
+}
+
+#[test]
+fn samples_and_questions() {
+    let r = fin_report();
+    assert_eq!(r.samples.total_failures, 10);
+    assert_eq!(r.samples.shown, 10);
+    assert!(r.samples.method.contains("all 10"));
+    let x = &r.samples.rows[0];
+    assert!(x.time_utc.ends_with('Z') && x.remote == DEST && x.process == "python3");
+    assert!(x.idle_seconds > 2.0 && x.safe_to_retry);
+    let topics: Vec<&str> = r.questions.iter().map(|q| q.topic.as_str()).collect();
+    assert_eq!(
+        topics,
+        ["idle timeout", "request timeout", "maximum body size", "TLS versions", "source address ranges"]
+    );
+    assert!(r.questions[0].what_we_measured.contains("FIN after about 2"), "{}", r.questions[0].what_we_measured);
+}
+
+#[test]
+fn html_is_self_contained_with_two_svg_plots() {
+    let h = html(&fin_report());
+    assert_eq!(h.matches("<svg").count(), 2);
+    for section in ["id=\"summary\"", "id=\"our-side\"", "id=\"plots\"", "id=\"samples\"", "id=\"questions\""] {
+        assert!(h.contains(section), "{section}");
+    }
+    assert!(!h.contains("<script") && !h.contains("src=") && !h.contains("href="), "no scripts, no external assets");
+    assert!(h.contains("Failure probability against idle age at reuse") && h.contains("path timeout 2"));
+}
+
+#[test]
+fn markdown_has_the_same_content_with_tables() {
+    let m = markdown(&fin_report());
+    for heading in [
+        "## Summary",
+        "## Our side",
+        "### Failure probability against idle age at reuse",
+        "### Failures over time beside request volume",
+        "## Sample failures",
+        "## Questions for the partner",
+    ] {
+        assert!(m.contains(heading), "{heading}");
+    }
+    assert!(m.contains("| 100% |") || m.contains("| 100%"), "probability table: {m}");
+    assert!(!m.contains("<svg"));
+}
+
+#[test]
+fn json_has_the_documented_fields() {
+    let v = serde_json::to_value(fin_report()).unwrap();
+    for f in [
+        "destination",
+        "role",
+        "generated_unix_ns",
+        "window_start_unix_ns",
+        "window_end_unix_ns",
+        "summary",
+        "our_side",
+        "failure_probability",
+        "timeline",
+        "samples",
+        "questions",
+        "changes",
+    ] {
+        assert!(v.get(f).is_some(), "missing {f}");
+    }
+    for f in [
+        "path_idle_timeout_seconds",
+        "path_idle_timeout_lower_seconds",
+        "path_idle_timeout_upper_seconds",
+        "lower_evidence",
+        "upper_evidence",
+        "point_evidence",
+        "failure_mode",
+        "failure_mode_text",
+        "first_failure_unix_ns",
+        "last_failure_unix_ns",
+        "reuses",
+        "failures",
+        "peer_idle_closes",
+    ] {
+        assert!(v["summary"].get(f).is_some(), "missing summary.{f}");
+    }
+    for f in [
+        "pool_idle_timeout_seconds",
+        "pool_max_reuse_idle_seconds",
+        "processes",
+        "owners",
+        "verdict",
+        "recommended_pool_idle_timeout_seconds",
+        "recommended_max_lifetime_seconds",
+        "safe_retry_rule",
+        "recommendation",
+    ] {
+        assert!(v["our_side"].get(f).is_some(), "missing our_side.{f}");
+    }
+    for f in
+        ["time_utc", "local", "remote", "process", "pid", "idle_seconds", "outcome", "retransmits", "safe_to_retry"]
+    {
+        assert!(v["samples"]["rows"][0].get(f).is_some(), "missing samples.rows[].{f}");
+    }
+    for f in ["idle_from_seconds", "idle_to_seconds", "reuses", "failures", "probability"] {
+        assert!(v["failure_probability"][0].get(f).is_some(), "missing failure_probability[].{f}");
+    }
+}
+
+#[test]
+fn no_evidence_is_a_clear_error() {
+    let events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    let e = build(&input_from_recording(events, "10.9.9.9:1".parse().unwrap(), 1)).unwrap_err();
+    assert!(e.to_string().contains("no evidence for 10.9.9.9:1"), "{e}");
+}
+
+#[test]
+fn markdown_cells_escape_process_names() {
+    let mut r = fin_report();
+    r.our_side.processes = vec!["pipe|name".into(), "bell\u{7}".into()];
+    r.our_side.owners.clear();
+    if let Some(s) = r.samples.rows.first_mut() {
+        s.process = "x|y".into();
+    }
+    let md = markdown(&r);
+    assert!(md.contains("pipe\\|name") && !md.contains("pipe|name"), "{md}");
+    assert!(!md.contains('\u{7}'), "control characters are escaped");
+    if !r.samples.rows.is_empty() {
+        assert!(md.contains("x\\|y"), "{md}");
+    }
+}
+
+#[test]
+fn processes_are_named_with_their_owners() {
+    use crate::diagnosis::table::ProcessOwner;
+    let owner = |c: Option<&str>, p: Option<&str>, u: Option<&str>| ProcessOwner {
+        process: "api".into(),
+        owner: Some(crate::kernel::owner::Owner {
+            cgroup: "/x".into(),
+            container: c.map(str::to_owned),
+            runtime: None,
+            pod: p.map(str::to_owned),
+            unit: u.map(str::to_owned),
+        }),
+    };
+    let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert_eq!(owner(Some(id), Some("1f2e"), None).label(), "api (container 0123456789ab, pod 1f2e)");
+    assert_eq!(owner(None, None, Some("api.service")).label(), "api (api.service)");
+    assert_eq!(owner(Some(id), None, Some("docker.scope")).label(), "api (container 0123456789ab)");
+    assert_eq!(owner(None, None, None).label(), "api");
+}

@@ -1,0 +1,214 @@
+//! `observer status` and `observer analyze`: the destination table as text
+//! or JSON, from the daemon's API or from a recording.
+
+mod command;
+
+pub use command::{analyze_command, status_command};
+
+use std::{
+    fmt::Write as _,
+    io::{BufRead, BufReader, Read},
+};
+
+use crate::{
+    diagnosis::aggregate::{Aggregator, Config, DestinationRow},
+    kernel::event::SockEvent,
+};
+
+/// A recording could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordingError {
+    #[error("reading the recording: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("line {line}: {problem}; each line must be one JSON event as written by `observer run --record`")]
+    Line { line: usize, problem: String },
+}
+
+/// Parse a JSON-lines recording (blank lines are skipped).
+pub fn read_recording(r: impl Read) -> Result<Vec<SockEvent>, RecordingError> {
+    let mut out = Vec::new();
+    for (i, line) in BufReader::new(r).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let ev =
+            serde_json::from_str(&line).map_err(|e| RecordingError::Line { line: i + 1, problem: e.to_string() })?;
+        out.push(ev);
+    }
+    Ok(out)
+}
+
+/// Aggregate a recording as the daemon would have, as of its last event.
+#[must_use]
+pub fn analyze(events: &[SockEvent], config: Config) -> Vec<DestinationRow> {
+    let mut agg = Aggregator::of_events(config, events);
+    agg.rows(agg.latest_ns())
+}
+
+fn secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |s| format!("{s:.3}s"))
+}
+
+fn path_cell(r: &DestinationRow) -> String {
+    let interval = format!("[{:.3}, {}]", r.path_idle_timeout_lower_seconds, secs(r.path_idle_timeout_upper_seconds));
+    match r.path_idle_timeout_seconds {
+        Some(p) => format!("{p:.3}s {interval}"),
+        None if r.path_idle_timeout_upper_seconds.is_none() && r.path_idle_timeout_lower_seconds == 0.0 => {
+            "-".to_owned()
+        }
+        None => interval,
+    }
+}
+
+/// Left-aligned columns, two spaces apart, header first.
+pub(crate) fn columns<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (w, c) in widths.iter_mut().zip(row) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let mut out = String::new();
+    let mut line = |items: &mut dyn Iterator<Item = &str>| {
+        let mut l = String::new();
+        for (item, w) in items.zip(&widths) {
+            let _ = write!(l, "{item:<w$}  ");
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(&mut header.iter().copied());
+    for row in rows {
+        line(&mut row.iter().map(String::as_str));
+    }
+    out
+}
+
+fn timeout_cell(r: &DestinationRow) -> String {
+    match r.id.role {
+        crate::kernel::event::Role::Server => {
+            r.server_idle_timeout_seconds.map_or_else(|| "-".to_owned(), |t| format!("ours {t:.3}s"))
+        }
+        _ => path_cell(r),
+    }
+}
+
+fn deadline_cell(r: &DestinationRow) -> String {
+    if r.peer_request_deadline_seconds.is_none() && r.request_timeout_seconds.is_none() {
+        return "-".to_owned();
+    }
+    format!("{}/{}", secs(r.peer_request_deadline_seconds), secs(r.request_timeout_seconds))
+}
+
+/// The destination, with its network namespace when it is not the host's
+/// (one address seen from two pods is two rows).
+fn destination_cell(r: &DestinationRow) -> String {
+    match r.id.netns {
+        Some(n) => format!("{} netns:{n}", r.id.destination),
+        None => r.id.destination.clone(),
+    }
+}
+
+/// The human table, with one note per finding under it.
+#[must_use]
+pub fn render_table(rows: &[DestinationRow]) -> String {
+    let header = [
+        "DESTINATION",
+        "ROLE",
+        "MODE",
+        "IDLE TIMEOUT",
+        "POOL IDLE",
+        "VERDICT",
+        "EVIDENCE",
+        "RECOMMENDED POOL IDLE",
+        "DEADLINE PEER/OURS",
+        "REUSES/1H",
+        "FAILURES/1H",
+        "AT RISK",
+        "DOOMED",
+        "DISCARDED",
+    ];
+    let cells: Vec<[String; 14]> = rows
+        .iter()
+        .map(|r| {
+            let pool = match r.id.role {
+                crate::kernel::event::Role::Server => r.client_pool_idle_timeout_seconds,
+                _ => r.pool_idle_timeout_seconds,
+            };
+            [
+                destination_cell(r),
+                r.id.role.as_str().to_owned(),
+                r.failure_mode.as_str().to_owned(),
+                timeout_cell(r),
+                secs(pool),
+                r.verdict.as_str().to_owned(),
+                r.evidence.map_or_else(|| "-".to_owned(), |e| e.as_str().to_owned()),
+                secs(r.recommended_pool_idle_timeout_seconds),
+                deadline_cell(r),
+                r.reuses.to_string(),
+                r.failures.to_string(),
+                r.at_risk_idle_sockets.to_string(),
+                r.doomed_idle_sockets.to_string(),
+                r.discarded_dead.to_string(),
+            ]
+        })
+        .collect();
+    let mut out = columns(&header, &cells);
+    if rows.is_empty() {
+        out.push_str("(no destinations with evidence yet)\n");
+    }
+    for r in rows {
+        let who = format!("{} ({})", destination_cell(r), r.id.role.as_str());
+        if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
+            let _ = writeln!(out, "{who}: {}", r.recommendation);
+        }
+        if r.mixed_paths.len() > 1 {
+            let parts: Vec<String> = r
+                .mixed_paths
+                .iter()
+                .map(|p| format!("{:.3}s ({:.0}%)", p.idle_timeout_seconds, p.share * 100.0))
+                .collect();
+            let _ = writeln!(out, "{who}: mixed paths behind one address: {}", parts.join(", "));
+        }
+        if r.peer_restarts > 0 {
+            let _ = writeln!(
+                out,
+                "{who}: {} peer restart(s) in the window; {} failed reuses they explain are not timeout evidence",
+                r.peer_restarts, r.restart_failures
+            );
+        }
+        if r.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
+            let _ = writeln!(
+                out,
+                "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"
+            );
+        }
+        if r.doomed_idle_sockets > 0 {
+            let holders: Vec<String> =
+                r.doomed_owners.iter().map(crate::diagnosis::table::ProcessOwner::label).collect();
+            let _ = writeln!(
+                out,
+                "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle) and will fail on first use; held by {}",
+                r.doomed_idle_sockets,
+                if holders.is_empty() { "?".to_owned() } else { holders.join(", ") }
+            );
+        }
+        if r.late_reuses > 0 {
+            let _ =
+                writeln!(out, "{who}: {} clients wrote on connections we had closed idle (late reuses)", r.late_reuses);
+        }
+        if let (Some(p), Some(o)) = (r.peer_request_deadline_seconds, r.request_timeout_seconds) {
+            if o < p {
+                let _ = writeln!(
+                    out,
+                    "{who}: deadline staircase reversed: we give up after {o:.3} s, before the peer's {p:.3} s deadline"
+                );
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,575 @@
+//! The evidence store: every event the aggregator takes as evidence
+//! ([`Observed::of`], the one classification), estimate changes and
+//! per-minute connection counts, in an
+//! embedded `SQLite` database in WAL mode under `--data-dir`.
+//!
+//! - Writes are batched by a writer thread off the event path; when its
+//!   queue is full the record is dropped and counted (`store_backlog`), so a
+//!   slow disk never blocks event reading.
+//! - WAL mode: a crash or `kill -9` loses what waits in the writer's queue
+//!   (milliseconds under steady load); the database itself stays consistent.
+//! - A refused write (a full disk) is held and retried, and given up and
+//!   counted only after [`GIVE_UP_AFTER`] or at shutdown ([`WriterState`]).
+//! - A file that is not `SQLite`, a damaged store and another program's
+//!   database are refused unwritten ([`StoreError::Corrupt`],
+//!   [`StoreError::Foreign`]).
+//! - Bounded: records older than the retention are deleted, and the oldest
+//!   tenth of every table goes while the database is above its size limit;
+//!   pruning runs in the writer thread every minute.
+//! - Connection counts are aggregated per minute in memory ([`Volume`]) and
+//!   written as one record per destination and minute, so a storm of new
+//!   connections never pushes evidence out of the writer's queue.
+//! - One stored row that does not decode is skipped with a warning.
+//! - The directory is created 0700 and the database files 0600.
+//! - Every row carries its destination, role and network namespace (the
+//!   row identity of [`crate::diagnosis::table::RowId`]); schema 1 had no
+//!   namespace and is migrated in place on open: evidence and changes take
+//!   it from their stored JSON, connection counts keep none (null).
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use log::{debug, warn};
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::{
+    diagnosis::aggregate::{destination_of, Change},
+    diagnosis::evidence::Observed,
+    kernel::event::{clock_ns, EventKind, Role, SockEvent},
+};
+
+mod debug;
+mod writer;
+
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use debug::{debug_evidence_keys, debug_write_evidence};
+#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
+pub use writer::*;
+
+/// Name of the database file in the data directory.
+pub const DB_FILE: &str = "evidence.sqlite";
+/// Schema 2: a `netns` column on every table.
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// What can go wrong with the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("creating the data directory {path}: {error}; choose another with --data-dir")]
+    CreateDir { path: PathBuf, error: std::io::Error },
+    #[error(
+        "opening the evidence store {path}: {error}; check the file and the permissions, or choose another --data-dir"
+    )]
+    Open { path: PathBuf, error: rusqlite::Error },
+    #[error("the evidence store {path} has schema version {found} (0: none), this observer understands 1 and {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
+    Schema { path: PathBuf, found: i64 },
+    #[error("migrating the evidence store {path} from schema 1 to {SCHEMA_VERSION}: {error}; the file is unchanged (the migration is one transaction): free disk space or choose another --data-dir")]
+    Migrate { path: PathBuf, error: rusqlite::Error },
+    #[error("the evidence store {path} is not an SQLite database or is damaged ({error}); move the file aside (observer then starts a new store there) or choose another --data-dir")]
+    Corrupt { path: PathBuf, error: rusqlite::Error },
+    #[error("{path} is a database of another program (it has tables but no observer schema); observer leaves it untouched: choose another --data-dir")]
+    Foreign { path: PathBuf },
+    #[error("evidence store: {0}")]
+    Sql(rusqlite::Error),
+    #[error("evidence store: a stored record is not valid: {0}")]
+    Record(serde_json::Error),
+}
+
+// By hand, not `#[from]`: the messages carry their cause, and a source
+// as well would print it twice in an error chain.
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<serde_json::Error> for StoreError {
+    fn from(e: serde_json::Error) -> Self {
+        Self::Record(e)
+    }
+}
+
+impl StoreError {
+    /// A failed statement, named: a file that is not a database, or a
+    /// damaged one, says so with the file and the fix.
+    fn of(path: &Path, source: rusqlite::Error) -> Self {
+        match source.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::NotADatabase | rusqlite::ErrorCode::DatabaseCorrupt) => {
+                Self::Corrupt { path: path.to_path_buf(), error: source }
+            }
+            Some(
+                rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::PermissionDenied | rusqlite::ErrorCode::CannotOpen,
+            ) => Self::Open { path: path.to_path_buf(), error: source },
+            _ => Self::Sql(source),
+        }
+    }
+}
+
+/// Limits of the store.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Records older than this are deleted (ns).
+    pub retention_ns: u64,
+    /// The database is kept below this size.
+    pub max_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { retention_ns: 14 * 86_400 * 1_000_000_000, max_bytes: 256 * 1024 * 1024 }
+    }
+}
+
+/// One thing to store.
+#[derive(Debug, Clone)]
+pub enum Record {
+    Event(SockEvent),
+    Change(Change),
+    /// New connections to one destination in one minute.
+    Volume {
+        minute: u64,
+        destination: String,
+        role: Role,
+        /// The sockets' network namespace inode, as events carry it.
+        netns: u32,
+        connections: u64,
+    },
+}
+
+/// New connections of one row in one minute, as stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeCount {
+    /// Unix minute.
+    pub minute: u64,
+    pub role: Role,
+    /// Network namespace inode as events carry it; None for counts stored
+    /// by schema 1, which kept none.
+    pub netns: Option<u32>,
+    pub connections: u64,
+}
+
+/// Per-minute connection counts, aggregated in memory before they reach
+/// the writer: one record per destination, role, namespace and minute.
+#[derive(Debug, Default)]
+pub struct Volume {
+    minute: u64,
+    counts: HashMap<(String, Role, u32), u64>,
+}
+
+impl Volume {
+    /// Destinations counted per minute; the rest are counted as `other`.
+    pub const MAX_KEYS: usize = 4096;
+
+    /// Count an `established` event; returns the previous minute's records
+    /// once a new minute starts.
+    pub fn add(&mut self, ev: &SockEvent) -> Vec<Record> {
+        let Some((addr, role)) = destination_of(ev) else { return Vec::new() };
+        let minute = ev.ts_unix_ns / 60_000_000_000;
+        let out = if minute > self.minute { self.flush() } else { Vec::new() };
+        self.minute = self.minute.max(minute);
+        let key = (addr.to_string(), role, ev.netns);
+        let key = if self.counts.contains_key(&key) || self.counts.len() < Self::MAX_KEYS {
+            key
+        } else {
+            ("other".to_owned(), role, 0)
+        };
+        *self.counts.entry(key).or_default() += 1;
+        out
+    }
+
+    /// The records of the minute counted so far.
+    pub fn flush(&mut self) -> Vec<Record> {
+        let minute = self.minute;
+        self.counts
+            .drain()
+            .map(|((destination, role, netns), connections)| Record::Volume {
+                minute,
+                destination,
+                role,
+                netns,
+                connections,
+            })
+            .collect()
+    }
+}
+
+/// What a prune did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub by_age: u64,
+    pub by_size: u64,
+}
+
+/// An open store.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Schema 2, as a fresh store creates it.
+const SCHEMA: &str = "CREATE TABLE evidence (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER,
+         kind TEXT NOT NULL,
+         event TEXT NOT NULL);
+     CREATE INDEX evidence_ts ON evidence(ts_unix_ns);
+     CREATE INDEX evidence_dest ON evidence(destination, ts_unix_ns);
+     CREATE TABLE changes (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT,
+         netns INTEGER,
+         change TEXT NOT NULL);
+     CREATE TABLE volume (
+         minute INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER NOT NULL,
+         connections INTEGER NOT NULL,
+         PRIMARY KEY (minute, destination, role, netns));";
+
+/// Schema 1 to 2 in one transaction: evidence and changes take their
+/// namespace (and a change its role) from their stored JSON; connection
+/// counts, which never had one, get -1 (read back as unknown).
+fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         ALTER TABLE evidence ADD COLUMN netns INTEGER;
+         UPDATE evidence SET netns = json_extract(event, '$.netns') WHERE json_valid(event);
+         ALTER TABLE changes ADD COLUMN role TEXT;
+         ALTER TABLE changes ADD COLUMN netns INTEGER;
+         UPDATE changes SET role = json_extract(change, '$.role'), netns = json_extract(change, '$.netns')
+             WHERE json_valid(change);
+         CREATE TABLE volume2 (
+             minute INTEGER NOT NULL,
+             destination TEXT NOT NULL,
+             role TEXT NOT NULL,
+             netns INTEGER NOT NULL,
+             connections INTEGER NOT NULL,
+             PRIMARY KEY (minute, destination, role, netns));
+         INSERT INTO volume2 SELECT minute, destination, role, -1, connections FROM volume;
+         DROP TABLE volume;
+         ALTER TABLE volume2 RENAME TO volume;
+         UPDATE meta SET value = 2 WHERE key = 'schema';
+         COMMIT;",
+    )
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })
+}
+
+impl Store {
+    /// Open (or create) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let dir_err = |error| StoreError::CreateDir { path: dir.to_path_buf(), error };
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
+        // Evidence names peers and processes: private to the daemon's user.
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+        let path = dir.join(DB_FILE);
+        let open_err = |error: std::io::Error| StoreError::Open {
+            path: path.clone(),
+            error: rusqlite::Error::ToSqlConversionFailure(Box::new(error)),
+        };
+        // SQLite gives its -wal and -shm files the database file's mode.
+        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(open_err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(open_err)?;
+        let conn = Connection::open(&path).map_err(|error| StoreError::Open { path: path.clone(), error })?;
+        let fail = |source| StoreError::of(&path, source);
+        // Read before anything is written: a foreign or damaged file is
+        // refused unchanged, never given a schema or a journal mode.
+        let tables: Vec<String> = (|| {
+            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
+            names
+        })()
+        .map_err(fail)?;
+        let ours = tables.iter().any(|t| t == "meta");
+        if !tables.is_empty() && !ours {
+            return Err(StoreError::Foreign { path });
+        }
+        let setup = || -> rusqlite::Result<()> {
+            conn.busy_timeout(Duration::from_secs(5))?;
+            if tables.is_empty() {
+                // auto_vacuum must be set before the first table exists.
+                conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+                conn.execute_batch("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);")?;
+            }
+            // Both are no-ops on a store that has them: an existing file
+            // is not written before its schema was checked.
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")
+        };
+        setup().map_err(fail)?;
+        let version: Option<i64> =
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
+        let fresh = !tables.iter().any(|t| t == "evidence");
+        match version {
+            None if fresh => {
+                conn.execute_batch(SCHEMA).map_err(fail)?;
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(1) => migrate_1_to_2(&conn).map_err(|error| StoreError::Migrate { path: path.clone(), error })?,
+            found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
+        }
+        Ok(Self { conn, path })
+    }
+
+    /// The database file.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Write records in one transaction. Established connections become
+    /// per-minute volume counts; other non-evidence events are skipped.
+    pub fn insert(&mut self, records: &[Record]) -> Result<usize, StoreError> {
+        let tx = self.conn.transaction()?;
+        let mut n = 0;
+        {
+            let mut ev_stmt = tx.prepare_cached(
+                "INSERT INTO evidence (ts_unix_ns, destination, role, netns, kind, event) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?;
+            let mut vol_stmt = tx.prepare_cached(
+                "INSERT INTO volume (minute, destination, role, netns, connections) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (minute, destination, role, netns) DO UPDATE SET connections = connections + ?5",
+            )?;
+            let mut ch_stmt = tx.prepare_cached(
+                "INSERT INTO changes (ts_unix_ns, destination, role, netns, change) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for r in records {
+                match r {
+                    Record::Event(ev) => {
+                        let Some((addr, role)) = destination_of(ev) else { continue };
+                        let ts = i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX);
+                        // The aggregator's own classification: what it
+                        // takes as evidence is what a restart rebuilds from.
+                        if Observed::of(ev).is_some() {
+                            ev_stmt.execute(params![
+                                ts,
+                                addr.to_string(),
+                                role.as_str(),
+                                ev.netns,
+                                ev.kind.as_str(),
+                                serde_json::to_string(ev)?
+                            ])?;
+                            n += 1;
+                        } else if ev.kind == EventKind::Established {
+                            vol_stmt.execute(params![
+                                ts / 60_000_000_000,
+                                addr.to_string(),
+                                role.as_str(),
+                                ev.netns,
+                                1
+                            ])?;
+                        }
+                    }
+                    Record::Volume { minute, destination, role, netns, connections } => {
+                        vol_stmt.execute(params![
+                            i64::try_from(*minute).unwrap_or(i64::MAX),
+                            destination,
+                            role.as_str(),
+                            netns,
+                            i64::try_from(*connections).unwrap_or(i64::MAX)
+                        ])?;
+                    }
+                    Record::Change(c) => {
+                        let ts = i64::try_from(c.ts_unix_ns).unwrap_or(i64::MAX);
+                        ch_stmt.execute(params![
+                            ts,
+                            c.id.destination,
+                            c.id.role.as_str(),
+                            c.id.netns,
+                            serde_json::to_string(c)?
+                        ])?;
+                        n += 1;
+                    }
+                }
+            }
+        }
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// Evidence events since `since_ns` (all destinations, or one), oldest first.
+    pub fn events(&self, destination: Option<&str>, since_ns: u64) -> Result<Vec<SockEvent>, StoreError> {
+        let mut out = Vec::new();
+        self.each_event(destination, since_ns, |ev| out.push(ev))?;
+        Ok(out)
+    }
+
+    /// Each evidence event since `since_ns`, oldest first, streamed: a
+    /// start-up over millions of stored records never holds them at once.
+    /// Returns the number of events given.
+    pub fn each_event(
+        &self,
+        destination: Option<&str>,
+        since_ns: u64,
+        mut f: impl FnMut(SockEvent),
+    ) -> Result<u64, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let fail = |e| StoreError::of(&self.path, e);
+        let (mut n, mut bad) = (0u64, 0u64);
+        let mut push = |json: &str| match serde_json::from_str(json) {
+            Ok(ev) => {
+                f(ev);
+                n += 1;
+            }
+            Err(e) => {
+                if bad == 0 {
+                    warn!("evidence store {}: skipping a stored event that does not decode: {e}", self.path.display());
+                }
+                bad += 1;
+            }
+        };
+        let (sql, args): (&str, Vec<Box<dyn rusqlite::ToSql>>) = match destination {
+            Some(d) => (
+                "SELECT event FROM evidence WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY ts_unix_ns, id",
+                vec![Box::new(d.to_owned()), Box::new(since)],
+            ),
+            None => {
+                ("SELECT event FROM evidence WHERE ts_unix_ns >= ?1 ORDER BY ts_unix_ns, id", vec![Box::new(since)])
+            }
+        };
+        let mut stmt = self.conn.prepare(sql).map_err(fail)?;
+        let mut rows = stmt.query(rusqlite::params_from_iter(args.iter())).map_err(fail)?;
+        while let Some(row) = rows.next().map_err(fail)? {
+            let json = row.get_ref(0).map_err(fail)?.as_str().map_err(|e| fail(e.into()))?;
+            push(json);
+        }
+        if bad > 1 {
+            warn!("evidence store {}: skipped {bad} stored events that do not decode", self.path.display());
+        }
+        Ok(n)
+    }
+
+    /// Estimate changes for a destination since `since_ns`.
+    pub fn changes(&self, destination: &str, since_ns: u64) -> Result<Vec<Change>, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let mut stmt = self.conn.prepare(
+            "SELECT change FROM changes WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY ts_unix_ns, id",
+        )?;
+        let rows = stmt.query_map(params![destination, since], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for r in rows {
+            match serde_json::from_str(&r?) {
+                Ok(c) => out.push(c),
+                Err(e) => {
+                    warn!("evidence store {}: skipping a stored change that does not decode: {e}", self.path.display());
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// New connections per minute for a destination, per role and namespace.
+    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<VolumeCount>, StoreError> {
+        let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);
+        let mut stmt = self.conn.prepare(
+            "SELECT minute, role, netns, SUM(connections) FROM volume WHERE destination = ?1 AND minute >= ?2
+             GROUP BY minute, role, netns ORDER BY minute",
+        )?;
+        let rows = stmt.query_map(params![destination, since], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?))
+        })?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (m, role, netns, c) = r?;
+            let Some(role) = Role::parse(&role) else { continue };
+            out.push(VolumeCount {
+                minute: u64::try_from(m).unwrap_or(0),
+                role,
+                netns: u32::try_from(netns).ok(),
+                connections: u64::try_from(c).unwrap_or(0),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Number of evidence records.
+    pub fn count(&self) -> Result<u64, StoreError> {
+        let n: i64 = self.conn.query_row("SELECT COUNT(*) FROM evidence", [], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Size of the database in bytes (pages in use and free, plus the WAL).
+    pub fn size_bytes(&self) -> Result<u64, StoreError> {
+        let pages: i64 = self.conn.query_row("PRAGMA page_count", [], |r| r.get(0))?;
+        let page: i64 = self.conn.query_row("PRAGMA page_size", [], |r| r.get(0))?;
+        let wal = std::fs::metadata(self.path.with_extension("sqlite-wal")).map_or(0, |m| m.len());
+        Ok(u64::try_from(pages * page).unwrap_or(0) + wal)
+    }
+
+    /// Apply retention by age, then by size, and give the space back.
+    pub fn prune(&mut self, now_ns: u64, limits: Limits) -> Result<Pruned, StoreError> {
+        let cutoff = i64::try_from(now_ns.saturating_sub(limits.retention_ns)).unwrap_or(i64::MAX);
+        let mut pruned = Pruned::default();
+        let n = self.conn.execute("DELETE FROM evidence WHERE ts_unix_ns < ?1", [cutoff])?;
+        self.conn.execute("DELETE FROM changes WHERE ts_unix_ns < ?1", [cutoff])?;
+        self.conn.execute("DELETE FROM volume WHERE minute < ?1", [cutoff / 60_000_000_000])?;
+        pruned.by_age = n as u64;
+        self.compact()?;
+        // Oldest tenth at a time until under the limit.
+        let mut rounds = 0;
+        while self.size_bytes()? > limits.max_bytes && rounds < 64 {
+            // Every table counts toward the limit: the oldest tenth of each.
+            let mut deleted = 0;
+            for (table, order) in
+                [("evidence", "ts_unix_ns, id"), ("changes", "ts_unix_ns, id"), ("volume", "minute, destination, role")]
+            {
+                let total: i64 = self.conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?;
+                if total == 0 {
+                    continue;
+                }
+                let n = self.conn.execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE rowid IN (SELECT rowid FROM {table} ORDER BY {order} LIMIT ?1)"
+                    ),
+                    [(total / 10).max(1)],
+                )?;
+                if table == "evidence" {
+                    pruned.by_size += n as u64;
+                }
+                deleted += n;
+            }
+            if deleted == 0 {
+                break;
+            }
+            self.compact()?;
+            rounds += 1;
+        }
+        Ok(pruned)
+    }
+
+    fn compact(&self) -> Result<(), StoreError> {
+        // Each step of incremental_vacuum frees one page: run it to the end.
+        let mut stmt = self.conn.prepare("PRAGMA incremental_vacuum")?;
+        let mut rows = stmt.query([])?;
+        while rows.next()?.is_some() {}
+        // Fold the WAL back and truncate it so the size bound covers it.
+        self.conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// `PRAGMA integrity_check` says "ok".
+    pub fn integrity_ok(&self) -> Result<bool, StoreError> {
+        let r: String = self.conn.query_row("PRAGMA integrity_check", [], |r| r.get(0))?;
+        Ok(r == "ok")
+    }
+}
+
+#[cfg(test)]
+mod tests;

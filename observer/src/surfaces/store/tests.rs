@@ -1,0 +1,415 @@
+#![allow(clippy::cast_precision_loss, reason = "small test counters")]
+use super::*;
+use crate::{
+    diagnosis::aggregate::{Aggregator, Config},
+    kernel::event::{How, Outcome, Role},
+};
+
+const S: u64 = 1_000_000_000;
+const T0: u64 = 1_700_000_000 * S;
+
+fn ev(ts: u64, kind: EventKind, idle: f64, outcome: Option<Outcome>) -> SockEvent {
+    let mut e = SockEvent::new(
+        ts,
+        kind,
+        Role::Client,
+        "10.0.0.1:40000".parse().unwrap(),
+        "10.0.0.2:443".parse().unwrap(),
+        idle,
+    );
+    e.comm = "java".into();
+    e.outcome = outcome;
+    e.elapsed_seconds = outcome.map(|_| 0.002);
+    e.safe_to_retry = outcome == Some(Outcome::Eof);
+    e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+    e
+}
+
+fn scenario() -> Vec<Record> {
+    let mut v = Vec::new();
+    for k in 0..30u32 {
+        let idle = 30.0 + f64::from(k) * 2.0;
+        let ts = T0 + u64::from(k) * 100 * S;
+        v.push(Record::Event(ev(ts, EventKind::Established, 0.0, None)));
+        v.push(Record::Event(ev(
+            ts + S,
+            EventKind::Reuse,
+            idle,
+            Some(if idle < 60.0 { Outcome::Ok } else { Outcome::Eof }),
+        )));
+        if idle >= 60.0 {
+            v.push(Record::Event(ev(ts, EventKind::PeerCloseWhileIdle, 60.0 + f64::from(k % 3) * 0.1, None)));
+        }
+    }
+    v
+}
+
+#[test]
+fn restart_keeps_evidence_and_rebuilds_the_same_estimates() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = scenario();
+    let mut live = Aggregator::new(Config::default());
+    {
+        let mut store = Store::open(dir.path()).unwrap();
+        store.insert(&records).unwrap();
+        for r in &records {
+            if let Record::Event(e) = r {
+                live.ingest(e);
+            }
+        }
+    }
+    let store = Store::open(dir.path()).unwrap();
+    let events = store.events(None, 0).unwrap();
+    assert_eq!(events.len(), 30 + 15, "30 reuses and 15 peer closes; establishes are volume");
+    let mut rebuilt = Aggregator::new(Config::default());
+    for e in &events {
+        rebuilt.ingest(e);
+    }
+    let now = live.latest_ns();
+    assert_eq!(rebuilt.rows(now), live.rows(now));
+    let vol = store.volume("10.0.0.2:443", 0).unwrap();
+    assert_eq!(vol.iter().map(|v| v.connections).sum::<u64>(), 30);
+    assert!(store.integrity_ok().unwrap());
+}
+
+#[test]
+fn retention_by_age() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    let day = 86_400 * S;
+    store
+        .insert(&[
+            Record::Event(ev(T0, EventKind::Reuse, 5.0, Some(Outcome::Ok))),
+            Record::Event(ev(T0 + 3 * day, EventKind::Reuse, 6.0, Some(Outcome::Ok))),
+        ])
+        .unwrap();
+    let p = store.prune(T0 + 3 * day + S, Limits { retention_ns: 2 * day, max_bytes: u64::MAX }).unwrap();
+    assert_eq!(p, Pruned { by_age: 1, by_size: 0 });
+    let left = store.events(None, 0).unwrap();
+    assert_eq!(left.len(), 1);
+    assert!((left[0].idle_seconds - 6.0).abs() < 1e-9, "the newer record stays");
+}
+
+#[test]
+fn retention_by_size_keeps_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    let batch: Vec<Record> = (0..20_000u64)
+        .map(|k| Record::Event(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok))))
+        .collect();
+    store.insert(&batch).unwrap();
+    store.compact().unwrap();
+    let before = store.size_bytes().unwrap();
+    let limit = 1024 * 1024;
+    assert!(before > limit, "the test needs more than 1 MiB ({before})");
+    let p = store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    let after = store.size_bytes().unwrap();
+    assert!(after <= limit, "{after} bytes after pruning to {limit}");
+    assert!(p.by_size > 0 && p.by_size < 20_000);
+    let left = store.events(None, 0).unwrap();
+    assert_eq!(left.last().unwrap().ts_unix_ns, T0 + 19_999 * S, "the newest record survives");
+    assert_eq!(left.len() as u64 + p.by_size, 20_000);
+    eprintln!("MEASURED store: 20000 reuse records = {before} bytes ({} bytes per record)", before / 20_000);
+}
+
+#[test]
+fn writer_batches_and_counts_what_it_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), 1).unwrap();
+    let sent = 100_000u64;
+    let mut accepted = 0u64;
+    // Recent timestamps: the writer prunes by age as it starts.
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    for k in 0..sent {
+        if w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))) {
+            accepted += 1;
+        }
+    }
+    let dropped = w.dropped();
+    assert_eq!(w.finish(), 0, "nothing refused");
+    assert_eq!(accepted + dropped, sent);
+    assert!(dropped > 0, "a one-record queue under a tight loop must overflow");
+    let store = Store::open(dir.path()).unwrap();
+    assert_eq!(store.count().unwrap(), accepted, "everything accepted was written");
+}
+
+#[test]
+fn schema_mismatch_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema'", []).unwrap();
+    }
+    let Err(e) = Store::open(dir.path()) else { panic!("must fail") };
+    assert!(e.to_string().contains("schema version 99"), "{e}");
+}
+
+#[test]
+fn connection_storms_become_one_record_per_minute() {
+    let mut v = Volume::default();
+    let mut out = Vec::new();
+    for k in 0..100_000u64 {
+        out.extend(v.add(&ev(T0 + k * 1_000_000, EventKind::Established, 0.0, None)));
+    }
+    // 100 s of connections at 1 kHz: one record for each finished minute.
+    out.extend(v.flush());
+    let minutes: Vec<u64> = out
+        .iter()
+        .filter_map(|r| match r {
+            Record::Volume { minute, connections, .. } => Some(*minute * 1_000_000 + *connections),
+            _ => None,
+        })
+        .collect();
+    assert!(minutes.len() <= 3, "{} records", minutes.len());
+    let total: u64 = out
+        .iter()
+        .map(|r| match r {
+            Record::Volume { connections, .. } => *connections,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(total, 100_000);
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    store.insert(&out).unwrap();
+    let vol: u64 = store.volume("10.0.0.2:443", 0).unwrap().iter().map(|v| v.connections).sum();
+    assert_eq!(vol, 100_000);
+}
+
+#[test]
+fn a_bad_row_is_skipped_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    store.insert(&scenario()).unwrap();
+    store
+        .conn
+        .execute(
+            "INSERT INTO evidence (ts_unix_ns, destination, role, kind, event) VALUES (?1, '10.0.0.2:443', 'client', 'reuse', '{not json')",
+            [i64::try_from(T0).unwrap()],
+        )
+        .unwrap();
+    store
+        .conn
+        .execute("INSERT INTO changes (ts_unix_ns, destination, change) VALUES (1, '10.0.0.2:443', 'garbage')", [])
+        .unwrap();
+    let events = store.events(None, 0).unwrap();
+    assert_eq!(events.len(), 45, "every good row, the bad one skipped");
+    assert!(store.changes("10.0.0.2:443", 0).unwrap().is_empty());
+}
+
+#[test]
+fn files_are_private() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut store = Store::open(&data).unwrap();
+    store.insert(&scenario()).unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&data.join(DB_FILE)), 0o600);
+    let wal = data.join(DB_FILE).with_extension("sqlite-wal");
+    assert!(wal.exists());
+    assert_eq!(mode(&wal), 0o600, "SQLite gives the WAL the database file's mode");
+}
+
+#[test]
+fn every_table_counts_toward_the_size_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    // Volume only: 30,000 destination-minutes and no evidence at all.
+    let batch: Vec<Record> = (0..30_000u64)
+        .map(|k| Record::Volume {
+            minute: T0 / (60 * S) + k / 100,
+            destination: format!("10.{}.{}.1:443", k % 100, k / 1000),
+            role: Role::Client,
+            netns: 0,
+            connections: 1,
+        })
+        .collect();
+    store.insert(&batch).unwrap();
+    store.compact().unwrap();
+    let before = store.size_bytes().unwrap();
+    let limit = 256 * 1024;
+    assert!(before > limit, "the test needs more than the limit ({before})");
+    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    assert!(store.size_bytes().unwrap() <= limit);
+}
+
+/// A store written by schema 1 (the release before namespaces; made by
+/// that release's `Store`, see `tests/fixtures/README.md`): 10.0.0.2:443
+/// reached from two namespaces, one with failures, with one change.
+const SCHEMA1: &[u8] = include_bytes!("../../../tests/fixtures/store-schema1.sqlite");
+
+#[test]
+fn schema_1_is_migrated_and_reports_pick_the_namespace() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join(DB_FILE), SCHEMA1).unwrap();
+    let store = Store::open(dir.path()).unwrap();
+    let version: i64 = store.conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let d = "10.0.0.2:443";
+    let events = store.events(Some(d), 0).unwrap();
+    assert_eq!(events.len(), 40 + 10, "40 reuses and 10 peer closes survive the migration");
+    let untagged: i64 = store
+        .conn
+        .query_row(
+            "SELECT COUNT(*) FROM evidence WHERE netns IS NULL OR netns != json_extract(event, '$.netns')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(untagged, 0, "every evidence row took its namespace from its JSON");
+    let volume = store.volume(d, 0).unwrap();
+    assert_eq!(volume.iter().map(|v| v.connections).sum::<u64>(), 40);
+    assert!(volume.iter().all(|v| v.netns.is_none()), "schema 1 counted connections without a namespace");
+    let changes = store.changes(d, 0).unwrap();
+    assert_eq!(changes.len(), 1);
+    let role: String = store.conn.query_row("SELECT role FROM changes", [], |r| r.get(0)).unwrap();
+    assert_eq!(role, "client");
+    let input = |netns: Option<u32>| crate::surfaces::report::Input {
+        destination: d.to_owned(),
+        since_ns: 0,
+        until_ns: T0 + 3000 * S,
+        events: events.clone(),
+        volume: volume.clone(),
+        changes: changes.clone(),
+        select: crate::diagnosis::table::Select { role: None, netns },
+        host_netns: 0,
+    };
+    let a = crate::surfaces::report::build(&input(Some(4_026_532_284))).unwrap();
+    assert_eq!((a.netns, a.summary.reuses, a.summary.failures), (Some(4_026_532_284), 20, 10));
+    assert_eq!(a.changes.len(), 1, "the change was namespace A's");
+    let b = crate::surfaces::report::build(&input(Some(4_026_532_301))).unwrap();
+    assert_eq!((b.netns, b.summary.reuses, b.summary.failures), (Some(4_026_532_301), 20, 0));
+    assert!(b.changes.is_empty());
+    let asked = crate::surfaces::report::build(&input(None)).unwrap_err().to_string();
+    assert!(asked.contains("--netns 4026532284") && asked.contains("--netns 4026532301"), "{asked}");
+    // New writes carry their namespace; a reopened store is not migrated twice.
+    drop(store);
+    let mut store = Store::open(dir.path()).unwrap();
+    let mut e = ev(T0 + 4000 * S, EventKind::Established, 0.0, None);
+    e.netns = 7;
+    store.insert(&[Record::Event(e)]).unwrap();
+    assert!(store.volume(d, 0).unwrap().iter().any(|v| v.netns == Some(7) && v.connections == 1));
+}
+
+#[test]
+fn a_foreign_schema_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path()).unwrap();
+        store.conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema'", []).unwrap();
+    }
+    let e = Store::open(dir.path()).err().expect("schema 99 is refused").to_string();
+    assert!(e.contains("schema version 99") && e.contains("--data-dir"), "{e}");
+}
+
+/// A file that is not `SQLite`, a damaged database and another program's
+/// database are each refused with the file and the fix named, and left
+/// byte for byte as they were.
+#[test]
+fn bad_store_files_are_named_and_left_untouched() {
+    let check = |dir: &Path, want: &str| {
+        let file = dir.join(DB_FILE);
+        let before = std::fs::read(&file).unwrap();
+        let e = match Store::open(dir).and_then(|s| s.events(None, 0).map(|_| s)) {
+            Ok(_) => panic!("{want}: opened"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains(&file.display().to_string()), "{want}: the file is named: {e}");
+        assert!(e.contains(want) && e.contains("--data-dir"), "{want}: {e}");
+        assert!(!e.contains('\n'), "one line: {e}");
+        let after = std::fs::read(&file).unwrap();
+        let first_diff = before.iter().zip(&after).position(|(a, b)| a != b);
+        assert!(
+            after.len() == before.len() && first_diff.is_none(),
+            "{want}: the file changed: {} -> {} bytes, first difference at {first_diff:?}",
+            before.len(),
+            after.len()
+        );
+        assert!(!dir.join("evidence.sqlite-wal").exists() || want == "damaged", "{want}: no WAL was started");
+        e
+    };
+    // Not SQLite at all.
+    let junk = tempfile::tempdir().unwrap();
+    std::fs::write(junk.path().join(DB_FILE), vec![b'x'; 8192]).unwrap();
+    let e1 = check(junk.path(), "not an SQLite database");
+    // Another program's database.
+    let other = tempfile::tempdir().unwrap();
+    {
+        let c = Connection::open(other.path().join(DB_FILE)).unwrap();
+        c.execute_batch(
+            "CREATE TABLE invoices (id INTEGER PRIMARY KEY, total REAL); INSERT INTO invoices VALUES (1, 9.5);",
+        )
+        .unwrap();
+    }
+    let e2 = check(other.path(), "another program");
+    // Ours, with its data pages overwritten (the first page, the schema, intact).
+    let bad = tempfile::tempdir().unwrap();
+    {
+        let mut s = Store::open(bad.path()).unwrap();
+        s.insert(&scenario()).unwrap();
+        let many: Vec<Record> =
+            (0..2000).map(|k| Record::Event(ev(T0 + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))).collect();
+        s.insert(&many).unwrap();
+        s.compact().unwrap();
+    }
+    let file = bad.path().join(DB_FILE);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let page = 4096;
+    assert!(bytes.len() > 8 * page, "the store spans pages: {}", bytes.len());
+    for b in &mut bytes[page..] {
+        *b = 0xA5;
+    }
+    std::fs::write(&file, &bytes).unwrap();
+    let e3 = check(bad.path(), "damaged");
+    eprintln!("MEASURED bad store files:\n  {e1}\n  {e2}\n  {e3}");
+}
+
+/// A store that refuses writes (its table gone, as a removed file or a
+/// full disk would) degrades the writer, which holds the batch, retries,
+/// and writes everything once the store takes writes again.
+#[test]
+fn a_refusing_store_is_retried_and_resumes_without_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), QUEUE).unwrap();
+    let state = w.state();
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
+    for k in 0..50 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    let until = Instant::now() + Duration::from_secs(5);
+    while !state.degraded.load(Ordering::Relaxed) {
+        assert!(Instant::now() < until, "the writer never saw the failure");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for k in 50..100 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    side.execute_batch("ALTER TABLE evidence_away RENAME TO evidence").unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while state.degraded.load(Ordering::Relaxed) {
+        assert!(Instant::now() < until, "writing never resumed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(w.finish(), 0, "nothing given up");
+    assert_eq!(Store::open(dir.path()).unwrap().count().unwrap(), 100, "every record written after the pause");
+}
+
+/// At shutdown a store that still refuses is not waited for: what is
+/// queued is given up and counted, every record of it.
+#[test]
+fn a_refusing_store_at_shutdown_counts_what_it_gives_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), QUEUE).unwrap();
+    side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    for k in 0..300 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    let started = Instant::now();
+    assert_eq!(w.finish(), 300, "every queued record is counted");
+    assert!(started.elapsed() < Duration::from_secs(10), "shutdown waited {:?}", started.elapsed());
+}
