@@ -205,6 +205,7 @@ pub mod globals {
 }
 
 pub mod kfunc;
+pub mod program;
 
 /// The send probe's clock-free timing of a write in a busy exchange (a
 /// client's next request, a server's answer), here so that it is tested on

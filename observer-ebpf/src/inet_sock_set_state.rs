@@ -15,6 +15,8 @@ use crate::common::{
     storage,
 };
 
+observer_common::named_as!(inet_sock_set_state, INET_SOCK_SET_STATE);
+
 #[btf_tracepoint(function = "inet_sock_set_state")]
 pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
     let sk: *mut c_void = ctx.arg(0);

@@ -16,6 +16,8 @@ struct IterTcp {
     sk_common: *mut c_void,
 }
 
+observer_common::named_as!(iter_tcp, ITER_TCP);
+
 #[no_mangle]
 #[link_section = "iter/tcp"]
 pub extern "C" fn iter_tcp(ctx: *mut c_void) -> i32 {

@@ -16,6 +16,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
 use crate::common::{now, on_failed_write, storage, write_fails};
 
+observer_common::named_as!(sock_send_length, SOCK_SEND_LENGTH);
+
 #[btf_tracepoint(function = "sock_send_length")]
 pub fn sock_send_length(ctx: BtfTracePointContext) -> i32 {
     let ret: i32 = ctx.arg(1);

@@ -9,6 +9,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
 use crate::common::{now, on_destroy, storage};
 
+observer_common::named_as!(tcp_destroy_sock, TCP_DESTROY_SOCK);
+
 #[btf_tracepoint(function = "tcp_destroy_sock")]
 pub fn tcp_destroy_sock(ctx: BtfTracePointContext) -> i32 {
     let sk = ctx.arg(0);

@@ -14,6 +14,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
 use crate::common::{on_read, receive_time, receive_time_cast, storage};
 
+observer_common::named_as!(tcp_rcv_space_adjust, TCP_RCV_SPACE_ADJUST);
+
 #[btf_tracepoint(function = "tcp_rcv_space_adjust")]
 pub fn tcp_rcv_space_adjust(ctx: BtfTracePointContext) -> i32 {
     let sk = ctx.arg(0);
@@ -22,6 +24,8 @@ pub fn tcp_rcv_space_adjust(ctx: BtfTracePointContext) -> i32 {
     }
     0
 }
+
+observer_common::named_as!(tcp_rcv_space_adjust_cast, TCP_RCV_SPACE_ADJUST_CAST);
 
 #[btf_tracepoint(function = "tcp_rcv_space_adjust")]
 pub fn tcp_rcv_space_adjust_cast(ctx: BtfTracePointContext) -> i32 {

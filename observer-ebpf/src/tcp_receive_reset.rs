@@ -7,6 +7,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
 use crate::common::{now, on_peer_rst, storage};
 
+observer_common::named_as!(tcp_receive_reset, TCP_RECEIVE_RESET);
+
 #[btf_tracepoint(function = "tcp_receive_reset")]
 pub fn tcp_receive_reset(ctx: BtfTracePointContext) -> i32 {
     let sk = ctx.arg(0);

@@ -6,6 +6,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 
 use crate::common::{on_retransmit, storage};
 
+observer_common::named_as!(tcp_retransmit_skb, TCP_RETRANSMIT_SKB);
+
 #[btf_tracepoint(function = "tcp_retransmit_skb")]
 pub fn tcp_retransmit_skb(ctx: BtfTracePointContext) -> i32 {
     if let Some(st) = storage(ctx.arg(0), false) {

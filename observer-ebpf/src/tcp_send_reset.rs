@@ -17,6 +17,8 @@ use aya_ebpf::{
 
 use crate::common::{now, on_send_reset};
 
+observer_common::named_as!(tcp_send_reset, TCP_SEND_RESET);
+
 #[btf_tracepoint(function = "tcp_send_reset")]
 pub fn tcp_send_reset(ctx: BtfTracePointContext) -> i32 {
     let sk: *const c_void = ctx.arg(0);
@@ -26,6 +28,8 @@ pub fn tcp_send_reset(ctx: BtfTracePointContext) -> i32 {
     0
 }
 
+observer_common::named_as!(fentry_tcp_v4_send_reset, FENTRY_TCP_V4_SEND_RESET);
+
 #[fentry(function = "tcp_v4_send_reset")]
 pub fn fentry_tcp_v4_send_reset(ctx: FEntryContext) -> i32 {
     let sk: *const c_void = ctx.arg(0);
@@ -34,6 +38,8 @@ pub fn fentry_tcp_v4_send_reset(ctx: FEntryContext) -> i32 {
     }
     0
 }
+
+observer_common::named_as!(fentry_tcp_v6_send_reset, FENTRY_TCP_V6_SEND_RESET);
 
 #[fentry(function = "tcp_v6_send_reset")]
 pub fn fentry_tcp_v6_send_reset(ctx: FEntryContext) -> i32 {

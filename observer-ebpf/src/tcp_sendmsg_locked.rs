@@ -45,11 +45,15 @@ fn send(sk: *mut c_void) {
     on_send(sk, st, now());
 }
 
+observer_common::named_as!(tcp_sendmsg_locked, TCP_SENDMSG_LOCKED);
+
 #[btf_tracepoint(function = "tcp_sendmsg_locked")]
 pub fn tcp_sendmsg_locked(ctx: BtfTracePointContext) -> i32 {
     send(ctx.arg(0));
     0
 }
+
+observer_common::named_as!(fentry_tcp_sendmsg_locked, FENTRY_TCP_SENDMSG_LOCKED);
 
 #[fentry(function = "tcp_sendmsg_locked")]
 pub fn fentry_tcp_sendmsg_locked(ctx: FEntryContext) -> i32 {

@@ -7,6 +7,7 @@
     reason = "one loader split by concern: the parent's imports and siblings' items"
 )]
 use super::*;
+use observer_common::program;
 
 /// How a program attaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,42 +37,42 @@ impl Hook {
 }
 
 /// The receive probe: reaches `tcp_sock` by a helper call.
-pub(crate) const RECV: Hook = Hook::tp("tcp_rcv_space_adjust");
+pub(crate) const RECV: Hook = Hook::tp(program::TCP_RCV_SPACE_ADJUST);
 /// The same on 6.2+, by the `bpf_rdonly_cast` kfunc (no call at all).
 pub(crate) const RECV_CAST: Hook =
-    Hook { program: "tcp_rcv_space_adjust_cast", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
+    Hook { program: program::TCP_RCV_SPACE_ADJUST_CAST, kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" };
 
 /// Hooks every set shares: BTF tracepoints present since 4.16
 /// (`tcp_destroy_sock` since 5.3).
 pub(crate) const STATE_HOOKS: &[Hook] = &[
-    Hook::tp("inet_sock_set_state"),
+    Hook::tp(program::INET_SOCK_SET_STATE),
     RECV,
-    Hook::tp("tcp_receive_reset"),
-    Hook::tp("tcp_retransmit_skb"),
-    Hook::tp("tcp_destroy_sock"),
+    Hook::tp(program::TCP_RECEIVE_RESET),
+    Hook::tp(program::TCP_RETRANSMIT_SKB),
+    Hook::tp(program::TCP_DESTROY_SOCK),
 ];
 
 /// Writes the kernel fails before sending, on the `tp_btf` set (6.3+):
 /// the `tcp_sendmsg_locked` tracepoint never fires for them.
-pub(crate) const SEND_ERROR_TP: Hook = Hook::tp("sock_send_length");
+pub(crate) const SEND_ERROR_TP: Hook = Hook::tp(program::SOCK_SEND_LENGTH);
 
 /// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
 /// time-wait sockets since 6.9.
-pub(crate) const RESET_TP: Hook = Hook::tp("tcp_send_reset");
+pub(crate) const RESET_TP: Hook = Hook::tp(program::TCP_SEND_RESET);
 /// `late_reuse` before that: `fentry` on the functions that send the RST.
 pub(crate) const RESET_FENTRY: &[Hook] = &[
-    Hook { program: "fentry_tcp_v4_send_reset", kind: HookKind::FEntry, name: "tcp_v4_send_reset" },
-    Hook { program: "fentry_tcp_v6_send_reset", kind: HookKind::FEntry, name: "tcp_v6_send_reset" },
+    Hook { program: program::FENTRY_TCP_V4_SEND_RESET, kind: HookKind::FEntry, name: "tcp_v4_send_reset" },
+    Hook { program: program::FENTRY_TCP_V6_SEND_RESET, kind: HookKind::FEntry, name: "tcp_v6_send_reset" },
 ];
 
 /// The socket table, every set: `iter/tcp`.
-pub(crate) const ITER: Hook = Hook { program: "iter_tcp", kind: HookKind::Iter, name: "tcp" };
+pub(crate) const ITER: Hook = Hook { program: program::ITER_TCP, kind: HookKind::Iter, name: "tcp" };
 
 /// Send hook on kernels with the `tcp_sendmsg_locked` tracepoint (6.16+).
-pub(crate) const SEND_TP: Hook = Hook::tp("tcp_sendmsg_locked");
+pub(crate) const SEND_TP: Hook = Hook::tp(program::TCP_SENDMSG_LOCKED);
 /// Send hook elsewhere: `fentry` on the same function.
 pub(crate) const SEND_FENTRY: Hook =
-    Hook { program: "fentry_tcp_sendmsg_locked", kind: HookKind::FEntry, name: "tcp_sendmsg_locked" };
+    Hook { program: program::FENTRY_TCP_SENDMSG_LOCKED, kind: HookKind::FEntry, name: "tcp_sendmsg_locked" };
 
 /// The hot-path hooks (`--bench-toggle` detaches and re-attaches them).
 pub(crate) const HOT_HOOKS: &[&str] = &["tcp_sendmsg_locked", "tcp_rcv_space_adjust"];
@@ -84,9 +85,9 @@ pub(crate) enum HotLink {
 
 /// Empty programs for benchmarks (`--bench-empty-probes`).
 pub(crate) const BENCH_EMPTY: &[Hook] = &[
-    Hook { program: "bench_empty_send", kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
-    Hook { program: "bench_empty_recv", kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },
-    Hook { program: "bench_empty_state", kind: HookKind::BtfTracePoint, name: "inet_sock_set_state" },
+    Hook { program: program::BENCH_EMPTY_SEND, kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
+    Hook { program: program::BENCH_EMPTY_RECV, kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },
+    Hook { program: program::BENCH_EMPTY_STATE, kind: HookKind::BtfTracePoint, name: "inet_sock_set_state" },
 ];
 
 /// The set of hooks chosen for the running kernel.

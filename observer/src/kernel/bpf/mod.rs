@@ -399,6 +399,22 @@ impl Probes {
 
 #[cfg(test)]
 mod tests {
+    /// The object holds exactly the programs `observer_common::program`
+    /// names, so the loader's names and the probes' functions cannot drift.
+    #[test]
+    fn the_object_holds_the_programs_named_in_common() {
+        if super::OBJECT.is_empty() {
+            eprintln!("built with AYA_BUILD_SKIP=1: no eBPF object to check");
+            return;
+        }
+        let obj = aya_obj::Object::parse(super::OBJECT).expect("the embedded object parses");
+        let mut found: Vec<&str> = obj.programs.keys().map(String::as_str).collect();
+        let mut named: Vec<&str> = observer_common::program::ALL.to_vec();
+        found.sort_unstable();
+        named.sort_unstable();
+        assert_eq!(found, named);
+    }
+
     /// The coarse clocks' resolution is the kernel's `TICK_NSEC`.
     #[test]
     fn tick_is_the_kernels_jiffy() {
