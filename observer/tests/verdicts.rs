@@ -8,7 +8,7 @@ mod common;
 
 use std::{process::Command, time::Duration};
 
-use anyhow::{ensure, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use common::{
     script, start_nginx, start_server, Daemon, Topology, HTTP_RECONNECTING, KILLING_SERVER, OBSERVER,
     ONE_REQUEST_CLIENT,
@@ -76,10 +76,13 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     }
     let before = client_row(&settle(&daemon)?, &dest)?;
     ensure!(before.failures_window >= 8 && before.verdict == Verdict::Mismatch, "the burst: {before:#?}");
-    // The flood: 40 connections x 260 requests, 60 ms apart.
+    // The flood: 40 connections x 300 requests, 60 ms apart: 11,960
+    // reuses. Ten thousand of them must be seen: on 6.1 under TCG the
+    // probes saw 4-13% fewer in 3 of 7 runs (0 lost, 0 unresolved, spread
+    // over every connection; not yet explained, see the message below).
     let load = script(HTTP_LOAD)?;
-    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 40 260 0.06", load.display(), topo.server_v4))?;
-    ensure!(out.trim() == "10400", "answered: {out}");
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 40 300 0.06", load.display(), topo.server_v4))?;
+    ensure!(out.trim() == "12000", "answered: {out}");
     let after = client_row(&settle(&daemon)?, &dest)?;
     eprintln!(
         "MEASURED burst then flood: before [{}, {:?}] point {:?} failures {} verdict {}; after [{}, {:?}] point {:?} failures {} reuses {} verdict {} evidence_bytes {}",
@@ -96,7 +99,43 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
         after.verdict.as_str(),
         after.evidence_bytes
     );
-    assert!(after.reuses_window >= before.reuses_window + 10_000, "{after:#?}");
+    if after.reuses_window < before.reuses_window + 10_000 {
+        // What the daemon counted as lost or unresolved, for the message.
+        let metrics = observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?;
+        let counts: Vec<String> = String::from_utf8_lossy(&metrics)
+            .lines()
+            .filter(|l| {
+                l.starts_with("observer_events_lost_total")
+                    || l.starts_with("observer_reuses_unresolved_total")
+                    || l.starts_with("observer_events_total")
+            })
+            .map(str::to_owned)
+            .collect();
+        // Per connection of the flood: its reuses, and its other events.
+        let mut per: std::collections::BTreeMap<u16, (usize, Vec<String>)> = std::collections::BTreeMap::new();
+        for e in daemon.events().iter().filter(|e| e.remote.port() == 8080 && e.role == Role::Client) {
+            let slot = per.entry(e.local.port()).or_default();
+            if e.kind == observer::kernel::event::EventKind::Reuse {
+                slot.0 += 1;
+            } else if slot.1.len() < 6 {
+                slot.1.push(format!("{} {:.3}", e.kind.as_str(), e.idle_seconds));
+            }
+        }
+        let few: Vec<_> = per.iter().filter(|(_, (n, _))| *n < 290).collect();
+        // Runs the kernel skipped because the program was already running
+        // on that CPU (`recursion_misses`): evidence lost before any map.
+        let misses: Vec<String> = common::sh("bpftool prog show")
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("recursion_misses"))
+            .map(str::to_owned)
+            .collect();
+        bail!(
+            "{} reuses after the flood of 11,960 (before {}): {counts:#?}; connections with few reuses: {few:#?}; skipped runs: {misses:#?}; {after:#?}",
+            after.reuses_window,
+            before.reuses_window
+        );
+    }
     assert_eq!(after.failures_window, before.failures_window, "no failure evicted");
     assert_eq!(after.path_idle_timeout_upper_seconds, before.path_idle_timeout_upper_seconds);
     assert_eq!(after.path_idle_timeout_lower_seconds, before.path_idle_timeout_lower_seconds);
