@@ -78,11 +78,11 @@ fn synthetic(n: usize, destinations: u32) -> Vec<u8> {
 /// Decode, aggregate and count `n` records; report events per second.
 #[must_use]
 #[allow(clippy::cast_precision_loss, reason = "rates")]
-pub fn pipeline(n: usize, destinations: u32) -> PipelineResult {
+pub fn pipeline(n: usize, destinations: u32, histograms: bool) -> PipelineResult {
     let raw = synthetic(n, destinations);
     let clock = Clock::with_offset_ns(1_700_000_000_000_000_000);
     let mut agg = Aggregator::new(Config::default());
-    let metrics = Metrics::new();
+    let metrics = Metrics::new(histograms);
     let start = Instant::now();
     let mut decoded = 0usize;
     for chunk in raw.chunks_exact(EVENT_SIZE) {

@@ -136,6 +136,9 @@ pub enum DebugCommand {
         events: usize,
         #[arg(long, default_value_t = 1000)]
         destinations: u32,
+        /// Export the idle-age histograms too (`run --metrics-histograms`).
+        #[arg(long)]
+        metrics_histograms: bool,
     },
 }
 
@@ -192,7 +195,7 @@ impl AnalyzeArgs {
     /// `--output json` or `--json`.
     #[must_use]
     pub fn json(&self) -> bool {
-        self.json || self.output == Output::Json
+        self.json || self.output == AnalyzeOutput::Json
     }
 }
 
@@ -216,9 +219,10 @@ pub struct StatusArgs {
 pub struct AnalyzeArgs {
     /// A JSON-lines recording written by `observer run --record`.
     pub file: PathBuf,
-    /// Output format: a table, or the table as a JSON array.
+    /// Output format: a table, the table as a JSON array, or the `/metrics`
+    /// exposition a daemon would serve at the recording's end.
     #[arg(short = 'o', long, value_enum, default_value = "text")]
-    pub output: Output,
+    pub output: AnalyzeOutput,
     /// Same as `--output json` (the old spelling).
     #[arg(long, conflicts_with = "output")]
     pub json: bool,
@@ -228,6 +232,21 @@ pub struct AnalyzeArgs {
     /// Destinations with their own row; the rest are pooled as `other`.
     #[arg(long, default_value_t = 1000)]
     pub max_destinations: usize,
+    /// With `-o prometheus`, the idle-age histograms too (`run --metrics-histograms`).
+    #[arg(long)]
+    pub metrics_histograms: bool,
+}
+
+/// What `observer analyze` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AnalyzeOutput {
+    /// A table for people.
+    #[value(alias = "table")]
+    Text,
+    /// The table as JSON.
+    Json,
+    /// The Prometheus exposition (text format 0.0.4) of the recording.
+    Prometheus,
 }
 
 impl RunArgs {
@@ -247,6 +266,7 @@ impl RunArgs {
             ("allowed-host", format!("[{}]", self.allowed_hosts.iter().map(|h| q(h)).collect::<Vec<_>>().join(", "))),
             ("window", d(self.window)),
             ("max-destinations", self.max_destinations.to_string()),
+            ("metrics-histograms", self.metrics_histograms.to_string()),
             ("data-dir", q(&self.data_dir.display().to_string())),
             ("retention", d(self.retention)),
             ("max-store-bytes", self.max_store_bytes.to_string()),
@@ -362,6 +382,11 @@ pub struct RunArgs {
     /// Destinations with their own row and metric labels; the rest are pooled as `other`.
     #[arg(long, default_value_t = 1000, env = "OBSERVER_MAX_DESTINATIONS")]
     pub max_destinations: usize,
+    /// Also export the idle-age histograms (`observer_reuse_idle_seconds`,
+    /// `observer_peer_idle_close_seconds`, `observer_local_idle_close_seconds`):
+    /// up to 161 more series per destination; the default lean set is about a dozen.
+    #[arg(long, env = "OBSERVER_METRICS_HISTOGRAMS")]
+    pub metrics_histograms: bool,
     /// Directory of the evidence store.
     #[arg(long, default_value = DEFAULT_DATA_DIR, env = "OBSERVER_DATA_DIR")]
     pub data_dir: PathBuf,

@@ -152,7 +152,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let shared = Arc::new(Shared::new(aggregator));
+    let shared = Arc::new(Shared::new(aggregator, Metrics::new(args.metrics_histograms)));
     let _ = shared.health.store.set(writer.state());
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);

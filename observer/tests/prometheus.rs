@@ -91,26 +91,34 @@ fn start_prometheus(dir: &Path, targets: &[&str]) -> Result<(Killed, String)> {
     Ok((prom, addr))
 }
 
-/// Every `expr` in a dashboard, and every `label_values(...)` variable query.
-fn expressions(v: &Value, exprs: &mut Vec<String>, labels: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            for (k, x) in m {
-                match (k.as_str(), x) {
-                    ("expr", Value::String(s)) => exprs.push(s.clone()),
-                    ("definition", Value::String(s)) if s.starts_with("label_values(") => labels.push(s.clone()),
-                    _ => expressions(x, exprs, labels),
-                }
+/// Every panel's `expr`s, each with whether its panel says it needs
+/// `--metrics-histograms`.
+fn panel_expressions(v: &Value) -> Vec<(String, bool)> {
+    let mut out = Vec::new();
+    for p in v["panels"].as_array().into_iter().flatten() {
+        let needs = p["description"].as_str().is_some_and(|d| d.contains("--metrics-histograms"));
+        for t in p["targets"].as_array().into_iter().flatten() {
+            if let Some(e) = t["expr"].as_str() {
+                out.push((e.to_owned(), needs));
             }
         }
-        Value::Array(a) => a.iter().for_each(|x| expressions(x, exprs, labels)),
-        _ => {}
     }
+    out
 }
 
-/// Grafana's variables, as "all" would expand them.
-fn expand(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m").replace("$instance", ".*").replace("$destination", ".*")
+/// Every `label_values(...)` variable query of a dashboard.
+fn variable_queries(v: &Value) -> Vec<String> {
+    v["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["definition"].as_str().filter(|d| d.starts_with("label_values(")).map(str::to_owned))
+        .collect()
+}
+
+/// Grafana's variables: one instance (the daemon's address), every destination.
+fn expand(expr: &str, instance: &str) -> String {
+    expr.replace("$__rate_interval", "1m").replace("$instance", instance).replace("$destination", ".*")
 }
 
 fn query(prom: &str, q: &str) -> Result<Value> {
@@ -142,9 +150,13 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     let topo = Topology::pair("prom")?;
     let dir = tempfile::tempdir()?;
     let _nginx = start_nginx(&topo, dir.path(), 2)?;
+    // Two daemons see the same traffic: the lean default, and one with the
+    // idle-age histograms for the panels that say they need them.
     let daemon = Daemon::start(&[])?;
+    let with_histograms = Daemon::start(&["--metrics-histograms"])?;
     let target = daemon.http_addr()?;
-    let (_prom, prom_addr) = start_prometheus(dir.path(), &[&target])?;
+    let hist_target = with_histograms.http_addr()?;
+    let (_prom, prom_addr) = start_prometheus(dir.path(), &[&target, &hist_target])?;
     let http = script(HTTP_RECONNECTING)?;
     let mut children = Vec::new();
     for g in gaps(2.0, 4) {
@@ -213,6 +225,8 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     }
     let dashboards = Path::new(env!("CARGO_MANIFEST_DIR")).join("../dashboards");
     let mut checked = 0;
+    let results =
+        |q: &str| -> Result<usize> { Ok(query(&prom_addr, q)?["data"]["result"].as_array().map_or(0, Vec::len)) };
     for entry in std::fs::read_dir(&dashboards)? {
         let path = entry?.path();
         if path.extension().is_none_or(|e| e != "json") {
@@ -220,24 +234,34 @@ fn dashboards_query_real_prometheus() -> Result<()> {
         }
         let v: Value =
             serde_json::from_str(&std::fs::read_to_string(&path)?).with_context(|| format!("{}", path.display()))?;
-        let (mut exprs, mut labels) = (Vec::new(), Vec::new());
-        expressions(&v, &mut exprs, &mut labels);
+        let exprs = panel_expressions(&v);
         ensure!(!exprs.is_empty(), "{} has no expressions", path.display());
-        for e in &exprs {
-            let q = expand(e);
-            let r = query(&prom_addr, &q)?;
-            let n = r["data"]["result"].as_array().map_or(0, Vec::len);
-            if n == 0 {
+        for (e, needs_histograms) in &exprs {
+            let lean = expand(e, &target);
+            // A panel reads the histograms exactly when it says so.
+            ensure!(
+                e.contains("_bucket") == *needs_histograms,
+                "{}: `{e}` reads a histogram: {}; its panel says it needs `--metrics-histograms`: {needs_histograms}",
+                path.display(),
+                e.contains("_bucket")
+            );
+            if *needs_histograms {
+                // Lean: the panel shows nothing, without an error.
+                ensure!(results(&lean)? == 0, "{}: `{lean}` has data from the lean daemon", path.display());
+                let full = expand(e, &hist_target);
+                ensure!(results(&full)? > 0, "{}: `{full}` returned no data with --metrics-histograms", path.display());
+            } else if results(&lean)? == 0 {
                 let pool = pool_events(&daemon);
-                bail!("{}: `{q}` returned no data; port 9005 events: {pool:?}", path.display());
+                bail!("{}: `{lean}` returned no data from the lean daemon; port 9005 events: {pool:?}", path.display());
             }
             checked += 1;
         }
-        for l in &labels {
+        for l in &variable_queries(&v) {
             // label_values(SELECTOR, LABEL) -> /api/v1/label/LABEL/values?match[]=SELECTOR
             let inner = l.trim_start_matches("label_values(").trim_end_matches(')');
             let (sel, label) = inner.rsplit_once(',').context("label_values form")?;
-            let path = format!("/api/v1/label/{}/values?match[]={}", label.trim(), urlencode(&expand(sel.trim())));
+            let path =
+                format!("/api/v1/label/{}/values?match[]={}", label.trim(), urlencode(&expand(sel.trim(), &target)));
             let body = observer::surfaces::http::get(&prom_addr, &path).map_err(anyhow::Error::msg)?;
             let v: Value = serde_json::from_slice(&body)?;
             ensure!(v["data"].as_array().is_some_and(|a| !a.is_empty()), "variable `{l}` has no values: {v}");
@@ -246,7 +270,9 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     }
     let dest = format!("{}:8080", topo.server_v4);
     let bound = |b: &str| -> Result<f64> {
-        let q = format!("observer_path_idle_timeout_seconds{{destination=\"{dest}\",role=\"client\",bound=\"{b}\"}}");
+        let q = format!(
+            "observer_path_idle_timeout_seconds{{instance=\"{target}\",destination=\"{dest}\",role=\"client\",bound=\"{b}\"}}"
+        );
         scalar(&query(&prom_addr, &q)?).with_context(|| format!("no {b} bound"))
     };
     let (lower, upper) = (bound("lower")?, bound("upper")?);
@@ -256,15 +282,27 @@ fn dashboards_query_real_prometheus() -> Result<()> {
     // (seen on 6.12: [1.955, 1.973]).
     let slack = common::idle_precision();
     assert!(lower - slack <= 2.0 && 2.0 <= upper + slack, "[{lower}, {upper}] does not bracket 2 s (slack {slack})");
-    let mismatch = scalar(&query(&prom_addr, &format!("observer_mismatch{{destination=\"{dest}\",role=\"client\"}}"))?);
+    let mismatch = scalar(&query(
+        &prom_addr,
+        &format!("observer_mismatch{{instance=\"{target}\",destination=\"{dest}\",role=\"client\"}}"),
+    )?);
     assert_eq!(mismatch, Some(1.0));
-    let series =
-        query(&prom_addr, &format!("count({{__name__=~\"observer_.+\",destination=\"{dest}\",role=\"client\"}})"))?;
+    let series = |instance: &str| -> Result<f64> {
+        let q = format!(
+            "count({{__name__=~\"observer_.+\",instance=\"{instance}\",destination=\"{dest}\",role=\"client\"}})"
+        );
+        scalar(&query(&prom_addr, &q)?).with_context(|| format!("no series of {dest} from {instance}"))
+    };
+    let (lean, full) = (series(&target)?, series(&hist_target)?);
+    // The lean default: about a dozen series for a row that failed, had
+    // peer closes and is at risk; the histograms add 23 per label set.
+    assert!(lean <= 12.0 && full > lean + 23.0, "series for {dest}: {lean} lean, {full} with histograms");
     let scrape = observer::surfaces::http::get(&target, "/metrics").map_err(anyhow::Error::msg)?;
+    let hist_scrape = observer::surfaces::http::get(&hist_target, "/metrics").map_err(anyhow::Error::msg)?;
     eprintln!(
-        "MEASURED prometheus: {checked} dashboard expressions returned data; path [{lower:.3}, {upper:.3}] s; {:?} series for the destination; scrape {} bytes",
-        scalar(&series),
-        scrape.len()
+        "MEASURED prometheus: {checked} dashboard expressions checked; path [{lower:.3}, {upper:.3}] s; series for the destination: {lean} lean, {full} with --metrics-histograms; scrape {} / {} bytes",
+        scrape.len(),
+        hist_scrape.len()
     );
     Ok(())
 }

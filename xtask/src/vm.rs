@@ -193,9 +193,11 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(&out)?;
     let path = std::env::var("PATH").unwrap_or_default();
+    // `RUSTC_BOOTSTRAP` lets the stable-built harness take libtest's
+    // `--report-time`: each test's time in the guest reaches the CI log.
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     let mut script = format!(
-        "#!/bin/sh\ncd {root}\nexport PATH='{path}' HOME='{home}' RUST_BACKTRACE=0 OBSERVER_TEST_TIME_SLACK=5\nuname -r > {out}/uname\n",
+        "#!/bin/sh\ncd {root}\nexport PATH='{path}' HOME='{home}' RUST_BACKTRACE=0 OBSERVER_TEST_TIME_SLACK=5 RUSTC_BOOTSTRAP=1\nuname -r > {out}/uname\n",
         root = workspace_root().display(),
         out = out.display()
     );
@@ -203,7 +205,7 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
     for (name, exe) in &bins {
         let _ = writeln!(
             script,
-            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
+            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 -Z unstable-options --report-time {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
             exe = exe.display(),
             out = out.display()
         );

@@ -97,10 +97,10 @@ fn shared_body(bytes: Vec<u8>, token: &Arc<()>) -> hyper::body::Bytes {
 
 impl Shared {
     #[must_use]
-    pub fn new(aggregator: Aggregator) -> Self {
+    pub fn new(aggregator: Aggregator, metrics: Metrics) -> Self {
         Self {
             aggregator: Mutex::new(aggregator),
-            metrics: Metrics::new(),
+            metrics,
             health: Health::default(),
             cache: Mutex::new(Cache::default()),
         }

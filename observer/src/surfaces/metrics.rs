@@ -1,6 +1,7 @@
 //! Prometheus metrics (prometheus-client), served at `GET /metrics`.
 //!
-//! Histograms and counters are fed event by event; the estimate gauges are
+//! Counters (and, with `--metrics-histograms`, the idle-age histograms)
+//! are fed event by event; the estimate gauges are
 //! rebuilt from the destination table at each scrape, so a gauge without
 //! evidence is absent rather than zero. Label values come from bounded sets:
 //! `destination` is one of at most `--max-destinations` addresses or
@@ -19,7 +20,7 @@ use prometheus_client::{
 use std::sync::atomic::AtomicU64;
 
 use crate::{
-    diagnosis::aggregate::{DestinationRow, Ingested, Verdict},
+    diagnosis::aggregate::{Aggregator, Config, DestinationRow, Ingested, Verdict},
     diagnosis::evidence::Observation,
     diagnosis::table::{netns_label, RowId},
     kernel::event::SockEvent,
@@ -133,18 +134,27 @@ pub mod reason {
         &[RING_BUFFER_FULL, SOCKET_STORAGE_FULL, STORE_BACKLOG, STORE_ERROR, RECORD_ERROR, DOOMED_TABLE_FULL];
 }
 
-/// Series fed event by event, per row: the idle-age histograms and the
-/// evidence counters.
+/// Series fed event by event, per row: the evidence counters, and the
+/// idle-age histograms when asked for (`--metrics-histograms`): they cost
+/// 23 series each per label set, and only a drill into one destination
+/// needs them (the daemon's API and the report serve that too).
 struct EvidenceFamilies {
-    reuse_idle: HistFamily<ReuseLabels>,
-    peer_idle_close: HistFamily<PeerLabels>,
-    local_idle_close: HistFamily<RowLabels>,
+    reuses: Family<ReuseLabels, Counter>,
+    peer_idle_closes: Family<PeerLabels, Counter>,
+    histograms: Option<HistogramFamilies>,
     late_reuses: Family<RowLabels, Counter>,
     discarded_dead: Family<RowLabels, Counter>,
     restarts: Family<RowLabels, Counter>,
 }
 
-impl EvidenceFamilies {
+/// The idle-age histograms (opt-in).
+struct HistogramFamilies {
+    reuse_idle: HistFamily<ReuseLabels>,
+    peer_idle_close: HistFamily<PeerLabels>,
+    local_idle_close: HistFamily<RowLabels>,
+}
+
+impl HistogramFamilies {
     fn register(r: &mut Registry) -> Self {
         Self {
             reuse_idle: register(
@@ -168,6 +178,28 @@ impl EvidenceFamilies {
                 Some(Unit::Seconds),
                 hist_family(),
             ),
+        }
+    }
+}
+
+impl EvidenceFamilies {
+    fn register(r: &mut Registry, histograms: bool) -> Self {
+        Self {
+            reuses: register(
+                r,
+                "observer_reuses",
+                "Reuses of an idle socket, by outcome (every value but ok is a failed reuse)",
+                None,
+                Family::default(),
+            ),
+            peer_idle_closes: register(
+                r,
+                "observer_peer_idle_closes",
+                "Idle sockets the peer closed (fin, rst) or the kernel's keep-alive ended (timeout)",
+                None,
+                Family::default(),
+            ),
+            histograms: histograms.then(|| HistogramFamilies::register(r)),
             discarded_dead: register(
                 r,
                 "observer_discarded_dead",
@@ -196,12 +228,22 @@ impl EvidenceFamilies {
     fn forget(&self, id: &RowId) {
         let row = RowLabels::from(id);
         for o in crate::kernel::event::Outcome::ALL {
-            self.reuse_idle.remove(&ReuseLabels { row: row.clone(), outcome: o.as_str().to_owned() });
+            let labels = ReuseLabels { row: row.clone(), outcome: o.as_str().to_owned() };
+            self.reuses.remove(&labels);
+            if let Some(h) = &self.histograms {
+                h.reuse_idle.remove(&labels);
+            }
         }
-        for how in ["fin", "rst", "timeout"] {
-            self.peer_idle_close.remove(&PeerLabels { row: row.clone(), how: how.to_owned() });
+        for how in crate::kernel::event::How::ALL {
+            let labels = PeerLabels { row: row.clone(), how: how.as_str().to_owned() };
+            self.peer_idle_closes.remove(&labels);
+            if let Some(h) = &self.histograms {
+                h.peer_idle_close.remove(&labels);
+            }
         }
-        self.local_idle_close.remove(&row);
+        if let Some(h) = &self.histograms {
+            h.local_idle_close.remove(&row);
+        }
         self.late_reuses.remove(&row);
         self.discarded_dead.remove(&row);
         self.restarts.remove(&row);
@@ -441,15 +483,17 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        Self::new()
+        Self::new(false)
     }
 }
 
 impl Metrics {
+    /// The lean set (about a dozen series per destination and role), and
+    /// with `histograms` the idle-age histograms too (`--metrics-histograms`).
     #[must_use]
-    pub fn new() -> Self {
+    pub fn new(histograms: bool) -> Self {
         let mut registry = Registry::default();
-        let evidence = EvidenceFamilies::register(&mut registry);
+        let evidence = EvidenceFamilies::register(&mut registry, histograms);
         let estimates = EstimateFamilies::register(&mut registry);
         let daemon = DaemonFamilies::register(&mut registry);
         Self { registry, evidence, estimates, daemon }
@@ -463,20 +507,31 @@ impl Metrics {
         let Some(Ingested { id, obs }) = ingested else { return };
         let row = RowLabels::from(id);
         let e = &self.evidence;
+        let h = e.histograms.as_ref();
         match obs.obs {
             // A reuse is evidence only with its outcome.
             Observation::Reuse { .. } => {
                 if let Some(o) = ev.outcome {
-                    e.reuse_idle
-                        .get_or_create(&ReuseLabels { row, outcome: o.as_str().to_owned() })
-                        .observe(ev.idle_seconds);
+                    let labels = ReuseLabels { row, outcome: o.as_str().to_owned() };
+                    if let Some(h) = h {
+                        h.reuse_idle.get_or_create(&labels).observe(ev.idle_seconds);
+                    }
+                    e.reuses.get_or_create(&labels).inc();
                 }
             }
             Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. } => {
                 let how = ev.how.map_or("fin", |h| h.as_str()).to_owned();
-                e.peer_idle_close.get_or_create(&PeerLabels { row, how }).observe(ev.idle_seconds);
+                let labels = PeerLabels { row, how };
+                if let Some(h) = h {
+                    h.peer_idle_close.get_or_create(&labels).observe(ev.idle_seconds);
+                }
+                e.peer_idle_closes.get_or_create(&labels).inc();
             }
-            Observation::LocalIdleClose { .. } => e.local_idle_close.get_or_create(&row).observe(ev.idle_seconds),
+            Observation::LocalIdleClose { .. } => {
+                if let Some(h) = h {
+                    h.local_idle_close.get_or_create(&row).observe(ev.idle_seconds);
+                }
+            }
             Observation::LateReuse { .. } => {
                 e.late_reuses.get_or_create(&row).inc();
             }
@@ -578,6 +633,30 @@ impl Metrics {
         }
         out
     }
+}
+
+/// The exposition a daemon would serve at the end of a recording: every
+/// event fed as the daemon's pipeline feeds it (counters, restarts, rows
+/// evicted past the window), then the gauges of the finished table, as
+/// `observer analyze` computes it. Fleet simulations serve these.
+#[must_use]
+pub fn exposition_of(events: &[SockEvent], config: Config, histograms: bool) -> String {
+    let metrics = Metrics::new(histograms);
+    let mut agg = Aggregator::new(config);
+    for ev in events {
+        let ingested = agg.ingest(ev);
+        metrics.observe(ev, ingested.as_ref());
+        for r in agg.take_restarts() {
+            metrics.restart(&r);
+        }
+        metrics.forget(&agg.take_gone());
+    }
+    agg.finish();
+    for r in agg.take_restarts() {
+        metrics.restart(&r);
+    }
+    metrics.set_estimates(&agg.rows(agg.latest_ns()));
+    metrics.encode()
 }
 
 /// The `netns` label of the host's namespace as prometheus-client writes it.

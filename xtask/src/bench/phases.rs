@@ -168,17 +168,35 @@ pub(crate) fn churn_phase(plan: &Plan) -> Result<Value> {
 }
 
 pub(crate) fn pipeline_phase(plan: &Plan) -> Result<Value> {
-    let mut rates = Vec::new();
-    let mut scrape = Value::Null;
+    let (mut rates, mut hist_rates) = (Vec::new(), Vec::new());
+    let (mut scrape, mut hist_scrape) = (Value::Null, Value::Null);
+    // The lean default and `--metrics-histograms`, interleaved: the same
+    // events, two expositions.
     for _ in 0..plan.rounds.max(3) {
-        let out = Command::new(observer_bin())
-            .args(["debug", "bench-pipeline", "--events", &plan.pipeline_events.to_string()])
-            .output()?;
-        ensure!(out.status.success(), "bench-pipeline: {}", String::from_utf8_lossy(&out.stderr));
-        let v: Value = serde_json::from_slice(&out.stdout)?;
-        rates.push(v["events_per_second"].as_f64().unwrap_or(f64::NAN));
-        scrape = json!({"bytes": v["scrape_bytes"], "series": v["scrape_series"], "destinations": v["destinations"], "table_rebuild_seconds": v["table_rebuild_seconds"], "table_row_max_seconds": v["table_row_max_seconds"]});
+        for histograms in [false, true] {
+            let mut cmd = Command::new(observer_bin());
+            cmd.args(["debug", "bench-pipeline", "--events", &plan.pipeline_events.to_string()]);
+            if histograms {
+                cmd.arg("--metrics-histograms");
+            }
+            let out = cmd.output()?;
+            ensure!(out.status.success(), "bench-pipeline: {}", String::from_utf8_lossy(&out.stderr));
+            let v: Value = serde_json::from_slice(&out.stdout)?;
+            let s = json!({"bytes": v["scrape_bytes"], "series": v["scrape_series"], "destinations": v["destinations"], "table_rebuild_seconds": v["table_rebuild_seconds"], "table_row_max_seconds": v["table_row_max_seconds"]});
+            let rate = v["events_per_second"].as_f64().unwrap_or(f64::NAN);
+            if histograms {
+                hist_rates.push(rate);
+                hist_scrape = s;
+            } else {
+                rates.push(rate);
+                scrape = s;
+            }
+        }
     }
+    println!(
+        "bench: /metrics over {} destinations: {} series ({} bytes) lean, {} series ({} bytes) with --metrics-histograms",
+        scrape["destinations"], scrape["series"], scrape["bytes"], hist_scrape["series"], hist_scrape["bytes"]
+    );
     println!(
         "bench: pipeline {:.0} events/s (median); one table build over {} destinations: {:.2} ms, the longest row {:.0} us",
         med(&stats(&rates)),
@@ -187,7 +205,7 @@ pub(crate) fn pipeline_phase(plan: &Plan) -> Result<Value> {
         scrape["table_row_max_seconds"].as_f64().unwrap_or(f64::NAN) * 1e6
     );
     Ok(
-        json!({"events_per_run": plan.pipeline_events, "destinations": 1000, "events_per_second_one_core": stats(&rates), "scrape_after_run": scrape}),
+        json!({"events_per_run": plan.pipeline_events, "destinations": 1000, "events_per_second_one_core": stats(&rates), "scrape_after_run": scrape, "events_per_second_one_core_histograms": stats(&hist_rates), "scrape_after_run_histograms": hist_scrape}),
     )
 }
 

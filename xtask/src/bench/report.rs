@@ -248,11 +248,14 @@ pub(crate) fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
     let _ = writeln!(
         s,
-        "### 4. Pipeline\n\n{} events/s on one core (min / median / max).\n\nThe `/metrics` scrape after a run over {} destinations (every destination with ok and failed reuses, peer and local closes): {} series, {} bytes. One build of the table over them (what the HTTP side does at most 4 times a second, a row at a time under the aggregator's lock): {:.1} ms in all; the longest row, the longest the event reader waits because of a scrape: {:.0} us.\n",
+        "### 4. Pipeline\n\n{} events/s on one core (min / median / max); with `--metrics-histograms` {}.\n\nThe `/metrics` scrape after a run over {} destinations (every destination with ok and failed reuses, peer and local closes): {} series, {} bytes by default (lean); {} series, {} bytes with `--metrics-histograms`. One build of the table over them (what the HTTP side does at most 4 times a second, a row at a time under the aggregator's lock): {:.1} ms in all; the longest row, the longest the event reader waits because of a scrape: {:.0} us.\n",
         mmm(&pl["events_per_second_one_core"], 1.0, ""),
+        mmm(&pl["events_per_second_one_core_histograms"], 1.0, ""),
         pl["scrape_after_run"]["destinations"],
         pl["scrape_after_run"]["series"],
         pl["scrape_after_run"]["bytes"],
+        pl["scrape_after_run_histograms"]["series"],
+        pl["scrape_after_run_histograms"]["bytes"],
         pl["scrape_after_run"]["table_rebuild_seconds"].as_f64().unwrap_or(f64::NAN) * 1e3,
         pl["scrape_after_run"]["table_row_max_seconds"].as_f64().unwrap_or(f64::NAN) * 1e6
     );

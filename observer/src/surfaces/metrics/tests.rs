@@ -27,7 +27,7 @@ fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
 
 #[test]
 fn exposition_lines_for_known_events() {
-    let m = Metrics::new();
+    let m = Metrics::new(true);
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.2:443";
     feed(&m, &mut agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
@@ -76,7 +76,7 @@ fn exposition_lines_for_known_events() {
 
 #[test]
 fn cardinality_cap_holds_with_1200_destinations() {
-    let m = Metrics::new();
+    let m = Metrics::default();
     let mut agg = Aggregator::new(Config { max_destinations: 1000, ..Config::default() });
     for k in 0..1200u32 {
         let remote = format!("10.{}.{}.1:443", k / 250, k % 250);
@@ -87,17 +87,17 @@ fn cardinality_cap_holds_with_1200_destinations() {
     let text = m.encode();
     let dests: std::collections::BTreeSet<&str> = text
         .lines()
-        .filter(|l| l.starts_with("observer_reuse_idle_seconds_count{"))
+        .filter(|l| l.starts_with("observer_reuses_total{"))
         .filter_map(|l| l.split("destination=\"").nth(1)?.split('"').next())
         .collect();
     assert_eq!(dests.len(), 1001, "1000 destinations plus other");
     assert!(dests.contains("other"));
-    assert!(text.contains(r#"observer_reuse_idle_seconds_count{destination="other",role="client",outcome="ok"} 200"#));
+    assert!(text.contains(r#"observer_reuses_total{destination="other",role="client",outcome="ok"} 200"#));
 }
 
 #[test]
 fn deadlines_server_rows_and_forgetting() {
-    let m = Metrics::new();
+    let m = Metrics::new(true);
     let mut agg = Aggregator::new(Config { window_ns: 60_000_000_000, ..Config::default() });
     let d = "10.0.0.3:80";
     for k in 0..3u32 {
@@ -136,7 +136,13 @@ fn deadlines_server_rows_and_forgetting() {
 /// naming, units), with every family present.
 #[test]
 fn promtool_accepts_every_metric() {
-    let m = Metrics::new();
+    for histograms in [true, false] {
+        promtool_accepts(histograms);
+    }
+}
+
+fn promtool_accepts(histograms: bool) {
+    let m = Metrics::new(histograms);
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.2:443";
     feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
@@ -169,7 +175,7 @@ fn promtool_accepts_every_metric() {
 
 #[test]
 fn namespaces_label_only_their_own_series() {
-    let m = Metrics::new();
+    let m = Metrics::default();
     let mut agg = Aggregator::new(Config { host_netns: 7, ..Config::default() });
     let d = "10.0.0.2:443";
     for netns in [7, 4_026_532_001] {
@@ -179,11 +185,13 @@ fn namespaces_label_only_their_own_series() {
     }
     let text = m.encode();
     assert!(
-        text.contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#),
+        text.contains(r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#),
         "{text}"
     );
     assert!(
-        text.contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",netns="4026532001",outcome="ok"} 1"#),
+        text.contains(
+            r#"observer_reuses_total{destination="10.0.0.2:443",role="client",netns="4026532001",outcome="ok"} 1"#
+        ),
         "{text}"
     );
     assert!(!text.contains("netns=\"\""), "{text}");
@@ -191,7 +199,7 @@ fn namespaces_label_only_their_own_series() {
 
 #[test]
 fn doomed_and_discarded_dead_are_exported_per_client_row() {
-    let m = Metrics::new();
+    let m = Metrics::default();
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.2:5432";
     feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, 2.0, None, d));
@@ -220,10 +228,73 @@ fn doomed_and_discarded_dead_are_exported_per_client_row() {
         r#"observer_doomed_idle_sockets{destination="10.0.0.2:5432",role="client"} 2"#,
         "# TYPE observer_discarded_dead_total counter",
         r#"observer_discarded_dead_total{destination="10.0.0.2:5432",role="client"} 2"#,
-        r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:5432",role="client",outcome="timed_out"} 1"#,
+        r#"observer_reuses_total{destination="10.0.0.2:5432",role="client",outcome="timed_out"} 1"#,
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
     m.forget(&[crate::diagnosis::table::RowId { destination: d.into(), role: Role::Client, netns: None }]);
     assert!(!m.encode().contains("observer_discarded_dead_total{"), "forgotten with its row");
+}
+
+/// The default exposition is lean: no histogram, a counter per outcome and
+/// per peer-close kind, and a client row that failed and saw peer closes
+/// costs about a dozen series; `--metrics-histograms` adds the histograms
+/// beside the same counters.
+#[test]
+fn lean_by_default_histograms_on_request() {
+    let events = |m: &Metrics, agg: &mut Aggregator| {
+        let d = "10.0.0.2:443";
+        feed(m, agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
+        feed(m, agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+        feed(m, agg, &ev(EventKind::Reuse, 75.0, Some(Outcome::Eof), d));
+        for idle in [60.0, 60.1, 59.9] {
+            feed(m, agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
+        }
+        feed(m, agg, &ev(EventKind::LocalClose, 20.0, None, d));
+        agg.finish();
+        m.set_estimates(&agg.rows(agg.latest_ns()));
+        m.encode()
+    };
+    let series =
+        |text: &str| text.lines().filter(|l| !l.starts_with('#') && l.contains("destination=\"10.0.0.2:443\"")).count();
+    let lean = events(&Metrics::default(), &mut Aggregator::new(Config::default()));
+    assert!(!lean.contains("_bucket") && !lean.contains("observer_reuse_idle_seconds"), "{lean}");
+    for line in [
+        "# TYPE observer_reuses_total counter",
+        r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
+        r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="reset"} 1"#,
+        r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="eof"} 1"#,
+        "# TYPE observer_peer_idle_closes_total counter",
+        r#"observer_peer_idle_closes_total{destination="10.0.0.2:443",role="client",how="fin"} 3"#,
+    ] {
+        assert!(lean.lines().any(|l| l == line), "missing {line}\n{lean}");
+    }
+    let n = series(&lean);
+    assert!((8..=12).contains(&n), "{n} series for one client row:\n{lean}");
+    let full = events(&Metrics::new(true), &mut Aggregator::new(Config::default()));
+    assert!(full
+        .contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="reset"} 1"#));
+    assert!(full.contains(r#"observer_local_idle_close_seconds_count{destination="10.0.0.2:443",role="client"} 1"#));
+    assert!(full.contains(r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#));
+    // Three outcomes, one peer-close kind and the local closes: 5 histograms of 23 series.
+    assert_eq!(series(&full), n + 5 * 23, "{full}");
+}
+
+/// `observer analyze -o prometheus`: the exposition of a real recording
+/// (nginx closing idle connections at 2 s) carries the interval the table
+/// gives, in the lean set.
+#[test]
+fn exposition_of_a_recording_matches_its_table() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/fin-nginx-2s.jsonl");
+    let events = crate::surfaces::status::read_recording(std::fs::File::open(path).unwrap()).unwrap();
+    let rows = crate::surfaces::status::analyze(&events, Config::default());
+    let text = exposition_of(&events, Config::default(), false);
+    let r = rows.iter().find(|r| r.path_idle_timeout_upper_seconds.is_some()).expect("a row with a failure");
+    let upper = r.path_idle_timeout_upper_seconds.unwrap();
+    let want = format!(
+        "observer_path_idle_timeout_seconds{{destination=\"{}\",role=\"client\",bound=\"upper\"}} {upper:?}",
+        r.id.destination
+    );
+    assert!(text.lines().any(|l| l == want), "missing {want}\n{text}");
+    assert!(!text.contains("_bucket"), "lean by default");
 }

@@ -3,7 +3,7 @@
 use anyhow::{Context as _, Result};
 
 use crate::{
-    cli::{AnalyzeArgs, StatusArgs},
+    cli::{AnalyzeArgs, AnalyzeOutput, StatusArgs},
     diagnosis::aggregate::{Config, DestinationRow},
     surfaces::http,
 };
@@ -27,9 +27,12 @@ pub fn analyze_command(args: &AnalyzeArgs) -> Result<()> {
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
     let events = super::read_recording(file).with_context(|| format!("in {}", args.file.display()))?;
     let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
-    let rows = super::analyze(
-        &events,
-        Config { window_ns, max_destinations: args.max_destinations, host_netns: crate::kernel::owner::host_netns() },
-    );
+    let config =
+        Config { window_ns, max_destinations: args.max_destinations, host_netns: crate::kernel::owner::host_netns() };
+    if args.output == AnalyzeOutput::Prometheus {
+        print!("{}", crate::surfaces::metrics::exposition_of(&events, config, args.metrics_histograms));
+        return Ok(());
+    }
+    let rows = super::analyze(&events, config);
     print_rows(&rows, args.json())
 }
