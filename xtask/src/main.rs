@@ -14,6 +14,7 @@ use anyhow::{bail, ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod fleet;
 mod soak;
 mod vm;
 
@@ -75,6 +76,18 @@ enum Task {
         #[arg(long, default_value_t = 10.0)]
         minutes: f64,
     },
+    /// The fleet view at scale: N simulated hosts, each serving the lean
+    /// exposition of its own evidence toward M destinations, scraped by one
+    /// real Prometheus with the fleet rules loaded; measures its series,
+    /// RSS, scrape and rule times, and checks the fleet interval is the
+    /// intersection of the hosts' (target/bench/fleet-NxM.json).
+    FleetSim {
+        /// Hosts; several sizes comma-separated (`50,100,200`), run in turn.
+        #[arg(long, default_value = "20")]
+        hosts: String,
+        #[arg(long, default_value_t = 20)]
+        destinations: u32,
+    },
     /// (internal) hold loopback connections for the memory benchmark.
     #[command(hide = true)]
     BenchHold {
@@ -133,6 +146,7 @@ fn main() -> ExitCode {
         Task::Bench { smoke, only, .. } => bench_task(smoke, only.as_deref()),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
         Task::Soak { minutes } => soak_task(minutes),
+        Task::FleetSim { hosts, destinations } => fleet_task(&hosts, destinations),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -415,6 +429,9 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
         status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
         bench::run(true).context("benchmark smoke run")?;
         soak::run(2.0).context("the two-minute soak")?;
+        // The fleet view at a small size: 20 hosts x 20 destinations on a
+        // real Prometheus, the fleet interval checked exactly.
+        fleet::run(20, 20).context("the fleet simulation (20 hosts x 20 destinations)")?;
     }
     for k in vms {
         let t = Instant::now();
@@ -446,6 +463,20 @@ fn soak_task(minutes: f64) -> Result<()> {
     let toolchain = setup(true)?;
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
     soak::run(minutes)
+}
+
+fn fleet_task(hosts: &str, destinations: u32) -> Result<()> {
+    let sizes = hosts
+        .split(',')
+        .map(|h| h.trim().parse::<u32>().with_context(|| format!("--hosts: `{h}` is not a number of hosts")))
+        .collect::<Result<Vec<_>>>()?;
+    let toolchain = setup(false)?;
+    apt_install(&["prometheus"])?;
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    for h in sizes {
+        fleet::run(h, destinations)?;
+    }
+    Ok(())
 }
 
 fn bench_hold(runs: &str, per_port: usize) -> Result<()> {

@@ -277,7 +277,95 @@ pub(crate) fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "\n### 7. Slow readers\n\n| | |\n|---|---|\n| readers, seconds | {}, {} |\n| `/metrics` body | {} bytes |\n| builds replaced meanwhile (fast scrapes) | {} |\n| bytes the slow readers read in all | {} |\n| daemon RSS at the end / peak | {:.1} MiB / {slow_peak:.1} MiB |\n", slow["readers"], slow["seconds"], int(&slow["metrics_body_bytes"]), slow["fast_scrapes"], int(&slow["bytes_read"]), slow["rss_bytes"].as_f64().unwrap_or(f64::NAN) / 1_048_576.0);
     let _ = writeln!(s, "### 8. Start-up from a large store\n\n| | |\n|---|---|\n| stored records, store size | {}, {:.0} MiB |\n| rows after start-up | {} |\n| time until running | {:.1} s |\n| daemon RSS after start-up / peak | {:.1} MiB / {st_peak:.1} MiB |\n", int(&st["records"]), st["store_bytes"].as_f64().unwrap_or(f64::NAN) / 1_048_576.0, st["destinations"], st["seconds_to_running"].as_f64().unwrap_or(f64::NAN), st["rss_bytes"].as_f64().unwrap_or(f64::NAN) / 1_048_576.0);
     soak_section(&mut s);
+    fleet_section(&mut s);
     s
+}
+
+/// Least squares `y = a + b x`.
+fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
+    #[allow(clippy::cast_precision_loss, reason = "a handful of points")]
+    let n = points.len() as f64;
+    let (sx, sy) = points.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let sxx: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    let sxy: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    (points.len() >= 2 && sxx > 0.0).then(|| (my - sxy / sxx * mx, sxy / sxx))
+}
+
+/// The fleet section, from the `cargo xtask fleet-sim` runs on disk
+/// (`target/bench/fleet-*.json`).
+fn fleet_section(s: &mut String) {
+    let runs = crate::fleet::results(&crate::workspace_root().join("target/bench"));
+    let _ = writeln!(s, "\n## Fleet scale (a real Prometheus)\n");
+    if runs.is_empty() {
+        let _ = writeln!(s, "No fleet simulation on record: run `cargo xtask fleet-sim --hosts 50,100,200 --destinations 100`, then `cargo xtask bench --report-only`.");
+        return;
+    }
+    let _ = writeln!(s, "`cargo xtask fleet-sim --hosts N --destinations M`: N simulated hosts, each serving the lean exposition (`observer analyze -o prometheus`) of its own evidence toward the same M destinations (survivals, failures and, at every other destination, peer closes; at every tenth destination one host in seven has a different path, its interval wholly below the others'); one Prometheus ({}) scrapes all of them every {} s with `deploy/prometheus/observer-rules.yml` loaded, read after every target was up, the rules had run, and {} more scrapes. *Host series* counts every series of the hosts' job in Prometheus (with `up` and the scrape's own five per target). The fleet check compares, for every destination, the recorded lower, upper and point with the max, min and min over the hosts' expositions: it must be exact.\n", prometheus_version(), runs[0]["scrape_interval_seconds"], runs[0]["scrapes_before_reading"]);
+    let _ = writeln!(s, "| hosts x destinations | host series (per destination) | Prometheus head series | Prometheus RSS (peak) | scrape duration avg / max | fleet rule group, last / max | fleet values checked, wrong | destinations where hosts disagree |\n|---|---|---|---|---|---|---|---|");
+    let int = |v: &Value| v.as_f64().map_or_else(|| "-".to_owned(), |x| format!("{x:.0}"));
+    let mib = |v: &Value| v.as_f64().unwrap_or(f64::NAN) / 1_048_576.0;
+    let ms = |v: &Value| v.as_f64().unwrap_or(f64::NAN) * 1e3;
+    for r in &runs {
+        let hosts = r["hosts"].as_f64().unwrap_or(f64::NAN);
+        let dests = r["destinations"].as_f64().unwrap_or(f64::NAN);
+        let _ = writeln!(
+            s,
+            "| {} x {} | {} ({:.1}) | {} | {:.0} MiB ({:.0}) | {:.1} / {:.1} ms | {:.1} / {:.1} ms | {}, {} | {} |",
+            r["hosts"],
+            r["destinations"],
+            int(&r["host_series_in_prometheus"]),
+            r["host_series_in_prometheus"].as_f64().unwrap_or(f64::NAN) / hosts / dests,
+            int(&r["prometheus_head_series"]),
+            mib(&r["prometheus_rss_bytes"]),
+            mib(&r["prometheus_peak_rss_bytes"]),
+            ms(&r["scrape_duration_seconds_avg"]),
+            ms(&r["scrape_duration_seconds_max"]),
+            ms(&r["rule_group_seconds_last"]),
+            ms(&r["rule_group_seconds_max"]),
+            r["fleet_values_compared"],
+            r["fleet_values_wrong"],
+            r["destinations_where_hosts_disagree"]
+        );
+    }
+    // Extrapolation over the runs with 100 destinations: RSS and rule time
+    // against head series, fitted by least squares.
+    let big: Vec<&Value> =
+        runs.iter().filter(|r| r["destinations"] == 100 && r["hosts"].as_u64() >= Some(50)).collect();
+    let pts = |y: &str| -> Vec<(f64, f64)> {
+        big.iter().filter_map(|r| Some((r["prometheus_head_series"].as_f64()?, r[y].as_f64()?))).collect()
+    };
+    let (Some((rss0, rss_per)), Some((rule0, rule_per))) =
+        (fit(&pts("prometheus_peak_rss_bytes")), fit(&pts("rule_group_seconds_max")))
+    else {
+        return;
+    };
+    let per_host =
+        big.iter().filter_map(|r| Some(r["host_series_in_prometheus"].as_f64()? / r["hosts"].as_f64()?)).sum::<f64>()
+            / {
+                #[allow(clippy::cast_precision_loss, reason = "a handful of runs")]
+                let n = big.len() as f64;
+                n
+            };
+    let _ = writeln!(s, "\nFitted over the runs with 100 destinations (peak RSS and the rule group's longest evaluation against head series, least squares): **{:.0} bytes of Prometheus RSS per series** over a base of {:.0} MiB, and **{:.2} ms of fleet-rule evaluation per 10,000 series**. A host with 100 destinations sends {per_host:.0} series. Extrapolated:\n", rss_per, rss0 / 1_048_576.0, rule_per * 1e7);
+    let _ = writeln!(s, "| hosts (100 destinations each) | series | Prometheus RSS, extrapolated from this short run | fleet rules per evaluation | what it needs |\n|---|---|---|---|---|");
+    for (hosts, needs) in [
+        (1_000.0, "one Prometheus (a 4-8 GiB machine leaves room for the head's growth over 2-3 h of samples, which this short run does not hold); or two scraping half the hosts each, the rules evaluated where they meet (Thanos Query or Mimir ruler)"),
+        (10_000.0, "past one Prometheus: shard the scrape (hashmod over hosts, 5-10 Prometheus servers of 2 M series each) and evaluate the fleet rules once over all shards, in the Mimir or Thanos ruler; the rules aggregate `by (destination, role)`, so each shard can also pre-aggregate its own max/min and the global rule take max/min of those"),
+    ] {
+        let series = hosts * per_host;
+        let _ = writeln!(s, "| {hosts:.0} | {:.1} M | {:.1} GiB | {:.0} ms | {needs} |", series / 1e6, (rss0 + rss_per * series) / 1_073_741_824.0, (rule0 + rule_per * series) * 1e3);
+    }
+    let _ = writeln!(s, "\nThe same hosts with `--metrics-histograms` send about 7 times as many series (10 -> 79 for one failing destination, `tests/prometheus.rs`), which is what made the histograms opt-in.");
+}
+
+fn prometheus_version() -> String {
+    std::process::Command::new("prometheus")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "Prometheus".to_owned())
 }
 
 /// The reliability section, from the last full `cargo xtask soak`
