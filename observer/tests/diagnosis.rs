@@ -139,8 +139,10 @@ fn summary(name: &str, t: f64, r: &DestinationRow) {
 }
 
 fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
-    // Let the last events drain, then read the table.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Held peer closes become evidence after 1 s; the table is read once
+    // the daemon has printed its last event (it can lag the traffic by
+    // seconds on a loaded guest).
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_secs(60))?;
     daemon.status()
 }
 

@@ -50,8 +50,10 @@ fn client_row(rows: &[DestinationRow], dest: &str) -> Result<DestinationRow> {
 }
 
 fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
-    // Held peer closes become evidence after 1 s; let the last events drain.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Held peer closes become evidence after 1 s; the table is read once
+    // the daemon has printed its last event (it can lag the traffic by
+    // seconds on a loaded guest).
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_secs(60))?;
     daemon.status()
 }
 
@@ -77,9 +79,11 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     let before = client_row(&settle(&daemon)?, &dest)?;
     ensure!(before.failures_window >= 8 && before.verdict == Verdict::Mismatch, "the burst: {before:#?}");
     // The flood: 40 connections x 300 requests, 60 ms apart: 11,960
-    // reuses. Ten thousand of them must be seen: on 6.1 under TCG the
-    // probes saw 4-13% fewer in 3 of 7 runs (0 lost, 0 unresolved, spread
-    // over every connection; not yet explained, see the message below).
+    // reuses, up to 12,000 when a slow client writes its first request
+    // 50 ms or more after connecting (that write is a reuse too). Every one
+    // must be counted. (On 6.1 under TCG the daemon drains seconds behind
+    // this flood: a table read after a fixed 1.5 s missed up to 19% of the
+    // last requests, which is why `settle` waits for the last event.)
     let load = script(HTTP_LOAD)?;
     let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 40 300 0.06", load.display(), topo.server_v4))?;
     ensure!(out.trim() == "12000", "answered: {out}");
@@ -99,7 +103,8 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
         after.verdict.as_str(),
         after.evidence_bytes
     );
-    if after.reuses_window < before.reuses_window + 10_000 {
+    let flood = after.reuses_window.saturating_sub(before.reuses_window);
+    if !(11_960..=12_000).contains(&flood) {
         // What the daemon counted as lost or unresolved, for the message.
         let metrics = observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?;
         let counts: Vec<String> = String::from_utf8_lossy(&metrics)
@@ -121,7 +126,7 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
                 slot.1.push(format!("{} {:.3}", e.kind.as_str(), e.idle_seconds));
             }
         }
-        let few: Vec<_> = per.iter().filter(|(_, (n, _))| *n < 290).collect();
+        let few: Vec<_> = per.iter().filter(|(_, (n, _))| (10..299).contains(n)).collect();
         // Runs the kernel skipped because the program was already running
         // on that CPU (`recursion_misses`): evidence lost before any map.
         let misses: Vec<String> = common::sh("bpftool prog show")
@@ -131,7 +136,7 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
             .map(str::to_owned)
             .collect();
         bail!(
-            "{} reuses after the flood of 11,960 (before {}): {counts:#?}; connections with few reuses: {few:#?}; skipped runs: {misses:#?}; {after:#?}",
+            "{} reuses after the flood of 11,960 to 12,000 (before {}): {counts:#?}; connections with few reuses: {few:#?}; skipped runs: {misses:#?}; {after:#?}",
             after.reuses_window,
             before.reuses_window
         );

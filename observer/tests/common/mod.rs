@@ -142,6 +142,31 @@ impl Daemon {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Wait until the daemon has caught up: no event printed for `quiet`.
+    /// A daemon starved of CPU (40 busy Python threads on a 2-CPU guest
+    /// under TCG) drains the ring buffer seconds behind the traffic; its
+    /// table is read only once it has printed the last event, so a fixed
+    /// sleep cannot pass for "every event counted".
+    pub fn caught_up(&self, quiet: Duration, limit: Duration) -> Result<()> {
+        let start = Instant::now();
+        let (mut seen, mut since) = (self.events.lock().unwrap().len(), Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_millis(100));
+            let n = self.events.lock().unwrap().len();
+            if n != seen {
+                (seen, since) = (n, Instant::now());
+            } else if since.elapsed() >= quiet {
+                return Ok(());
+            }
+            if start.elapsed() > limit {
+                bail!(
+                    "the daemon was still printing events {:.0} s after the traffic ended ({seen} so far)",
+                    limit.as_secs_f64()
+                );
+            }
+        }
+    }
+
     /// Wait until `pred` holds for the events seen so far, or time out.
     pub fn wait_for(
         &self,
