@@ -143,7 +143,18 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     }
     assert_eq!(after.failures_window, before.failures_window, "no failure evicted");
     assert_eq!(after.path_idle_timeout_upper_seconds, before.path_idle_timeout_upper_seconds);
-    assert_eq!(after.path_idle_timeout_lower_seconds, before.path_idle_timeout_lower_seconds);
+    // The lower bound is the longest idle answered: the flood's requests
+    // idle 60 ms or a little more, but a thread starved for seconds on a
+    // loaded 2-CPU guest under TCG once reused after 2.30 s, answered (the
+    // path allows 3 s). That raises the bound truly; it never passes the
+    // failures' upper bound.
+    let (lower, upper) =
+        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds.unwrap_or(f64::MAX));
+    assert!(
+        lower >= before.path_idle_timeout_lower_seconds && lower < upper,
+        "lower bound {lower} against [{}, {upper}]",
+        before.path_idle_timeout_lower_seconds
+    );
     assert_eq!(after.path_idle_timeout_seconds, before.path_idle_timeout_seconds);
     assert_eq!(after.verdict, Verdict::Mismatch);
     assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
