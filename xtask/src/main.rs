@@ -446,6 +446,9 @@ fn bench_task(smoke: bool, only: Option<&str>) -> Result<()> {
     if !is_root() {
         bail!("`cargo xtask bench` loads probes and must run as root");
     }
+    // bpftrace, the comparison, finds tracepoints through tracefs, which a
+    // fresh machine may not have mounted.
+    check_kernel()?;
     let toolchain = setup(true)?;
     apt_install(BENCH_PACKAGES)?;
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
