@@ -157,6 +157,10 @@ pub mod dead {
     pub const TIMEOUT: u8 = 3;
     /// Mask of the kind.
     pub const KIND: u8 = 0x03;
+    /// The socket has an entry in the `DOOMED` map (the probes' own
+    /// bookkeeping: only a listed socket is removed from the map, so a
+    /// close costs no hash-table delete when nothing was entered).
+    pub const LISTED: u8 = 0x20;
     /// The death was an idle close (it came at least `MIN_IDLE_NS` after
     /// the last data): a `peer_close_while_idle` was emitted for it.
     pub const IDLE: u8 = 0x40;
@@ -557,7 +561,7 @@ const _: () = assert!(core::mem::size_of::<DoomedRecord>() == DOOMED_RECORD_SIZE
 
 /// Key of the table of connections our server side closed idle (for
 /// `late_reuse`): local and remote address and port.
-#[repr(C)]
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TupleKey {
     pub saddr: [u8; 16],
@@ -569,6 +573,21 @@ pub struct TupleKey {
 }
 
 const _: () = assert!(core::mem::size_of::<TupleKey>() == 40);
+
+// The probes move these 16-byte fields as two aligned 8-byte words
+// (`observer-ebpf` `common::bytes`): each sits at an 8-aligned offset of
+// an 8-aligned type.
+const _: () = {
+    use core::mem::{align_of, offset_of};
+    assert!(align_of::<Event>() == 8 && align_of::<SockState>() == 8);
+    assert!(align_of::<DoomedRecord>() == 8 && align_of::<TupleKey>() == 8);
+    assert!(offset_of!(Event, saddr) % 8 == 0 && offset_of!(Event, daddr) % 8 == 0 && offset_of!(Event, comm) % 8 == 0);
+    assert!(offset_of!(SockState, saddr) % 8 == 0 && offset_of!(SockState, daddr) % 8 == 0);
+    assert!(offset_of!(SockState, comm) % 8 == 0);
+    assert!(offset_of!(DoomedRecord, saddr) % 8 == 0 && offset_of!(DoomedRecord, daddr) % 8 == 0);
+    assert!(offset_of!(DoomedRecord, comm) % 8 == 0);
+    assert!(offset_of!(TupleKey, saddr) % 8 == 0 && offset_of!(TupleKey, daddr) % 8 == 0);
+};
 
 /// What the server side remembers about a connection it closed idle.
 #[repr(C)]

@@ -21,22 +21,28 @@ pub(crate) fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
     }
     st.dead = d;
     if unused_death(st) != dead::NONE && st.id != 0 {
-        let rec = DoomedRecord {
-            id: st.id,
-            last_ns: last_activity(st),
-            cgroup_id: st.cgroup_id,
-            saddr: st.saddr,
-            daddr: st.daddr,
-            netns: st.netns,
-            tgid: st.tgid,
-            sport: st.sport,
-            dport: st.dport,
-            family: st.family,
-            role: st.role,
-            how: kind,
-            comm: st.comm,
+        let mut rec = core::mem::MaybeUninit::<DoomedRecord>::uninit();
+        let p = rec.as_mut_ptr();
+        // SAFETY: every field is written before the record is read.
+        let rec = unsafe {
+            (&raw mut (*p).id).write(st.id);
+            (&raw mut (*p).last_ns).write(last_activity(st));
+            (&raw mut (*p).cgroup_id).write(st.cgroup_id);
+            copy16(&raw mut (*p).saddr, &raw const st.saddr);
+            copy16(&raw mut (*p).daddr, &raw const st.daddr);
+            (&raw mut (*p).netns).write(st.netns);
+            (&raw mut (*p).tgid).write(st.tgid);
+            (&raw mut (*p).sport).write(st.sport);
+            (&raw mut (*p).dport).write(st.dport);
+            (&raw mut (*p).family).write(st.family);
+            (&raw mut (*p).role).write(st.role);
+            (&raw mut (*p).how).write(kind);
+            copy16(&raw mut (*p).comm, &raw const st.comm);
+            rec.assume_init()
         };
-        if DOOMED.insert(st.id, rec, 0).is_err() {
+        if DOOMED.insert(st.id, rec, 0).is_ok() {
+            st.dead |= dead::LISTED;
+        } else {
             count(counter::DOOMED_FULL);
         }
     }
@@ -45,8 +51,9 @@ pub(crate) fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
 /// The application acted on a dead socket (wrote on it or closed it): it
 /// is no longer held dead.
 #[inline(always)]
-pub(crate) fn undoom(st: &SockState) {
-    if st.dead & dead::KIND != dead::NONE {
+pub(crate) fn undoom(st: &mut SockState) {
+    if st.dead & dead::LISTED != 0 {
+        st.dead &= !dead::LISTED;
         let _ = DOOMED.remove(st.id);
     }
 }

@@ -15,24 +15,22 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
         count(counter::RINGBUF_FULL);
         return;
     };
-    // SAFETY: the reserved slot is valid for writes of one Event; every
-    // byte is written (zeroed) before any field is read.
-    let e = unsafe {
-        let p = entry.as_mut_ptr();
-        core::ptr::write_bytes(p, 0, 1);
-        &mut *p
-    };
+    let p = entry.as_mut_ptr();
+    zero(p);
+    // SAFETY: the reserved slot is valid for one Event and every byte of
+    // it was just written.
+    let e = unsafe { &mut *p };
     e.ts_ns = now;
     e.sock_id = st.id;
     e.kind = kind;
-    e.saddr = st.saddr;
-    e.daddr = st.daddr;
+    copy16(&raw mut e.saddr, &raw const st.saddr);
+    copy16(&raw mut e.daddr, &raw const st.daddr);
     e.sport = st.sport;
     e.dport = st.dport;
     e.family = st.family;
     e.role = st.role;
     e.tgid = st.tgid;
-    e.comm = st.comm;
+    copy16(&raw mut e.comm, &raw const st.comm);
     e.cgroup_id = st.cgroup_id;
     e.netns = st.netns;
     e.flags = st.flags & flags::PREEXISTING;

@@ -25,6 +25,16 @@ pub(crate) fn field<T: Copy + Default>(sk: *const c_void, off: *const u64) -> T 
     unsafe { bpf_probe_read_kernel(sk.cast::<u8>().add(off).cast::<T>()) }.unwrap_or_default()
 }
 
+/// Read a 16-byte kernel field at `sk + off` straight into `dst` (no copy
+/// through the stack, which would be a `memmove` call); zeroed on failure.
+#[inline(always)]
+pub(crate) fn field_into(dst: *mut [u8; 16], sk: *const c_void, off: *const u64) {
+    let off = global(off) as usize;
+    // SAFETY: a probe read into a 16-byte field; the helper zeroes the
+    // destination when the read fails.
+    unsafe { bpf_probe_read_kernel_raw(dst.cast(), 16, sk.cast::<u8>().add(off).cast()) };
+}
+
 /// Read a field of the hook's own BTF-typed `struct sock *` (or of a
 /// pointer loaded from one) at `sk + off` by a direct load: the verifier
 /// checks it against the type and makes it fault-safe, and it costs no

@@ -25,7 +25,7 @@
 //!   still unread and the application read the EOF only after it: that
 //!   was a request, and it failed.
 //!
-//! Split by concern: [`maps`], [`clock`], [`kernel`], [`sock`], [`emit`], [`death`], [`requests`].
+//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`death`], [`requests`].
 
 use core::ffi::c_void;
 
@@ -33,9 +33,12 @@ use aya_ebpf::{
     bindings::BPF_SK_STORAGE_GET_F_CREATE,
     btf_maps::SkStorage,
     helpers::{
-        bpf_get_current_comm, bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns,
-        bpf_ktime_get_ns, bpf_probe_read_kernel,
-        generated::{bpf_get_current_cgroup_id, bpf_jiffies64, bpf_sk_storage_get, bpf_skc_to_tcp_sock},
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns, bpf_ktime_get_ns,
+        bpf_probe_read_kernel,
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_comm as bpf_get_current_comm_raw, bpf_jiffies64,
+            bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
+        },
     },
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
@@ -45,6 +48,7 @@ use observer_common::{
     TupleKey, AF_INET, AF_INET6,
 };
 
+mod bytes;
 mod clock;
 mod death;
 mod emit;
@@ -53,6 +57,8 @@ mod maps;
 mod requests;
 mod sock;
 
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
+pub use bytes::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
 pub use clock::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]

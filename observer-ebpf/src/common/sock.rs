@@ -50,11 +50,15 @@ pub fn init(sk: *const c_void, st: &mut SockState) -> bool {
     if family == AF_INET {
         let d: u32 = direct(sk, &raw const OFFSETS.skc_daddr);
         let s: u32 = direct(sk, &raw const OFFSETS.skc_rcv_saddr);
-        st.daddr[..4].copy_from_slice(&d.to_ne_bytes());
-        st.saddr[..4].copy_from_slice(&s.to_ne_bytes());
+        // SAFETY: 4-byte stores at the start of 8-aligned 16-byte fields
+        // (a slice copy would be a `memmove` call).
+        unsafe {
+            (&raw mut st.daddr).cast::<u32>().write_volatile(d);
+            (&raw mut st.saddr).cast::<u32>().write_volatile(s);
+        }
     } else if family == AF_INET6 {
-        st.daddr = field(sk, &raw const OFFSETS.skc_v6_daddr);
-        st.saddr = field(sk, &raw const OFFSETS.skc_v6_rcv_saddr);
+        field_into(&raw mut st.daddr, sk, &raw const OFFSETS.skc_v6_daddr);
+        field_into(&raw mut st.saddr, sk, &raw const OFFSETS.skc_v6_rcv_saddr);
     } else {
         return false;
     }
@@ -114,13 +118,26 @@ pub fn tracks_requests(st: &SockState) -> bool {
 #[inline(always)]
 pub fn set_process(st: &mut SockState) {
     st.tgid = (bpf_get_current_pid_tgid() >> 32) as u32;
-    st.comm = bpf_get_current_comm().unwrap_or([0; 16]);
+    // Straight into the state: the helper zeroes the buffer when it fails.
+    // SAFETY: a 16-byte buffer, as the helper's size says.
+    unsafe { bpf_get_current_comm_raw((&raw mut st.comm).cast(), 16) };
     // SAFETY: a helper with no arguments, allowed in tracing programs.
     st.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
 }
 
 pub(crate) fn tuple_key(st: &SockState) -> TupleKey {
-    TupleKey { saddr: st.saddr, daddr: st.daddr, sport: st.sport, dport: st.dport, family: st.family, pad: 0 }
+    let mut k = core::mem::MaybeUninit::<TupleKey>::uninit();
+    let p = k.as_mut_ptr();
+    // SAFETY: every field of the key is written before it is read.
+    unsafe {
+        copy16(&raw mut (*p).saddr, &raw const st.saddr);
+        copy16(&raw mut (*p).daddr, &raw const st.daddr);
+        (&raw mut (*p).sport).write(st.sport);
+        (&raw mut (*p).dport).write(st.dport);
+        (&raw mut (*p).family).write(st.family);
+        (&raw mut (*p).pad).write(0);
+        k.assume_init()
+    }
 }
 
 /// Server side: remember an idle close, so a client that writes on it
