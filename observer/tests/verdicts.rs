@@ -53,7 +53,7 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
     // Held peer closes become evidence after 1 s; the table is read once
     // the daemon has printed its last event (it can lag the traffic by
     // seconds on a loaded guest).
-    daemon.caught_up(Duration::from_millis(1500), Duration::from_secs(60))?;
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
     daemon.status()
 }
 

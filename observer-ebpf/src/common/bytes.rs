@@ -24,7 +24,7 @@ pub(crate) fn copy16(dst: *mut [u8; 16], src: *const [u8; 16]) {
 /// Zero an 8-aligned object whose size is a multiple of 8.
 #[inline(always)]
 pub(crate) fn zero<T>(p: *mut T) {
-    const { assert!(core::mem::size_of::<T>() % 8 == 0 && core::mem::align_of::<T>() >= 8) };
+    const { assert!(core::mem::size_of::<T>().is_multiple_of(8) && core::mem::align_of::<T>() >= 8) };
     let w = p.cast::<u64>();
     let mut i = 0;
     while i < core::mem::size_of::<T>() / 8 {

@@ -45,6 +45,7 @@ pub(crate) fn next_id() -> u64 {
 /// `struct sock_common` at BTF offsets; `sk` is a hook's BTF `struct sock
 /// *`, so the scalar fields are direct loads). False for non-IP families.
 #[inline(always)]
+#[allow(clippy::cast_ptr_alignment, reason = "the address fields are 8-aligned (asserted in observer-common)")]
 pub fn init(sk: *const c_void, st: &mut SockState) -> bool {
     let family: u16 = direct(sk, &raw const OFFSETS.skc_family);
     if family == AF_INET {
