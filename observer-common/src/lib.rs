@@ -53,6 +53,10 @@ pub mod kind {
     /// RST) or the kernel had timed out while idle, without writing on it:
     /// the pool discarded a dead socket instead of failing on it.
     pub const DISCARDED_DEAD: u8 = 9;
+    /// A client connection's first write starts like a TLS ClientHello or
+    /// an HTTP/1.x request: a [`Hello`] record carries its first bytes, for
+    /// the name the client used (SNI, `Host`).
+    pub const HELLO: u8 = 10;
 }
 
 /// Role of a socket. Values are part of the wire format.
@@ -403,6 +407,23 @@ impl Event {
     };
 }
 
+/// Bytes of a client connection's first write a [`Hello`] record carries.
+pub const HELLO_BYTES: usize = 512;
+
+/// A [`kind::HELLO`] record: the event header, then the first
+/// `event.bytes` (at most [`HELLO_BYTES`]) bytes of the connection's first
+/// write; the rest of `bytes` is undefined and never read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hello {
+    pub event: Event,
+    pub bytes: [u8; HELLO_BYTES],
+}
+
+/// Size of a [`Hello`] record on the wire.
+pub const HELLO_SIZE: usize = EVENT_SIZE + HELLO_BYTES;
+const _: () = assert!(core::mem::size_of::<Hello>() == HELLO_SIZE);
+
 /// Per-socket state the probes keep in socket-local storage
 /// (`BPF_MAP_TYPE_SK_STORAGE`): it lives and dies with the socket, so a
 /// reallocated socket never inherits it. Sequence numbers are the kernel's
@@ -508,6 +529,7 @@ mod pod {
     // SAFETY: all of them are repr(C), contain only integers and byte arrays,
     // and have no padding (asserted above), so any byte pattern is valid.
     unsafe impl aya::Pod for super::Event {}
+    unsafe impl aya::Pod for super::Hello {}
     unsafe impl aya::Pod for super::SockState {}
     unsafe impl aya::Pod for super::SockRecord {}
     unsafe impl aya::Pod for super::DoomedRecord {}

@@ -7,4 +7,5 @@
 pub mod bpf;
 pub mod btf;
 pub mod event;
+pub mod hello;
 pub mod owner;

@@ -1,0 +1,199 @@
+//! The name a client used, from the first bytes of its connection: the SNI
+//! `server_name` of a TLS ClientHello, or the `Host` header of a plaintext
+//! HTTP/1.x request. The send probe hands over at most [`HELLO_BYTES`] of a
+//! client connection's first write, and only when they start like one of
+//! the two; the bytes are parsed here and dropped at once (never stored,
+//! recorded or logged).
+//!
+//! No false name is the rule: a parse that runs out of bytes, meets a
+//! malformed length, or finds something that is not a host name gives
+//! `None`. Requests meant for a proxy (`CONNECT`, an absolute URI) are
+//! skipped: their host is not the row's destination. IP literals are no
+//! names (the row already carries the address).
+
+use observer_common::HELLO_BYTES;
+
+use crate::names::named;
+
+named! {
+    /// Where a name came from.
+    pub enum NameSource {
+        /// TLS ClientHello `server_name` extension.
+        Sni => "sni",
+        /// HTTP/1.x `Host` header.
+        Host => "host",
+    }
+}
+
+/// The host name in a connection's first bytes, lower-cased, with its source.
+#[must_use]
+pub fn server_name(bytes: &[u8]) -> Option<(String, NameSource)> {
+    let bytes = &bytes[..bytes.len().min(HELLO_BYTES)];
+    match bytes.first()? {
+        0x16 => sni(bytes).map(|n| (n, NameSource::Sni)),
+        b'A'..=b'Z' => http_host(bytes).map(|n| (n, NameSource::Host)),
+        _ => None,
+    }
+}
+
+/// A bounds-checked reader over a byte slice.
+struct Reader<'a> {
+    b: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if n > self.b.len() {
+            return None;
+        }
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<usize> {
+        self.take(1).map(|b| usize::from(b[0]))
+    }
+
+    fn u16(&mut self) -> Option<usize> {
+        self.take(2).map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    }
+
+    fn u24(&mut self) -> Option<usize> {
+        self.take(3).map(|b| (usize::from(b[0]) << 16) | (usize::from(b[1]) << 8) | usize::from(b[2]))
+    }
+
+    /// A sub-reader of `n` bytes; if fewer are left (a truncated capture),
+    /// the rest, so that fields wholly inside it can still be read.
+    fn sub(&mut self, n: usize) -> Reader<'a> {
+        let n = n.min(self.b.len());
+        let (head, rest) = self.b.split_at(n);
+        self.b = rest;
+        Reader { b: head }
+    }
+}
+
+/// SNI from a TLS record holding a ClientHello (RFC 8446 4.1.2, RFC 6066 3).
+fn sni(bytes: &[u8]) -> Option<String> {
+    let mut r = Reader { b: bytes };
+    // Record: type 22 (handshake), legacy version 3.x, length.
+    r.u8().filter(|&t| t == 0x16)?;
+    r.u8().filter(|&major| major == 3)?;
+    r.u8().filter(|&minor| minor <= 4)?;
+    let record_len = r.u16().filter(|&l| (4..=16_384 + 256).contains(&l))?;
+    let mut rec = r.sub(record_len);
+    // Handshake: type 1 (ClientHello), length.
+    rec.u8().filter(|&t| t == 1)?;
+    let hello_len = rec.u24()?;
+    let mut h = rec.sub(hello_len);
+    h.u16().filter(|&v| (0x0300..=0x0304).contains(&v))?;
+    h.take(32)?;
+    let sid = h.u8().filter(|&l| l <= 32)?;
+    h.take(sid)?;
+    let suites = h.u16().filter(|&l| l >= 2 && l % 2 == 0)?;
+    h.take(suites)?;
+    let comp = h.u8().filter(|&l| l >= 1)?;
+    h.take(comp)?;
+    let ext_len = h.u16()?;
+    let mut exts = h.sub(ext_len);
+    loop {
+        let ty = exts.u16()?;
+        let len = exts.u16()?;
+        if ty != 0 {
+            exts.take(len)?;
+            continue;
+        }
+        let mut ext = Reader { b: exts.take(len)? };
+        let list_len = ext.u16()?;
+        let mut list = Reader { b: ext.take(list_len)? };
+        while !list.b.is_empty() {
+            let name_type = list.u8()?;
+            let name_len = list.u16()?;
+            let name = list.take(name_len)?;
+            if name_type == 0 {
+                return host_name(name);
+            }
+        }
+        return None;
+    }
+}
+
+/// Methods whose `Host` names the origin the connection goes to.
+const METHODS: &[&[u8]] = &[b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE"];
+
+/// `Host` of an HTTP/1.x request in origin form (RFC 9112 3, 3.2).
+fn http_host(bytes: &[u8]) -> Option<String> {
+    let line_end = find(bytes, b"\r\n")?;
+    let line = &bytes[..line_end];
+    let mut parts = line.split(|&b| b == b' ');
+    let method = parts.next()?;
+    let target = parts.next()?;
+    let version = parts.next()?;
+    if parts.next().is_some() || !METHODS.contains(&method) || !version.starts_with(b"HTTP/1.") {
+        return None;
+    }
+    // Origin form ("/path") or `OPTIONS *`: an absolute URI or `CONNECT`
+    // goes to a proxy, whose name this is not.
+    if !(target.starts_with(b"/") || target == b"*") {
+        return None;
+    }
+    let mut rest = &bytes[line_end + 2..];
+    loop {
+        // A header counts only whole: its line must end inside the capture.
+        let end = find(rest, b"\r\n")?;
+        let header = &rest[..end];
+        if header.is_empty() {
+            return None;
+        }
+        if let Some(colon) = header.iter().position(|&b| b == b':') {
+            if header[..colon].eq_ignore_ascii_case(b"host") {
+                let value = header[colon + 1..].trim_ascii();
+                return host_name(strip_port(value)?);
+            }
+        }
+        rest = &rest[end + 2..];
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// `host[:port]` without the port; a bracketed IPv6 literal is no name.
+fn strip_port(v: &[u8]) -> Option<&[u8]> {
+    if v.first() == Some(&b'[') {
+        return None;
+    }
+    match v.iter().position(|&b| b == b':') {
+        Some(i) if v[i + 1..].iter().all(u8::is_ascii_digit) && i + 1 < v.len() => Some(&v[..i]),
+        Some(_) => None,
+        None => Some(v),
+    }
+}
+
+/// A DNS host name (RFC 1123 labels; `_` allowed, as some internal names
+/// carry it), lower-cased, without a trailing dot; not an IPv4 literal.
+fn host_name(b: &[u8]) -> Option<String> {
+    let b = b.strip_suffix(b".").unwrap_or(b);
+    if b.is_empty() || b.len() > 253 {
+        return None;
+    }
+    for label in b.split(|&c| c == b'.') {
+        let ok = !label.is_empty()
+            && label.len() <= 63
+            && label.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_')
+            && label.first() != Some(&b'-')
+            && label.last() != Some(&b'-');
+        if !ok {
+            return None;
+        }
+    }
+    let s = std::str::from_utf8(b).ok()?.to_ascii_lowercase();
+    if s.parse::<std::net::Ipv4Addr>().is_ok() {
+        return None;
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests;
