@@ -53,7 +53,7 @@ pub mod kind {
     /// RST) or the kernel had timed out while idle, without writing on it:
     /// the pool discarded a dead socket instead of failing on it.
     pub const DISCARDED_DEAD: u8 = 9;
-    /// A client connection's first write starts like a TLS ClientHello or
+    /// A client connection's first write starts like a TLS `ClientHello` or
     /// an HTTP/1.x request: a [`Hello`] record carries its first bytes, for
     /// the name the client used (SNI, `Host`).
     pub const HELLO: u8 = 10;
@@ -319,10 +319,25 @@ pub struct Offsets {
     /// `tcp_sock.rcv_tstamp`: jiffies of the last segment received (data,
     /// or the answer to a keep-alive probe).
     pub rcv_tstamp: u64,
+    /// `msghdr.msg_iter` (the send probe's `msg` argument); 0 = names off
+    /// (`--no-names`, or a kernel whose `iov_iter` was not resolved).
+    pub msg_iter: u64,
+    /// `iov_iter.iter_type` (a `u8`).
+    pub iter_type: u64,
+    /// `iov_iter.iov_offset`: bytes of the first segment already consumed.
+    pub iov_offset: u64,
+    /// `iov_iter.count`: bytes left to send.
+    pub iter_count: u64,
+    /// The `iov_iter` pointer union: `ubuf` (6.0+) or `__iov`/`iov`.
+    pub iter_ptr: u64,
+    /// Value of `ITER_UBUF` (`u64::MAX` on kernels without it).
+    pub iter_ubuf: u64,
+    /// Value of `ITER_IOVEC`.
+    pub iter_iovec: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 22;
+pub const OFFSETS_COUNT: usize = 29;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.
@@ -480,7 +495,9 @@ pub struct SockState {
     /// How the socket died while idle, and whether that was acted on
     /// ([`dead`]).
     pub dead: u8,
-    pub pad: [u8; 3],
+    /// 1 once the first write was looked at for a name (see [`Hello`]).
+    pub hello: u8,
+    pub pad: [u8; 2],
 }
 
 impl SockState {
@@ -513,7 +530,8 @@ impl SockState {
         cgroup_id: 0,
         netns: 0,
         dead: 0,
-        pad: [0; 3],
+        hello: 0,
+        pad: [0; 2],
     };
 }
 

@@ -11,6 +11,9 @@
 //! runs at the function's entry, so on that probe set this probe decides
 //! it: the socket is `CLOSE` and the write returns its error.
 //!
+//! A connection's first write is also looked at once for the name the
+//! client used (`common::hello`).
+//!
 //! Cost: one socket-local storage lookup per write, plus a timestamp except
 //! for a write right after the last read, a client's next request or a
 //! server's answer (jiffies instead, no helper call); two field reads when
@@ -23,15 +26,20 @@ use aya_ebpf::{
     programs::{BtfTracePointContext, FEntryContext},
 };
 
-use crate::common::{adopt, busy_write_time, now, on_failed_write, on_send, start_busy_write, write_fails};
+use crate::common::{
+    adopt, busy_write_time, first_write, now, on_failed_write, on_send, start_busy_write, write_fails,
+};
 
 #[inline(always)]
-fn send(sk: *mut c_void) {
+fn send(sk: *mut c_void, msg: *const c_void) {
     if sk.is_null() {
         return;
     }
     // A socket established before the probes attached is adopted here.
     let Some(st) = adopt(sk) else { return };
+    if st.hello == 0 {
+        first_write(sk, msg, st, now());
+    }
     if write_fails(st) {
         on_failed_write(sk, st, now());
         return;
@@ -49,7 +57,7 @@ observer_common::named_as!(tcp_sendmsg_locked, TCP_SENDMSG_LOCKED);
 
 #[btf_tracepoint(function = "tcp_sendmsg_locked")]
 pub fn tcp_sendmsg_locked(ctx: BtfTracePointContext) -> i32 {
-    send(ctx.arg(0));
+    send(ctx.arg(0), ctx.arg(1));
     0
 }
 
@@ -57,6 +65,6 @@ observer_common::named_as!(fentry_tcp_sendmsg_locked, FENTRY_TCP_SENDMSG_LOCKED)
 
 #[fentry(function = "tcp_sendmsg_locked")]
 pub fn fentry_tcp_sendmsg_locked(ctx: FEntryContext) -> i32 {
-    send(ctx.arg(0));
+    send(ctx.arg(0), ctx.arg(1));
     0
 }

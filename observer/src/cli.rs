@@ -347,6 +347,10 @@ pub struct RunArgs {
     /// Also print connection establish/close events with `--events`.
     #[arg(long, env = "OBSERVER_CONNECTIONS")]
     pub connections: bool,
+    /// Do not read client connections' first bytes for the names they used
+    /// (TLS SNI, HTTP `Host`): no name is captured, kept or shown.
+    #[arg(long, env = "OBSERVER_NO_NAMES")]
+    pub no_names: bool,
     /// A write after at least this much silence is a reuse.
     #[arg(long, value_parser = parse_duration, default_value = "1s", env = "OBSERVER_MIN_IDLE")]
     pub min_idle: Duration,

@@ -84,6 +84,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         ring_buffer_bytes: args.ring_buffer,
         bench_empty: args.bench_empty_probes,
         bench_toggle: args.bench_toggle,
+        names: !args.no_names,
     };
     if args.max_sockets.is_some() {
         warn!("--max-sockets is ignored: per-socket state lives in socket-local storage, freed with each socket");

@@ -16,9 +16,20 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
         return;
     };
     let p = entry.as_mut_ptr();
+    // SAFETY: the reserved slot is valid for one Event.
+    let e = unsafe { header(p, sk, st, kind, now) };
+    fill(e);
+    entry.submit(wakeup(kind));
+}
+
+/// Write an event's header from the socket's state into a reserved slot.
+///
+/// # Safety
+/// `p` must be valid for writes of one `Event`.
+#[inline(always)]
+pub(crate) unsafe fn header<'a>(p: *mut Event, sk: *const c_void, st: &SockState, kind: u8, now: u64) -> &'a mut Event {
     zero(p);
-    // SAFETY: the reserved slot is valid for one Event and every byte of
-    // it was just written.
+    // SAFETY: every byte of the slot was just written.
     let e = unsafe { &mut *p };
     e.ts_ns = now;
     e.sock_id = st.id;
@@ -34,7 +45,7 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     e.cgroup_id = st.cgroup_id;
     e.netns = st.netns;
     e.flags = st.flags & flags::PREEXISTING;
-    if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED {
+    if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED && kind != kind::HELLO {
         let (on, jiffies) = keepalive(sk);
         if on {
             e.flags |= flags::KEEPALIVE;
@@ -45,8 +56,7 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     if last != 0 && now > last {
         e.idle_ns = now - last;
     }
-    fill(e);
-    entry.submit(wakeup(kind));
+    e
 }
 
 /// How a record wakes the reader. Evidence wakes it as soon as it has
@@ -58,7 +68,7 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
 #[inline(always)]
 pub(crate) fn wakeup(kind: u8) -> u64 {
     use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
-    if kind != kind::ESTABLISHED && kind != kind::CLOSED {
+    if kind != kind::ESTABLISHED && kind != kind::CLOSED && kind != kind::HELLO {
         return 0;
     }
     let waiting = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));

@@ -112,6 +112,13 @@ pub(crate) static OFFSETS: Offsets = Offsets {
     net_ns_inum: 0,
     tcp_clock_cache: 0,
     rcv_tstamp: 0,
+    msg_iter: 0,
+    iter_type: 0,
+    iov_offset: 0,
+    iter_count: 0,
+    iter_ptr: 0,
+    iter_ubuf: 0,
+    iter_iovec: 0,
 };
 
 #[inline(always)]

@@ -25,7 +25,7 @@
 //!   still unread and the application read the EOF only after it: that
 //!   was a request, and it failed.
 //!
-//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`death`], [`requests`].
+//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`hello`], [`death`], [`requests`].
 
 use core::ffi::c_void;
 
@@ -34,24 +34,26 @@ use aya_ebpf::{
     btf_maps::SkStorage,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns, bpf_ktime_get_ns,
-        bpf_probe_read_kernel,
+        bpf_probe_read_kernel, bpf_probe_read_user,
         generated::{
             bpf_get_current_cgroup_id, bpf_get_current_comm as bpf_get_current_comm_raw, bpf_jiffies64,
-            bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_sk_storage_get, bpf_skc_to_tcp_sock,
+            bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_probe_read_user as bpf_probe_read_user_raw,
+            bpf_sk_storage_get, bpf_skc_to_tcp_sock,
         },
     },
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
-    busy, counter, dead, flags, how, kind, outcome, role, ClosedIdle, DoomedRecord, Event, Offsets, SockState,
-    TupleKey, AF_INET, AF_INET6,
+    busy, counter, dead, flags, how, kind, outcome, role, ClosedIdle, DoomedRecord, Event, Hello, Offsets, SockState,
+    TupleKey, AF_INET, AF_INET6, HELLO_BYTES,
 };
 
 mod bytes;
 mod clock;
 mod death;
 mod emit;
+mod hello;
 mod kernel;
 mod maps;
 mod requests;
@@ -65,6 +67,8 @@ pub use clock::*;
 pub use death::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
 pub use emit::*;
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
+pub use hello::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
 pub use kernel::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]

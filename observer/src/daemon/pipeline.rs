@@ -44,7 +44,7 @@ impl Sinks {
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
             let ingested = agg.ingest(ev);
-            evidence = ingested.is_some();
+            evidence = ingested.is_some() || agg.take_fresh_name();
             self.shared.metrics.observe(ev, ingested.as_ref());
             for r in agg.take_restarts() {
                 self.shared.metrics.restart(&r);
@@ -83,7 +83,8 @@ impl Sinks {
                         let _ = w.send(r);
                     }
                 }
-                // Only what the aggregator took as evidence is stored.
+                // Only what the aggregator took as evidence is stored, and
+                // a name the first time its row sees it.
                 _ if evidence => {
                     let _ = w.send(Record::Event(ev.clone()));
                 }

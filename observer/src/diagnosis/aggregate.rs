@@ -42,20 +42,22 @@ use crate::{
     diagnosis::estimate::{self, Interval},
     diagnosis::evidence::{Evidence, Observation, Observed},
     diagnosis::verdict::{self, ClientFindings, ServerFindings},
-    kernel::event::{DoomedView, Role, SockEvent, SocketView},
+    kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
 };
 pub use crate::{
     diagnosis::evidence::IDLE_BUCKETS,
     diagnosis::table::{
         Bucket, Change, DestKey, Destination, DestinationRow, FailureMode, LowerBasis, PathShare, ProcessOwner,
-        Restart, RowId, Verdict, VerdictEvidence,
+        Restart, RowId, ServerName, Verdict, VerdictEvidence,
     },
     diagnosis::verdict::RECOMMENDED_MAX_LIFETIME_SECONDS,
 };
 
+mod names;
 mod row;
 mod state;
 
+pub use names::MAX_NAMES;
 #[allow(clippy::wildcard_imports, reason = "the aggregator and its parts share one namespace")]
 use row::*;
 #[allow(clippy::wildcard_imports, reason = "the aggregator and its parts share one namespace")]
@@ -131,6 +133,10 @@ pub struct Aggregator {
     gone: Vec<RowId>,
     /// Event time of the last sweep.
     last_tick_ns: u64,
+    /// The names clients used, per destination (see `names`).
+    names: HashMap<DestKey, names::Names>,
+    /// The last `server_name` event ingested named its row anew.
+    fresh_name: bool,
 }
 
 impl Aggregator {
@@ -145,7 +151,15 @@ impl Aggregator {
             evicted: 0,
             gone: Vec::new(),
             last_tick_ns: 0,
+            names: HashMap::new(),
+            fresh_name: false,
         }
+    }
+
+    /// Whether the last event ingested was a name new to its row (the
+    /// store keeps those, so names survive a restart); reading clears it.
+    pub fn take_fresh_name(&mut self) -> bool {
+        std::mem::take(&mut self.fresh_name)
     }
 
     /// Newest event time seen, ns since the epoch.
@@ -208,6 +222,10 @@ impl Aggregator {
     /// report use too.
     pub fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
+        if ev.kind == EventKind::ServerName {
+            self.fresh_name = self.note_name(ev);
+            return None;
+        }
         let (addr, role) = destination_of(ev)?;
         let o = Observed::of(ev)?;
         let key = self.slot(addr, role, self.netns_of(ev.netns));
@@ -246,6 +264,7 @@ impl Aggregator {
     pub fn tick(&mut self, now_ns: u64) {
         let now = now_ns.max(self.latest_ns);
         self.last_tick_ns = now;
+        self.expire_names(now);
         for key in self.keys() {
             self.tick_one(key, now);
         }
@@ -283,7 +302,13 @@ impl Aggregator {
         if !self.tick_one(key, now) {
             return None;
         }
-        self.dests.get(&key).map(|st| row(key, st, now))
+        self.dests.get(&key).map(|st| self.named(row(key, st, now), &key))
+    }
+
+    /// A row with its destination's names.
+    fn named(&self, mut r: DestinationRow, key: &DestKey) -> DestinationRow {
+        (r.server_names, r.server_names_dropped) = self.names_of(key);
+        r
     }
 
     /// Sort rows as the table shows them.
@@ -419,7 +444,7 @@ impl Aggregator {
     pub fn rows(&mut self, now_ns: u64) -> Vec<DestinationRow> {
         self.tick(now_ns);
         let now = now_ns.max(self.latest_ns);
-        let mut rows: Vec<DestinationRow> = self.dests.iter().map(|(k, st)| row(*k, st, now)).collect();
+        let mut rows: Vec<DestinationRow> = self.dests.iter().map(|(k, st)| self.named(row(*k, st, now), k)).collect();
         Self::sort_rows(&mut rows);
         rows
     }

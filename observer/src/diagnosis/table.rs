@@ -309,6 +309,21 @@ pub struct DestinationRow {
     /// [`crate::diagnosis::evidence::MAX_BYTES`]).
     #[serde(default)]
     pub evidence_bytes: usize,
+    /// The host names clients used for this destination (TLS SNI, HTTP
+    /// `Host`), most used first, at most four; empty with `--no-names`.
+    #[serde(default)]
+    pub server_names: Vec<ServerName>,
+    /// Connections whose name did not fit in `server_names`.
+    #[serde(default)]
+    pub server_names_dropped: u64,
+}
+
+/// A name clients used for a destination, and how many connections used it
+/// (since the daemon started, or since the store last had it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerName {
+    pub name: String,
+    pub connections: u64,
 }
 
 /// One process that reused connections to a destination, with what its

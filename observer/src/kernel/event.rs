@@ -11,7 +11,8 @@ use std::{
 };
 
 use observer_common::{
-    dead, flags, how, kind, outcome, role, DoomedRecord, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE,
+    dead, flags, how, kind, outcome, role, DoomedRecord, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE, HELLO_BYTES,
+    HELLO_SIZE,
 };
 use serde::{Deserialize, Serialize};
 
@@ -28,7 +29,7 @@ pub use views::*;
 /// Why a record could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DecodeError {
-    #[error("event record is {0} bytes, expected {EVENT_SIZE}: the daemon and its eBPF object are out of step; rebuild both")]
+    #[error("event record is {0} bytes, expected {EVENT_SIZE} or {HELLO_SIZE}: the daemon and its eBPF object are out of step; rebuild both")]
     Size(usize),
     #[error("unknown event kind {0}: the eBPF object is newer than this daemon; rebuild both")]
     Kind(u8),
@@ -62,6 +63,9 @@ named! {
         /// kernel had timed out while idle, without writing on it: the pool
         /// (or its reader) discarded a dead socket instead of failing on it.
         DiscardedDead => "discarded_dead",
+        /// A client connection's first bytes named the host it was meant
+        /// for (TLS SNI, HTTP `Host`): `server_name`. No evidence.
+        ServerName => "server_name",
     }
 }
 
@@ -198,6 +202,10 @@ pub struct SockEvent {
     /// top level, all absent when unresolved.
     #[serde(flatten, default)]
     pub owner: Option<Owner>,
+    /// `server_name` events: the host name the client's first bytes
+    /// carried (TLS SNI or HTTP `Host`, lower-cased).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
 }
 
 fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
@@ -218,15 +226,24 @@ fn secs(ns: u64) -> f64 {
     ns as f64 / 1e9
 }
 
-/// Decode a raw ring-buffer record.
+/// Decode a raw ring-buffer record. A `server_name` record's first bytes
+/// are parsed here and dropped; without a name in them, its event carries
+/// `server_name: None` (the reader skips it).
 pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError> {
-    if bytes.len() != EVENT_SIZE {
+    if bytes.len() != EVENT_SIZE && bytes.len() != HELLO_SIZE {
         return Err(DecodeError::Size(bytes.len()));
     }
     // SAFETY: length checked; Event is POD with no invalid bit patterns;
     // read_unaligned copes with any alignment of the ring-buffer slice.
     let raw: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) };
-    decode(&raw, clock)
+    let mut ev = decode(&raw, clock)?;
+    if raw.kind == kind::HELLO {
+        let n = usize::try_from(raw.bytes).unwrap_or(0).min(HELLO_BYTES);
+        ev.server_name =
+            bytes.get(EVENT_SIZE..EVENT_SIZE + n).and_then(crate::kernel::hello::server_name).map(|(name, _)| name);
+        ev.bytes = 0;
+    }
+    Ok(ev)
 }
 
 /// Decode a kernel [`Event`].
@@ -241,6 +258,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         kind::REQUEST_TIMEOUT => EventKind::RequestTimeout,
         kind::LATE_REUSE => EventKind::LateReuse,
         kind::DISCARDED_DEAD => EventKind::DiscardedDead,
+        kind::HELLO => EventKind::ServerName,
         other => return Err(DecodeError::Kind(other)),
     };
     let local = addr(raw.family, raw.saddr, raw.sport)?;
@@ -305,6 +323,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         netns: raw.netns,
         cgroup_id: raw.cgroup_id,
         owner: None,
+        server_name: None,
     })
 }
 
@@ -359,6 +378,7 @@ impl SockEvent {
             netns: 0,
             cgroup_id: 0,
             owner: None,
+            server_name: None,
         }
     }
 
@@ -412,6 +432,9 @@ impl fmt::Display for SockEvent {
         }
         if let Some(h) = self.how {
             write!(f, " how={}", h.as_str())?;
+        }
+        if let Some(n) = &self.server_name {
+            write!(f, " name={}", printable(n))?;
         }
         if self.request_outstanding {
             write!(f, " request_outstanding")?;

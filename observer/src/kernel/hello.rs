@@ -1,5 +1,5 @@
 //! The name a client used, from the first bytes of its connection: the SNI
-//! `server_name` of a TLS ClientHello, or the `Host` header of a plaintext
+//! `server_name` of a TLS `ClientHello`, or the `Host` header of a plaintext
 //! HTTP/1.x request. The send probe hands over at most [`HELLO_BYTES`] of a
 //! client connection's first write, and only when they start like one of
 //! the two; the bytes are parsed here and dropped at once (never stored,
@@ -18,7 +18,7 @@ use crate::names::named;
 named! {
     /// Where a name came from.
     pub enum NameSource {
-        /// TLS ClientHello `server_name` extension.
+        /// TLS `ClientHello` `server_name` extension.
         Sni => "sni",
         /// HTTP/1.x `Host` header.
         Host => "host",
@@ -73,7 +73,7 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// SNI from a TLS record holding a ClientHello (RFC 8446 4.1.2, RFC 6066 3).
+/// SNI from a TLS record holding a `ClientHello` (RFC 8446 4.1.2, RFC 6066 3).
 fn sni(bytes: &[u8]) -> Option<String> {
     let mut r = Reader { b: bytes };
     // Record: type 22 (handshake), legacy version 3.x, length.

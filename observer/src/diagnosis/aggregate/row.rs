@@ -79,6 +79,8 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         idle_buckets: buckets,
         last_change: st.changes.back().cloned(),
         evidence_bytes: ev.bytes() + st.held_bytes(),
+        server_names: Vec::new(),
+        server_names_dropped: 0,
     };
     let judgement = if key.role == Role::Server {
         let f = ServerFindings {

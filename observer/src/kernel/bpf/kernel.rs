@@ -44,6 +44,28 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         },
         tcp_clock_cache: btf.offset("tcp_sock", "tcp_clock_cache")?,
         rcv_tstamp: btf.offset("tcp_sock", "rcv_tstamp")?,
+        ..iov_iter(btf).unwrap_or_default()
+    })
+}
+
+/// Where the send probe finds a write's bytes, for the name a client used
+/// ([`crate::kernel::hello`]). `None` (names off) on a layout it does not
+/// know: then `msg_iter` stays 0 and the probe never reads user memory.
+fn iov_iter(btf: &Btf) -> Option<Offsets> {
+    let ptr = ["ubuf", "__iov", "iov"].iter().find_map(|f| btf.offset("iov_iter", f).ok())?;
+    let value = |v| btf.enum_value("iter_type", v).ok().and_then(|v| u64::try_from(v).ok());
+    // The reader takes `iter_type` as one byte (5.14+; older kernels packed
+    // it in an `unsigned int type` with the direction bits).
+    btf.field("iov_iter", "iter_type").ok().filter(|f| f.bitfield_size == 0)?;
+    Some(Offsets {
+        msg_iter: btf.offset("msghdr", "msg_iter").ok()?,
+        iter_type: btf.offset("iov_iter", "iter_type").ok()?,
+        iov_offset: btf.offset("iov_iter", "iov_offset").ok()?,
+        iter_count: btf.offset("iov_iter", "count").ok()?,
+        iter_ptr: ptr,
+        iter_ubuf: value("ITER_UBUF").unwrap_or(u64::MAX),
+        iter_iovec: value("ITER_IOVEC")?,
+        ..Offsets::default()
     })
 }
 
@@ -112,7 +134,8 @@ pub(crate) type KfuncIds = (u32, u32);
 /// What the running kernel's BTF decides: the probe set, the struct
 /// offsets, and the IDs of the `bpf_rdonly_cast` kfunc and `struct
 /// tcp_sock` where the kernel has that kfunc (6.2+). Logs the choice.
-pub(crate) fn inspect_kernel() -> Result<(ProbeSet, Offsets, Option<KfuncIds>), BpfError> {
+/// Without `names`, the send probe is told not to read first bytes.
+pub(crate) fn inspect_kernel(names: bool) -> Result<(ProbeSet, Offsets, Option<KfuncIds>), BpfError> {
     // Our BTF reader and aya's each hold a parsed copy of the kernel's
     // types (tens of MB): this one is gone before aya's is made.
     let btf = Btf::from_sys_fs()?;
@@ -126,8 +149,17 @@ pub(crate) fn inspect_kernel() -> Result<(ProbeSet, Offsets, Option<KfuncIds>), 
     } else {
         "the receive probe reaches tcp_sock by the bpf_skc_to_tcp_sock helper (no bpf_rdonly_cast before 6.2)"
     };
-    log::info!("probe set {}: {why}; {recv}", set.name());
-    Ok((set, resolve_offsets(&btf)?, cast))
+    let mut offsets = resolve_offsets(&btf)?;
+    let note = match (names, offsets.msg_iter) {
+        (false, _) => "names off (--no-names)",
+        (true, 0) => "names off: this kernel's iov_iter layout is not one the send probe reads",
+        (true, _) => "names from first bytes (TLS SNI, HTTP Host) on",
+    };
+    if !names {
+        offsets.msg_iter = 0;
+    }
+    log::info!("probe set {}: {why}; {recv}; {note}", set.name());
+    Ok((set, offsets, cast))
 }
 
 /// The object to load, with the kfunc call patched when `cast` is known

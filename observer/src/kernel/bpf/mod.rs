@@ -22,7 +22,7 @@ use observer_common::{counter, globals, kfunc, maps, DoomedRecord, Offsets, Sock
 
 use crate::{
     kernel::btf::{Btf, BtfError},
-    kernel::event::{clock_ns, decode_bytes, Clock, DecodeError, SockEvent},
+    kernel::event::{clock_ns, decode_bytes, Clock, DecodeError, EventKind, SockEvent},
 };
 
 mod hooks;
@@ -64,6 +64,7 @@ pub enum BpfError {
 
 /// Load-time settings for the probes.
 #[derive(Debug, Clone)]
+#[allow(clippy::struct_excessive_bools, reason = "independent switches, each one command-line flag")]
 pub struct ProbeConfig {
     /// Minimum idle time before a write counts as a reuse.
     pub min_idle_ns: u64,
@@ -80,6 +81,9 @@ pub struct ProbeConfig {
     /// Let [`Probes::toggle_hot_path`] detach and re-attach the send and
     /// receive probes (benchmarks).
     pub bench_toggle: bool,
+    /// Read a client connection's first bytes for the name it used (SNI,
+    /// `Host`); `--no-names` turns it off and no user memory is read.
+    pub names: bool,
 }
 
 impl Default for ProbeConfig {
@@ -92,6 +96,7 @@ impl Default for ProbeConfig {
             emit_closed: true,
             bench_empty: false,
             bench_toggle: false,
+            names: true,
         }
     }
 }
@@ -153,7 +158,7 @@ impl Probes {
                 config.ring_buffer_bytes
             )));
         }
-        let (set, offsets, cast) = inspect_kernel()?;
+        let (set, offsets, cast) = inspect_kernel(config.names)?;
         let (object, tcp_sock_btf_id) = object_for(cast);
         // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
         // loads below need a copy of their own, parsed once the loader's is
@@ -322,7 +327,12 @@ impl Probes {
         }
         let mut n = 0;
         while let Some(item) = self.ring.next() {
-            f(decode_bytes(&item, self.clock));
+            let ev = decode_bytes(&item, self.clock);
+            // First bytes that named nothing: parsed, dropped, no event.
+            if matches!(&ev, Ok(e) if e.kind == EventKind::ServerName && e.server_name.is_none()) {
+                continue;
+            }
+            f(ev);
             n += 1;
         }
         n

@@ -18,7 +18,7 @@ fn sni_ext(name: &[u8]) -> Vec<u8> {
     ext(0, &list)
 }
 
-/// A ClientHello record as OpenSSL and Go write it: 32-byte session id,
+/// A `ClientHello` record as OpenSSL and Go write it: 32-byte session id,
 /// a few suites, the given extensions.
 fn client_hello(exts: &[Vec<u8>]) -> Vec<u8> {
     let mut body = vec![0x03, 0x03];
@@ -39,14 +39,14 @@ fn client_hello(exts: &[Vec<u8>]) -> Vec<u8> {
     rec
 }
 
-fn named(s: &str, src: NameSource) -> Option<(String, NameSource)> {
-    Some((s.to_owned(), src))
+fn named(s: &str, src: NameSource) -> (String, NameSource) {
+    (s.to_owned(), src)
 }
 
 #[test]
 fn sni_after_other_extensions() {
     let hello = client_hello(&[ext(0xff01, &[0]), ext(10, &[0, 4, 0, 29, 0, 23]), sni_ext(b"API.Partner.example")]);
-    assert_eq!(server_name(&hello), named("api.partner.example", NameSource::Sni));
+    assert_eq!(server_name(&hello), Some(named("api.partner.example", NameSource::Sni)));
 }
 
 #[test]
@@ -69,7 +69,7 @@ fn a_truncated_hello_gives_its_name_only_when_whole() {
         let got = server_name(&hello[..cut]);
         assert_eq!(got, None, "cut at {cut} of {name_end}: a partial name must not be taken");
     }
-    assert_eq!(server_name(&hello), named("db.internal.example", NameSource::Sni));
+    assert_eq!(server_name(&hello), Some(named("db.internal.example", NameSource::Sni)));
 }
 
 #[test]
@@ -85,9 +85,9 @@ fn server_hello_and_other_records_are_no_client_hello() {
 #[test]
 fn host_header_of_an_origin_form_request() {
     let req = b"GET /v1/items?id=3 HTTP/1.1\r\nUser-Agent: t\r\nhost: Shop.Example:8080\r\nAccept: */*\r\n\r\n";
-    assert_eq!(server_name(req), named("shop.example", NameSource::Host));
+    assert_eq!(server_name(req), Some(named("shop.example", NameSource::Host)));
     let post = b"POST /x HTTP/1.0\r\nHost: a.b\r\n\r\nbody";
-    assert_eq!(server_name(post), named("a.b", NameSource::Host));
+    assert_eq!(server_name(post), Some(named("a.b", NameSource::Host)));
 }
 
 #[test]

@@ -1,0 +1,82 @@
+//! The names clients used for each destination (TLS SNI, HTTP `Host`),
+//! with how many connections used each: kept apart from the evidence, as
+//! a connection names its destination long before any evidence arrives.
+//!
+//! Bounded: [`MAX_NAMES`] names per destination (a name past them is
+//! dropped, and counted in the row's `server_names_dropped`), and names
+//! for at most four times `max_destinations` destinations (the one seen
+//! longest ago makes room). A name not seen for the window is forgotten.
+
+#[allow(
+    clippy::wildcard_imports,
+    reason = "the aggregator split by concern: the parent's imports and siblings' items"
+)]
+use super::*;
+
+/// Distinct names kept per destination.
+pub const MAX_NAMES: usize = 4;
+
+/// One destination's names.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Names {
+    /// Name -> (connections, last seen ns).
+    pub(crate) seen: BTreeMap<String, (u64, u64)>,
+    /// Connections whose name did not fit.
+    pub(crate) dropped: u64,
+    pub(crate) last_ns: u64,
+}
+
+impl Names {
+    /// The names, most used first (ties by name), with their counts.
+    pub(crate) fn ranked(&self) -> Vec<ServerName> {
+        let mut v: Vec<ServerName> =
+            self.seen.iter().map(|(n, &(c, _))| ServerName { name: n.clone(), connections: c }).collect();
+        v.sort_by(|a, b| b.connections.cmp(&a.connections).then_with(|| a.name.cmp(&b.name)));
+        v
+    }
+}
+
+impl Aggregator {
+    /// Take a `server_name` event: true when the name is new for its row
+    /// (first sighting, or first since it was forgotten), which is what the
+    /// store keeps.
+    pub(crate) fn note_name(&mut self, ev: &SockEvent) -> bool {
+        let (Some((addr, role)), Some(name)) = (destination_of(ev), ev.server_name.as_deref()) else {
+            return false;
+        };
+        let key = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
+        let now = self.latest_ns;
+        if !self.names.contains_key(&key) && self.names.len() >= 4 * self.config.max_destinations.max(1) {
+            if let Some(oldest) = self.names.iter().min_by_key(|(_, n)| n.last_ns).map(|(k, _)| *k) {
+                self.names.remove(&oldest);
+            }
+        }
+        let names = self.names.entry(key).or_default();
+        names.last_ns = now;
+        if let Some((count, last)) = names.seen.get_mut(name) {
+            *count += 1;
+            *last = now;
+            return false;
+        }
+        if names.seen.len() >= MAX_NAMES {
+            names.dropped += 1;
+            return false;
+        }
+        names.seen.insert(name.to_owned(), (1, now));
+        true
+    }
+
+    /// Forget names not seen for the window.
+    pub(crate) fn expire_names(&mut self, now: u64) {
+        let window = self.config.window_ns;
+        self.names.retain(|_, n| {
+            n.seen.retain(|_, &mut (_, last)| now.saturating_sub(last) <= window);
+            !n.seen.is_empty()
+        });
+    }
+
+    /// The names of a row's destination, most used first.
+    pub(crate) fn names_of(&self, key: &DestKey) -> (Vec<ServerName>, u64) {
+        self.names.get(key).map_or_else(|| (Vec::new(), 0), |n| (n.ranked(), n.dropped))
+    }
+}
