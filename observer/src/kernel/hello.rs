@@ -173,7 +173,8 @@ fn strip_port(v: &[u8]) -> Option<&[u8]> {
 
 /// A DNS host name (RFC 1123 labels; `_` allowed, as some internal names
 /// carry it), lower-cased, without a trailing dot; not an IPv4 literal.
-fn host_name(b: &[u8]) -> Option<String> {
+#[must_use]
+pub fn host_name(b: &[u8]) -> Option<String> {
     let b = b.strip_suffix(b".").unwrap_or(b);
     if b.is_empty() || b.len() > 253 {
         return None;

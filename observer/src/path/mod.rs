@@ -138,7 +138,46 @@ pub struct Hop {
     pub health_check_timeout: Option<Limit>,
     pub headers_timeout: Option<Limit>,
     pub max_lifetime: Option<Limit>,
-    pub address: Option<SocketAddr>,
+    pub address: Option<HopAddress>,
+}
+
+/// Where a hop is reached: `ip:port`, or `host:port` with the name clients
+/// use in their configuration (matched against the names observer saw in
+/// the clients' first bytes, TLS SNI or HTTP `Host`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HopAddress {
+    Socket(SocketAddr),
+    Name { host: String, port: u16 },
+}
+
+impl std::fmt::Display for HopAddress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Socket(a) => write!(f, "{a}"),
+            Self::Name { host, port } => write!(f, "{host}:{port}"),
+        }
+    }
+}
+
+impl Serialize for HopAddress {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl std::str::FromStr for HopAddress {
+    type Err = String;
+
+    fn from_str(v: &str) -> Result<Self, String> {
+        if let Ok(a) = v.parse::<SocketAddr>() {
+            return Ok(Self::Socket(a));
+        }
+        let bad = || format!("`{v}` is neither ip:port nor host:port (IPv6 as [addr]:port)");
+        let (host, port) = v.rsplit_once(':').ok_or_else(bad)?;
+        let port = port.parse::<u16>().map_err(|_| bad())?;
+        let host = crate::kernel::hello::host_name(host.as_bytes()).ok_or_else(bad)?;
+        Ok(Self::Name { host, port })
+    }
 }
 
 impl Hop {
@@ -188,10 +227,10 @@ pub fn parse(src: &str) -> Result<Vec<Hop>, PathError> {
                 .address
                 .as_ref()
                 .map(|a| {
-                    a.get_ref().parse::<SocketAddr>().map_err(|e| PathError::Field {
+                    a.get_ref().parse::<HopAddress>().map_err(|problem| PathError::Field {
                         line: line_of(src, a.span().start),
                         field: "address",
-                        problem: format!("`{}` is not ip:port ({e}); IPv6 as [addr]:port", a.get_ref()),
+                        problem,
                     })
                 })
                 .transpose()?;

@@ -26,12 +26,52 @@ pub fn compare_observed(report: &mut Report, rows: &[DestinationRow], netns: Opt
     compare_deadlines(report, rows, select, host_netns);
 }
 
+/// The row a hop's address names, and how messages name it: by `ip:port`,
+/// or by a host name clients used for it (TLS SNI, HTTP `Host`) on that
+/// port. `Err` is the note saying why nothing is compared.
+fn pick_hop<'a>(
+    addr: &HopAddress,
+    rows: &'a [DestinationRow],
+    select: Select,
+    host_netns: u32,
+) -> Result<(String, &'a DestinationRow), String> {
+    match addr {
+        HopAddress::Socket(a) => {
+            let dest = a.to_string();
+            match select.pick(rows, &dest, host_netns) {
+                Ok(row) => Ok((dest, row)),
+                Err(SelectError::NoRow { .. }) => Err(format!("no evidence measured for {dest} yet")),
+                Err(e @ SelectError::Ambiguous { .. }) => Err(format!("not compared: {e}")),
+            }
+        }
+        HopAddress::Name { host, port } => {
+            let named: Vec<&DestinationRow> = rows
+                .iter()
+                .filter(|r| r.id.destination.rsplit(':').next() == Some(&port.to_string()))
+                .filter(|r| r.server_names.iter().any(|n| n.name == *host))
+                .collect();
+            let addrs: std::collections::BTreeSet<&str> = named.iter().map(|r| r.id.destination.as_str()).collect();
+            match addrs.len() {
+                0 => Err(format!("no evidence measured yet for a destination clients reach as {host}:{port}")),
+                1 => {
+                    let dest = addrs.first().map(|d| (*d).to_owned()).unwrap_or_default();
+                    let row = select.pick(rows, &dest, host_netns).map_err(|e| format!("not compared: {e}"))?;
+                    Ok((format!("{host}:{port} ({dest})"), row))
+                }
+                _ => Err(format!(
+                    "not compared: clients reach {host}:{port} at several addresses ({}); give one as `address`",
+                    addrs.into_iter().collect::<Vec<_>>().join(", ")
+                )),
+            }
+        }
+    }
+}
+
 pub(crate) fn compare_deadlines(report: &mut Report, rows: &[DestinationRow], select: Select, host_netns: u32) {
     let mut found = Vec::new();
     for (i, hop) in report.hops.iter().enumerate() {
-        let Some(addr) = hop.address else { continue };
-        let dest = addr.to_string();
-        let Ok(row) = select.pick(rows, &dest, host_netns) else { continue };
+        let Some(addr) = &hop.address else { continue };
+        let Ok((dest, row)) = pick_hop(addr, rows, select, host_netns) else { continue };
         if let (Some(Limit::Seconds(d)), Some(m)) = (hop.deadline, row.peer_request_deadline_seconds) {
             if !close_enough(d, m) {
                 found.push(Violation {
@@ -80,16 +120,11 @@ pub(crate) fn compare_deadlines(report: &mut Report, rows: &[DestinationRow], se
 pub(crate) fn compare_idle(report: &mut Report, rows: &[DestinationRow], select: Select, host_netns: u32) {
     let mut margin = Vec::new();
     for hop in &report.hops {
-        let Some(addr) = hop.address else { continue };
-        let dest = addr.to_string();
-        let row = match select.pick(rows, &dest, host_netns) {
-            Ok(row) => row,
-            Err(SelectError::NoRow { .. }) => {
-                report.notes.push(format!("{}: no evidence measured for {dest} yet", hop.name));
-                continue;
-            }
-            Err(e @ SelectError::Ambiguous { .. }) => {
-                report.notes.push(format!("{}: not compared: {e}", hop.name));
+        let Some(addr) = &hop.address else { continue };
+        let (dest, row) = match pick_hop(addr, rows, select, host_netns) {
+            Ok(found) => found,
+            Err(note) => {
+                report.notes.push(format!("{}: {note}", hop.name));
                 continue;
             }
         };

@@ -229,3 +229,38 @@ fn observed_picks_the_namespace_or_asks() {
         assert_eq!(r.violations.len(), before + 1, "--netns {want}");
     }
 }
+
+/// A hop given by the name clients use (`host:port`) is compared with the
+/// row whose clients sent that name (SNI or `Host`) on that port; a name
+/// seen at two addresses is asked about, not guessed.
+#[test]
+fn observed_matches_a_hop_by_the_name_clients_use() {
+    let by_name =
+        SETTLEMENT.replace("address = \"203.0.113.10:443\"", "address = \"API.Settlement-Partner.example:443\"");
+    assert_ne!(by_name, SETTLEMENT, "the example names its address");
+    let hops = parse(&by_name).unwrap();
+    let mut named = row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0));
+    named.server_names =
+        vec![crate::diagnosis::table::ServerName { name: "api.settlement-partner.example".into(), connections: 9 }];
+    let mut r = check(&hops);
+    let before = r.violations.len();
+    compare_observed(&mut r, std::slice::from_ref(&named), None, 0);
+    assert_eq!(r.violations.len(), before + 1, "{:?}", r.notes);
+    let v = r.violations.last().unwrap();
+    assert!(v.message.contains("api.settlement-partner.example:443 (203.0.113.10:443)"), "{}", v.message);
+    // The same address without the name: nothing to compare.
+    let unnamed = row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0));
+    let mut r = check(&hops);
+    compare_observed(&mut r, &[unnamed], None, 0);
+    assert_eq!(r.violations.len(), before);
+    assert!(r.notes.iter().any(|n| n.contains("no evidence measured yet for a destination clients reach as")));
+    // One name, two addresses.
+    let mut second = named.clone();
+    second.id.destination = "203.0.113.11:443".into();
+    let mut r = check(&hops);
+    compare_observed(&mut r, &[named, second], None, 0);
+    assert_eq!(r.violations.len(), before);
+    assert!(r.notes.iter().any(|n| n.contains("several addresses")), "{:?}", r.notes);
+    let e = parse("[[hop]]\nname = \"lb\"\naddress = \"-bad-:443\"\n").unwrap_err();
+    assert!(e.to_string().contains("neither ip:port nor host:port"), "{e}");
+}

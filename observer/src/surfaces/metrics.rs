@@ -67,6 +67,13 @@ struct BoundLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NameLabels {
+    #[prometheus(flatten)]
+    row: RowLabels,
+    server_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct MismatchLabels {
     #[prometheus(flatten)]
     row: RowLabels,
@@ -264,6 +271,7 @@ struct EstimateFamilies {
     server_timeout: RowGauge,
     client_max_reuse: RowGauge,
     mixed_paths: Family<RowLabels, Gauge>,
+    info: Family<NameLabels, Gauge>,
 }
 
 impl EstimateFamilies {
@@ -303,6 +311,13 @@ impl EstimateFamilies {
                 r,
                 "observer_at_risk_idle_sockets",
                 "Sockets idle right now past the path idle timeout (they will fail on first use)",
+                None,
+                Family::default(),
+            ),
+            info: register(
+                r,
+                "observer_destination_info",
+                "1 for each host name clients used for the destination (TLS SNI, HTTP Host; at most 4 per row), to join on destination",
                 None,
                 Family::default(),
             ),
@@ -367,6 +382,7 @@ impl EstimateFamilies {
         self.at_risk.clear();
         self.doomed.clear();
         self.mixed_paths.clear();
+        self.info.clear();
     }
 
     fn set(&self, r: &DestinationRow) {
@@ -408,6 +424,10 @@ impl EstimateFamilies {
         }
         if r.id.role == crate::kernel::event::Role::Client {
             self.doomed.get_or_create(&row).set(count(r.doomed_idle_sockets));
+        }
+        // At most `MAX_NAMES` per row: the label set stays bounded by the rows.
+        for n in &r.server_names {
+            self.info.get_or_create(&NameLabels { row: row.clone(), server_name: n.name.clone() }).set(1);
         }
     }
 }

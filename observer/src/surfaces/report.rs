@@ -152,6 +152,12 @@ pub struct Question {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub destination: String,
+    /// What the report is headed by: the name clients used most and the
+    /// address, `api.partner.example (203.0.113.7:443)`, or the address
+    /// alone when no name was seen.
+    pub headline: String,
+    /// Every name clients used for the destination, most used first.
+    pub server_names: Vec<crate::diagnosis::table::ServerName>,
     pub role: String,
     /// The row's network namespace inode (null: the host's).
     pub netns: Option<u32>,
@@ -489,6 +495,11 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     let text = failure_text(row.failure_mode, &row);
     Ok(Report {
         destination: input.destination.clone(),
+        headline: match row.server_names.first() {
+            Some(n) => format!("{} ({})", n.name, input.destination),
+            None => input.destination.clone(),
+        },
+        server_names: row.server_names.clone(),
         role: role.as_str().to_owned(),
         netns: row.id.netns,
         generated_unix_ns: crate::kernel::event::clock_ns(libc::CLOCK_REALTIME),

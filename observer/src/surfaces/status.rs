@@ -12,7 +12,7 @@ use std::{
 
 use crate::{
     diagnosis::aggregate::{Aggregator, Config, DestinationRow},
-    kernel::event::SockEvent,
+    kernel::event::{printable, SockEvent},
 };
 
 /// A recording could not be read.
@@ -110,10 +110,21 @@ fn destination_cell(r: &DestinationRow) -> String {
     }
 }
 
+/// The name clients used most for the destination, and how many others
+/// they used (`-`: none seen, or `--no-names`).
+fn name_cell(r: &DestinationRow) -> String {
+    match r.server_names.as_slice() {
+        [] => "-".to_owned(),
+        [one] => printable(&one.name),
+        [first, rest @ ..] => format!("{} +{}", printable(&first.name), rest.len()),
+    }
+}
+
 /// The human table, with one note per finding under it.
 #[must_use]
 pub fn render_table(rows: &[DestinationRow]) -> String {
     let header = [
+        "NAME",
         "DESTINATION",
         "ROLE",
         "MODE",
@@ -129,7 +140,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         "DOOMED",
         "DISCARDED",
     ];
-    let cells: Vec<[String; 14]> = rows
+    let cells: Vec<[String; 15]> = rows
         .iter()
         .map(|r| {
             let pool = match r.id.role {
@@ -137,6 +148,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 _ => r.pool_idle_timeout_seconds,
             };
             [
+                name_cell(r),
                 destination_cell(r),
                 r.id.role.as_str().to_owned(),
                 r.failure_mode.as_str().to_owned(),
@@ -159,7 +171,10 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         out.push_str("(no destinations with evidence yet)\n");
     }
     for r in rows {
-        let who = format!("{} ({})", destination_cell(r), r.id.role.as_str());
+        let who = match r.server_names.first() {
+            Some(n) => format!("{} {} ({})", printable(&n.name), destination_cell(r), r.id.role.as_str()),
+            None => format!("{} ({})", destination_cell(r), r.id.role.as_str()),
+        };
         if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
             let _ = writeln!(out, "{who}: {}", r.recommendation);
         }

@@ -131,6 +131,7 @@ impl Default for Limits {
 
 /// One thing to store.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant, reason = "events are nearly every record: boxing would cost an allocation each")]
 pub enum Record {
     Event(SockEvent),
     Change(Change),

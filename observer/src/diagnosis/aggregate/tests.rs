@@ -790,3 +790,38 @@ fn row_json_keeps_the_identity_fields_flat() {
     assert!(text.starts_with(r#"{"ts_unix_ns":1,"destination":"10.0.0.2:80","role":"client","netns":null,"#), "{text}");
     assert_eq!(serde_json::from_str::<crate::diagnosis::table::Change>(&text).unwrap(), change);
 }
+
+fn named(ts: f64, remote: &str, name: &str) -> SockEvent {
+    let mut e = ev(ts, EventKind::ServerName, remote, 0.0);
+    e.server_name = Some(name.into());
+    e
+}
+
+/// Names are counted per row, most used first, at most `MAX_NAMES`; they
+/// are no evidence (a named destination without evidence has no row), a
+/// name is fresh (stored) only the first time its row sees it, and a name
+/// not seen for the window is forgotten.
+#[test]
+fn names_are_counted_bounded_and_no_evidence() {
+    let mut agg = Aggregator::new(Config { window_ns: 100 * S, ..Config::default() });
+    assert!(agg.ingest(&named(1.0, "10.0.0.2:443", "api.example")).is_none());
+    assert!(agg.take_fresh_name(), "first sighting is fresh");
+    agg.ingest(&named(2.0, "10.0.0.2:443", "api.example"));
+    assert!(!agg.take_fresh_name(), "a second sighting is not");
+    assert!(table(&mut agg).is_empty(), "a name is no evidence");
+    for (i, n) in ["b.example", "b.example", "c.example", "d.example", "e.example", "f.example"].iter().enumerate() {
+        agg.ingest(&named(3.0 + f64::from(u8::try_from(i).unwrap()), "10.0.0.2:443", n));
+    }
+    agg.ingest(&named(3.0, "10.0.0.9:443", "other.example"));
+    agg.ingest(&reuse(10.0, "10.0.0.2:443", 2.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    let got: Vec<(&str, u64)> = r.server_names.iter().map(|n| (n.name.as_str(), n.connections)).collect();
+    assert_eq!(got, vec![("api.example", 2), ("b.example", 2), ("c.example", 1), ("d.example", 1)]);
+    assert_eq!(r.server_names_dropped, 2, "e and f did not fit");
+    // Past the window without a sighting: forgotten (the reuse at 200 s
+    // keeps the row).
+    agg.ingest(&reuse(200.0, "10.0.0.2:443", 2.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    assert!(row(&rows, "10.0.0.2:443").server_names.is_empty());
+}

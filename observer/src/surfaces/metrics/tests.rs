@@ -32,6 +32,9 @@ fn exposition_lines_for_known_events() {
     let d = "10.0.0.2:443";
     feed(&m, &mut agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
     feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+    let mut named = ev(EventKind::ServerName, 0.0, None, d);
+    named.server_name = Some("api.partner.example".into());
+    feed(&m, &mut agg, &named);
     for idle in [60.0, 60.1, 59.9] {
         feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
     }
@@ -146,6 +149,9 @@ fn promtool_accepts(histograms: bool) {
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.2:443";
     feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
+    let mut named = ev(EventKind::ServerName, 0.0, None, d);
+    named.server_name = Some("api.partner.example".into());
+    feed(&m, &mut agg, &named);
     for idle in [60.0, 60.1, 59.9] {
         feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
     }
@@ -168,6 +174,7 @@ fn promtool_accepts(histograms: bool) {
     for line in [
         "observer_build_info{version=\"0.1.0\",probe_set=\"tp_btf\",kernel=\"6.18.0\"} 1",
         "observer_records_undecodable_total 1",
+        "observer_destination_info{destination=\"10.0.0.2:443\",role=\"client\",server_name=\"api.partner.example\"} 1",
     ] {
         assert!(text.lines().any(|l| l == line), "missing {line}\n{text}");
     }

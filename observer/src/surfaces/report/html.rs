@@ -19,7 +19,7 @@ body{{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;padding:
 table{{border-collapse:collapse;margin:1rem 0}}td,th{{border:1px solid #ccc;padding:.3rem .6rem;text-align:left;font-size:.9rem}}
 th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{background:#f6f6f6;padding:0 .2rem}}
 </style></head><body>
-<h1>Idle timeout evidence for <code>{d}</code></h1>
+<h1>Idle timeout evidence for <code>{h}</code></h1>
 <p>Generated {gen} by observer from kernel observations of every TCP socket to <code>{d}</code> ({role}), {ws} to {we}.</p>
 <h2 id="summary">Summary</h2>
 <p class="big">{text}.</p>
@@ -32,6 +32,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 <tr><th>First failure</th><td>{ff}</td></tr><tr><th>Last failure</th><td>{lf}</td></tr></table>
 "#,
         d = esc(&r.destination),
+        h = esc(&r.headline),
         gen = utc(r.generated_unix_ns),
         role = esc(&super::side(r)),
         ws = utc(r.window_start_unix_ns),

@@ -17,7 +17,7 @@ pub fn markdown(r: &Report) -> String {
     let s = &r.summary;
     let o = &r.our_side;
     let mut m = String::new();
-    let _ = writeln!(m, "# Idle timeout evidence for `{}`\n", r.destination);
+    let _ = writeln!(m, "# Idle timeout evidence for `{}`\n", r.headline);
     let _ = writeln!(
         m,
         "Generated {} by observer from kernel observations of every TCP socket to `{}` ({}), {} to {}.\n",

@@ -196,3 +196,20 @@ fn processes_are_named_with_their_owners() {
     assert_eq!(owner(Some(id), None, Some("docker.scope")).label(), "api (container 0123456789ab)");
     assert_eq!(owner(None, None, None).label(), "api");
 }
+
+/// A name clients used heads the report: `name (address)`, in JSON,
+/// Markdown and HTML alike; without one, the address alone.
+#[test]
+fn a_name_heads_the_report() {
+    assert_eq!(fin_report().headline, DEST);
+    let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    let mut named = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
+    named.kind = EventKind::ServerName;
+    named.server_name = Some("api.partner.example".into());
+    events.insert(0, named);
+    let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
+    assert_eq!(r.headline, format!("api.partner.example ({DEST})"));
+    assert_eq!(r.server_names[0].name, "api.partner.example");
+    assert!(markdown(&r).starts_with(&format!("# Idle timeout evidence for `api.partner.example ({DEST})`")));
+    assert!(html(&r).contains(&format!("<h1>Idle timeout evidence for <code>api.partner.example ({DEST})</code></h1>")));
+}

@@ -77,3 +77,31 @@ fn two_namespaces_are_told_apart_in_the_table() {
     assert!(table.contains("10.0.0.2:80 netns:4026532777"), "{table}");
     assert_eq!(table.matches("10.0.0.2:80").count(), table.matches("10.0.0.2:80 netns:").count() * 2, "{table}");
 }
+
+/// Names ride in a recording as `server_name` events; the table's first
+/// column shows the most used (and how many others), the notes carry it.
+#[test]
+fn the_name_column_comes_first_and_notes_carry_the_name() {
+    let name = |n: &str| {
+        format!(
+            r#"{{"ts_unix_ns":1700000000000000000,"kind":"server_name","role":"client","pid":1,"comm":"curl","local":"10.0.0.1:40000","remote":"10.0.0.2:80","idle_seconds":0.0,"server_name":"{n}"}}"#
+        )
+    };
+    let rec = format!(
+        "{}\n{}\n{}\n{RECORDING}",
+        name("api.partner.example"),
+        name("api.partner.example"),
+        name("alt.partner.example")
+    );
+    let rows = analyze(&read_recording(rec.as_bytes()).unwrap(), Config::default());
+    let out = render_table(&rows);
+    let header = out.lines().next().unwrap();
+    assert!(header.starts_with("NAME "), "{header}");
+    assert!(out.lines().nth(1).unwrap().starts_with("api.partner.example +1 "), "{out}");
+    assert!(out.contains("api.partner.example 10.0.0.2:80 (client): "), "{out}");
+    let v = serde_json::to_value(&rows).unwrap();
+    assert_eq!(v[0]["server_names"][0]["name"], "api.partner.example");
+    assert_eq!(v[0]["server_names"][0]["connections"], 2);
+    let plain = render_table(&analyze(&read_recording(RECORDING.as_bytes()).unwrap(), Config::default()));
+    assert!(plain.lines().nth(1).unwrap().starts_with("- "), "{plain}");
+}
