@@ -9,3 +9,4 @@ pub mod btf;
 pub mod event;
 pub mod hello;
 pub mod owner;
+pub mod runtime;

@@ -26,6 +26,8 @@ pub(crate) struct Sinks {
     pub(crate) store_failed: u64,
     pub(crate) volume: store::Volume,
     pub(crate) owners: Resolver,
+    /// The reusing clients' runtimes, for the fix in their own terms.
+    pub(crate) runtimes: crate::kernel::runtime::Runtimes,
     pub(crate) filter: Filter,
 }
 
@@ -35,6 +37,9 @@ impl Sinks {
         ev.owner = self.owners.owner_of(ev.cgroup_id);
         if !self.filter.keeps(ev.netns, ev.cgroup()) {
             return;
+        }
+        if ev.kind == EventKind::Reuse && ev.role == crate::kernel::event::Role::Client {
+            ev.client_runtime = self.runtimes.of(ev.pid, &ev.comm);
         }
         let ev = &ev;
         let evidence;

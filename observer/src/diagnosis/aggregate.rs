@@ -43,6 +43,7 @@ use crate::{
     diagnosis::evidence::{Evidence, Observation, Observed},
     diagnosis::verdict::{self, ClientFindings, ServerFindings},
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
+    kernel::runtime::ClientRuntime,
 };
 pub use crate::{
     diagnosis::evidence::IDLE_BUCKETS,
@@ -241,6 +242,16 @@ impl Aggregator {
                 *n += 1;
             } else if st.processes.len() < MAX_PROCESSES {
                 st.processes.insert(who, 1);
+            }
+            match &ev.client_runtime {
+                Some(rt) => {
+                    if let Some(n) = st.runtimes.get_mut(rt) {
+                        *n += 1;
+                    } else if st.runtimes.len() < MAX_PROCESSES {
+                        st.runtimes.insert(rt.clone(), 1);
+                    }
+                }
+                None => st.unknown_runtime = true,
             }
         }
         if matches!(o.obs, Observation::PeerIdleClose { .. }) {

@@ -316,6 +316,12 @@ pub struct DestinationRow {
     /// Connections whose name did not fit in `server_names`.
     #[serde(default)]
     pub server_names_dropped: u64,
+    /// Client rows: the fix in the reusing clients' own terms, one per
+    /// runtime told (the setting, its default, what to set it to, and a
+    /// default above the path's timeout as a finding); the generic rule
+    /// for clients that could not be told. Empty without a recommendation.
+    #[serde(default)]
+    pub fix_settings: Vec<crate::path::clients::FixSetting>,
 }
 
 /// A name clients used for a destination, and how many connections used it

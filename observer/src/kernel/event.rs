@@ -206,6 +206,10 @@ pub struct SockEvent {
     /// carried (TLS SNI or HTTP `Host`, lower-cased).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
+    /// Client reuses: the writing process's runtime and pool libraries,
+    /// where they can be told (see `kernel::runtime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_runtime: Option<crate::kernel::runtime::ClientRuntime>,
 }
 
 fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
@@ -324,6 +328,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         cgroup_id: raw.cgroup_id,
         owner: None,
         server_name: None,
+        client_runtime: None,
     })
 }
 
@@ -379,6 +384,7 @@ impl SockEvent {
             cgroup_id: 0,
             owner: None,
             server_name: None,
+            client_runtime: None,
         }
     }
 

@@ -16,6 +16,7 @@
 //! - Node.js `headers_timeout` is above its keep-alive timeout.
 
 pub mod catalog;
+pub mod clients;
 
 use std::{fmt, fmt::Write as _, net::SocketAddr};
 

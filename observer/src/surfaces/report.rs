@@ -96,6 +96,8 @@ pub struct OurSide {
     pub recommended_max_lifetime_seconds: Option<f64>,
     pub safe_retry_rule: bool,
     pub recommendation: String,
+    /// The fix in the clients' own terms (see the row's `fix_settings`).
+    pub fix_settings: Vec<crate::path::clients::FixSetting>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -532,6 +534,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             recommended_max_lifetime_seconds: row.recommended_max_lifetime_seconds,
             safe_retry_rule: row.safe_retry_rule,
             recommendation: row.recommendation.clone(),
+            fix_settings: row.fix_settings.clone(),
         },
         failure_probability: probability_bins(&reuses),
         timeline: timeline(&volume, &reuses),

@@ -171,58 +171,66 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         out.push_str("(no destinations with evidence yet)\n");
     }
     for r in rows {
-        let who = match r.server_names.first() {
-            Some(n) => format!("{} {} ({})", printable(&n.name), destination_cell(r), r.id.role.as_str()),
-            None => format!("{} ({})", destination_cell(r), r.id.role.as_str()),
-        };
-        if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
-            let _ = writeln!(out, "{who}: {}", r.recommendation);
-        }
-        if r.mixed_paths.len() > 1 {
-            let parts: Vec<String> = r
-                .mixed_paths
-                .iter()
-                .map(|p| format!("{:.3}s ({:.0}%)", p.idle_timeout_seconds, p.share * 100.0))
-                .collect();
-            let _ = writeln!(out, "{who}: mixed paths behind one address: {}", parts.join(", "));
-        }
-        if r.peer_restarts > 0 {
-            let _ = writeln!(
-                out,
-                "{who}: {} peer restart(s) in the window; {} failed reuses they explain are not timeout evidence",
-                r.peer_restarts, r.restart_failures
-            );
-        }
-        if r.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
-            let _ = writeln!(
-                out,
-                "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"
-            );
-        }
-        if r.doomed_idle_sockets > 0 {
-            let holders: Vec<String> =
-                r.doomed_owners.iter().map(crate::diagnosis::table::ProcessOwner::label).collect();
-            let _ = writeln!(
-                out,
-                "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle) and will fail on first use; held by {}",
-                r.doomed_idle_sockets,
-                if holders.is_empty() { "?".to_owned() } else { holders.join(", ") }
-            );
-        }
-        if r.late_reuses > 0 {
-            let _ =
-                writeln!(out, "{who}: {} clients wrote on connections we had closed idle (late reuses)", r.late_reuses);
-        }
-        if let (Some(p), Some(o)) = (r.peer_request_deadline_seconds, r.request_timeout_seconds) {
-            if o < p {
-                let _ = writeln!(
-                    out,
-                    "{who}: deadline staircase reversed: we give up after {o:.3} s, before the peer's {p:.3} s deadline"
-                );
+        notes(&mut out, r);
+    }
+    out
+}
+
+/// The notes under the table for one row: its findings, one per line.
+fn notes(out: &mut String, r: &DestinationRow) {
+    let who = match r.server_names.first() {
+        Some(n) => format!("{} {} ({})", printable(&n.name), destination_cell(r), r.id.role.as_str()),
+        None => format!("{} ({})", destination_cell(r), r.id.role.as_str()),
+    };
+    if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
+        let _ = writeln!(out, "{who}: {}", r.recommendation);
+    }
+    if r.verdict.is_mismatch() || r.fix_settings.iter().any(|f| f.finding.is_some()) {
+        for f in r.fix_settings.iter().filter(|f| f.client != "unknown") {
+            let _ = writeln!(out, "{who}: {}: {}", f.client, f.advice);
+            if let Some(finding) = &f.finding {
+                let _ = writeln!(out, "{who}: finding: {finding}");
             }
         }
     }
-    out
+    if r.mixed_paths.len() > 1 {
+        let parts: Vec<String> =
+            r.mixed_paths.iter().map(|p| format!("{:.3}s ({:.0}%)", p.idle_timeout_seconds, p.share * 100.0)).collect();
+        let _ = writeln!(out, "{who}: mixed paths behind one address: {}", parts.join(", "));
+    }
+    if r.peer_restarts > 0 {
+        let _ = writeln!(
+            out,
+            "{who}: {} peer restart(s) in the window; {} failed reuses they explain are not timeout evidence",
+            r.peer_restarts, r.restart_failures
+        );
+    }
+    if r.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
+        let _ = writeln!(
+            out,
+            "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"
+        );
+    }
+    if r.doomed_idle_sockets > 0 {
+        let holders: Vec<String> = r.doomed_owners.iter().map(crate::diagnosis::table::ProcessOwner::label).collect();
+        let _ = writeln!(
+            out,
+            "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle) and will fail on first use; held by {}",
+            r.doomed_idle_sockets,
+            if holders.is_empty() { "?".to_owned() } else { holders.join(", ") }
+        );
+    }
+    if r.late_reuses > 0 {
+        let _ = writeln!(out, "{who}: {} clients wrote on connections we had closed idle (late reuses)", r.late_reuses);
+    }
+    if let (Some(p), Some(o)) = (r.peer_request_deadline_seconds, r.request_timeout_seconds) {
+        if o < p {
+            let _ = writeln!(
+                out,
+                "{who}: deadline staircase reversed: we give up after {o:.3} s, before the peer's {p:.3} s deadline"
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -81,6 +81,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         evidence_bytes: ev.bytes() + st.held_bytes(),
         server_names: Vec::new(),
         server_names_dropped: 0,
+        fix_settings: Vec::new(),
     };
     let judgement = if key.role == Role::Server {
         let f = ServerFindings {
@@ -144,5 +145,14 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
     r.recommended_server_idle_timeout_seconds = judgement.recommended_server_idle_timeout_seconds;
     r.safe_retry_rule = judgement.safe_retry_rule;
     r.recommendation = judgement.recommendation;
+    if key.role == Role::Client {
+        let runtimes: Vec<ClientRuntime> = st.runtimes.keys().cloned().collect();
+        r.fix_settings = crate::path::clients::fix_settings(
+            &runtimes,
+            st.unknown_runtime,
+            r.path_idle_timeout_seconds.or(r.path_idle_timeout_upper_seconds),
+            r.recommended_pool_idle_timeout_seconds,
+        );
+    }
     r
 }

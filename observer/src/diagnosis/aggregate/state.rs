@@ -27,6 +27,10 @@ pub(crate) struct DestState {
     pub(crate) restarts: VecDeque<Restart>,
     pub(crate) contradictions: Vec<Contradiction>,
     pub(crate) processes: BTreeMap<ProcessOwner, u64>,
+    /// Client runtimes of the reusing processes (at most `MAX_PROCESSES`).
+    pub(crate) runtimes: BTreeMap<ClientRuntime, u64>,
+    /// A reusing process whose runtime could not be told.
+    pub(crate) unknown_runtime: bool,
     pub(crate) changes: VecDeque<Change>,
     pub(crate) first_failure_ns: Option<u64>,
     pub(crate) last_failure_ns: Option<u64>,
@@ -74,6 +78,8 @@ impl DestState {
             restarts: VecDeque::new(),
             contradictions: Vec::new(),
             processes: BTreeMap::new(),
+            runtimes: BTreeMap::new(),
+            unknown_runtime: false,
             changes: VecDeque::new(),
             first_failure_ns: None,
             last_failure_ns: None,

@@ -64,7 +64,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 <tr><th>Recommended maximum connection lifetime</th><td>{life}</td></tr>
 <tr><th>Safe retry</th><td>{retry}</td></tr></table>
 <p>{recommendation}</p>
-{findings}"#,
+{fixes}{findings}"#,
         pool = opt_secs(o.pool_idle_timeout_seconds),
         maxr = opt_secs(o.pool_max_reuse_idle_seconds),
         procs = esc(&o.process_labels().join(", ")),
@@ -78,6 +78,23 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
             "no retry rule: a stall or a reset after the write may have reached the server"
         },
         recommendation = esc(&o.recommendation),
+        fixes = if o.fix_settings.is_empty() {
+            String::new()
+        } else {
+            let rows = o.fix_settings.iter().fold(String::new(), |mut t, f| {
+                let _ = write!(
+                    t,
+                    "<tr><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td class=\"bad\">{}</td></tr>",
+                    esc(&f.client),
+                    esc(&f.setting),
+                    f.default_seconds.map_or_else(|| "none".to_owned(), fmt_secs),
+                    esc(&f.advice),
+                    esc(f.finding.as_deref().unwrap_or(""))
+                );
+                t
+            });
+            format!("<h3>The fix in the client's terms</h3><table><tr><th>client</th><th>setting</th><th>default</th><th>what to do</th><th>finding</th></tr>{rows}</table>\n")
+        },
         findings = if r.findings.is_empty() {
             String::new()
         } else {

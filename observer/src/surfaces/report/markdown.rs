@@ -76,6 +76,21 @@ pub fn markdown(r: &Report) -> String {
         },
         o.recommendation
     );
+    if !o.fix_settings.is_empty() {
+        let _ = writeln!(m, "### The fix in the client's terms\n\n| client | setting | default | what to do | finding |\n|---|---|---|---|---|");
+        for f in &o.fix_settings {
+            let _ = writeln!(
+                m,
+                "| {} | `{}` | {} | {} | {} |",
+                f.client,
+                f.setting,
+                f.default_seconds.map_or_else(|| "none".to_owned(), fmt_secs),
+                f.advice,
+                f.finding.as_deref().unwrap_or("")
+            );
+        }
+        m.push('\n');
+    }
     if !r.findings.is_empty() {
         let _ = writeln!(m, "### Further findings\n\n| | |\n|---|---|");
         for (k, v) in &r.findings {

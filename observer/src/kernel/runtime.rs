@@ -1,0 +1,187 @@
+//! Which client runtime a process is, where that can be told reliably, so
+//! the fix can name the setting in the client's own terms
+//! ([`crate::path::clients`]). No guessing beyond what the process shows:
+//!
+//! - a Go binary carries its build info (`\xff Go buildinf:`, Go 1.18+
+//!   inline format): the Go version and the modules it was built with;
+//!   the standard library's HTTP pool shows by its function names, which
+//!   stay in the binary even when stripped (`pclntab`);
+//! - `java`, `node`, `python3`, `nginx`, `haproxy` and `envoy` by the
+//!   executable's name; for a JVM, the class path on its command line names
+//!   the pool libraries (`OkHttp`, Apache `HttpClient`, `HikariCP`).
+//!
+//! Reading `/proc/PID/exe` of another user's process needs
+//! `CAP_SYS_PTRACE`; without it only the process name tells, and a Go
+//! binary stays unknown (the fix then gives the generic rule).
+
+use std::{collections::HashMap, io::Read as _, os::unix::fs::MetadataExt as _};
+
+use serde::{Deserialize, Serialize};
+
+/// Processes remembered at most (each costs one executable read).
+pub const MAX_CACHED: usize = 1024;
+/// Executables larger than this are not read (no Go binary is).
+const MAX_EXE_BYTES: u64 = 512 << 20;
+
+/// A client runtime and the pool libraries found in it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ClientRuntime {
+    /// `go`, `jvm`, `node`, `python`, `nginx`, `haproxy`, `envoy`.
+    pub runtime: String,
+    /// Pool libraries seen: `net/http`, `database/sql`, `pgx` (Go);
+    /// `okhttp`, `httpclient`, `hikaricp` (JVM).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub libraries: Vec<String>,
+}
+
+/// Go libraries with a pool: (name, what shows it in the binary).
+const GO_LIBRARIES: &[(&str, &[u8])] = &[
+    ("net/http", b"net/http.(*Transport).roundTrip"),
+    ("database/sql", b"database/sql.(*DB).conn"),
+    ("pgx", b"github.com/jackc/pgx"),
+];
+
+/// JVM pool libraries: (name, what their jar or package is called).
+const JVM_LIBRARIES: &[(&str, &str)] = &[("okhttp", "okhttp"), ("httpclient", "httpclient"), ("hikaricp", "hikaricp")];
+
+/// The runtime a process name alone tells.
+fn by_name(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "java" => "jvm",
+        "node" | "nodejs" => "node",
+        "nginx" => "nginx",
+        "haproxy" => "haproxy",
+        "envoy" => "envoy",
+        n if n == "python" || n.starts_with("python3") || n.starts_with("python2") => "python",
+        _ => return None,
+    })
+}
+
+/// The build info's magic, at the start of the `.go.buildinfo` section.
+const MAGIC: &[u8] = b"\xff Go buildinf:";
+
+/// The Go version in the build info at `at`: 16-byte aligned, a pointer
+/// size of 4 or 8, the inline-strings flag (Go 1.18+), then the version as
+/// a length-prefixed `go1.x` string. Anything else holding the magic (this
+/// program's own constant) is no build info.
+fn go_version(bytes: &[u8], at: usize) -> Option<&str> {
+    if !at.is_multiple_of(16) {
+        return None;
+    }
+    let head = bytes.get(at..at + 32)?;
+    if !matches!(head[14], 4 | 8) || head[15] & 2 == 0 {
+        return None;
+    }
+    let len = usize::from(*bytes.get(at + 32)?);
+    let v = std::str::from_utf8(bytes.get(at + 33..at + 33 + len)?).ok()?;
+    v.starts_with("go1.").then_some(v)
+}
+
+/// What an executable's bytes say: a Go binary (its build info) and the
+/// Go pool libraries in it.
+#[must_use]
+pub fn of_executable(bytes: &[u8]) -> Option<ClientRuntime> {
+    memchr::memmem::find_iter(bytes, MAGIC).find(|&at| go_version(bytes, at).is_some())?;
+    let libraries = GO_LIBRARIES
+        .iter()
+        .filter(|(_, needle)| memchr::memmem::find(bytes, needle).is_some())
+        .map(|(name, _)| (*name).to_owned())
+        .collect();
+    Some(ClientRuntime { runtime: "go".into(), libraries })
+}
+
+/// What a process shows: by its executable's name, its build info, or its
+/// command line.
+#[must_use]
+pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+    let base = exe.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+    let name = base.as_deref().unwrap_or(comm);
+    if let Some(runtime) = by_name(name).or_else(|| by_name(comm)) {
+        let mut libraries = Vec::new();
+        if runtime == "jvm" {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline).to_ascii_lowercase();
+            libraries =
+                JVM_LIBRARIES.iter().filter(|(_, n)| cmdline.contains(n)).map(|(l, _)| (*l).to_owned()).collect();
+        }
+        return Some(ClientRuntime { runtime: runtime.into(), libraries });
+    }
+    exe?;
+    let f = std::fs::File::open(format!("/proc/{pid}/exe")).ok()?;
+    if f.metadata().ok()?.len() > MAX_EXE_BYTES {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    f.take(MAX_EXE_BYTES).read_to_end(&mut bytes).ok()?;
+    of_executable(&bytes)
+}
+
+/// Runtimes by process, cached (bounded; a full cache starts over).
+#[derive(Debug, Default)]
+pub struct Runtimes {
+    /// (pid, executable inode) -> what it is.
+    cache: HashMap<(u32, u64), Option<ClientRuntime>>,
+}
+
+impl Runtimes {
+    /// The runtime of `pid` (named `comm`), read once per process.
+    pub fn of(&mut self, pid: u32, comm: &str) -> Option<ClientRuntime> {
+        if pid == 0 {
+            return None;
+        }
+        // The inode tells a reused pid from the process it was.
+        let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
+        if let Some(hit) = self.cache.get(&(pid, ino)) {
+            return hit.clone();
+        }
+        if self.cache.len() >= MAX_CACHED {
+            self.cache.clear();
+        }
+        let found = of_process(pid, comm);
+        self.cache.insert((pid, ino), found.clone());
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_tell_interpreters_and_proxies() {
+        for (n, r) in
+            [("java", "jvm"), ("node", "node"), ("python3.11", "python"), ("nginx", "nginx"), ("envoy", "envoy")]
+        {
+            assert_eq!(by_name(n), Some(r), "{n}");
+        }
+        assert_eq!(by_name("curl"), None);
+        assert_eq!(by_name("pythonista"), None);
+    }
+
+    #[test]
+    fn a_go_binary_shows_its_pools() {
+        let mut exe = b"\x7fELF....\xff Go buildinf:\x08\x02 (unaligned: a constant)".to_vec();
+        exe.resize(64, 0);
+        assert_eq!(of_executable(&exe), None, "an unaligned magic is no build info");
+        exe.extend_from_slice(b"\xff Go buildinf:\x08\x02");
+        exe.extend_from_slice(&[0; 16]);
+        exe.push(8);
+        exe.extend_from_slice(b"go1.19.8");
+        exe.extend_from_slice(b"....net/http.(*Transport).roundTrip....github.com/jackc/pgx/v5/pgxpool");
+        let r = of_executable(&exe).unwrap();
+        assert_eq!(r.runtime, "go");
+        assert_eq!(r.libraries, vec!["net/http", "pgx"]);
+        assert_eq!(of_executable(b"\x7fELF plain C binary net/http.(*Transport).roundTrip"), None);
+    }
+
+    /// This test binary is no Go binary: its own process is unknown, and a
+    /// pid that does not exist is none.
+    #[test]
+    fn processes_are_read_from_proc() {
+        let mut rt = Runtimes::default();
+        assert_eq!(rt.of(std::process::id(), "observer-test"), None);
+        assert_eq!(rt.of(0, "x"), None);
+        assert_eq!(rt.of(u32::MAX - 1, "python3"), Some(ClientRuntime { runtime: "python".into(), libraries: vec![] }));
+    }
+}

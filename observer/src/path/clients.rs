@@ -1,0 +1,242 @@
+//! The client side of the catalog: for each client runtime observer can
+//! tell ([`crate::kernel::runtime`]), the setting that bounds its pool's
+//! idle time, and the default where one exists, each with its source.
+//! [`fix_settings`] turns a row's runtimes and its measured path timeout
+//! into the fix in the client's own words; a runtime's default above the
+//! path's timeout is a finding of its own.
+
+use serde::{Deserialize, Serialize};
+
+use crate::kernel::runtime::ClientRuntime;
+
+/// One pool setting of one client runtime.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientKnob {
+    /// `go`, `jvm`, `node`, `python`, `nginx`, `haproxy`, `envoy`.
+    pub runtime: &'static str,
+    /// The library it belongs to (`None`: the runtime's own).
+    pub library: Option<&'static str>,
+    /// How people name the client.
+    pub client: &'static str,
+    /// The setting, as its documentation spells it.
+    pub setting: &'static str,
+    /// Its default idle time, seconds; `None`: no idle timeout of its own.
+    pub default_seconds: Option<f64>,
+    /// What to do, with `{rec}` for the recommended seconds.
+    pub advice: &'static str,
+    pub source: &'static str,
+}
+
+/// The catalog, one entry per pool setting.
+pub const CLIENTS: &[ClientKnob] = &[
+    ClientKnob {
+        runtime: "go",
+        library: Some("net/http"),
+        client: "Go net/http",
+        setting: "http.Transport.IdleConnTimeout",
+        default_seconds: Some(90.0),
+        advice: "set IdleConnTimeout on the http.Transport to at most {rec} (http.DefaultTransport keeps idle connections 90 s)",
+        source: "pkg.go.dev/net/http#Transport (DefaultTransport: IdleConnTimeout 90 s)",
+    },
+    ClientKnob {
+        runtime: "go",
+        library: Some("database/sql"),
+        client: "Go database/sql",
+        setting: "sql.DB.SetConnMaxIdleTime",
+        default_seconds: None,
+        advice: "call db.SetConnMaxIdleTime with at most {rec} (by default idle connections are kept without limit)",
+        source: "pkg.go.dev/database/sql#DB.SetConnMaxIdleTime",
+    },
+    ClientKnob {
+        runtime: "go",
+        library: Some("pgx"),
+        client: "Go pgx pool",
+        setting: "pgxpool.Config.MaxConnIdleTime",
+        default_seconds: Some(1800.0),
+        advice: "set MaxConnIdleTime (pool_max_conn_idle_time in the connection string) to at most {rec}",
+        source: "pkg.go.dev/github.com/jackc/pgx/v5/pgxpool#Config (default 30 min)",
+    },
+    ClientKnob {
+        runtime: "jvm",
+        library: Some("okhttp"),
+        client: "OkHttp",
+        setting: "ConnectionPool keepAliveDuration",
+        default_seconds: Some(300.0),
+        advice: "build the ConnectionPool with keepAliveDuration at most {rec}",
+        source: "square.github.io/okhttp ConnectionPool (default 5 idle connections, 5 min)",
+    },
+    ClientKnob {
+        runtime: "jvm",
+        library: Some("httpclient"),
+        client: "Apache HttpClient",
+        setting: "HttpClientBuilder.evictIdleConnections",
+        default_seconds: None,
+        advice: "call evictIdleConnections with at most {rec} (by default idle connections are not evicted)",
+        source: "hc.apache.org HttpClientBuilder#evictIdleConnections",
+    },
+    ClientKnob {
+        runtime: "jvm",
+        library: Some("hikaricp"),
+        client: "HikariCP",
+        setting: "idleTimeout / keepaliveTime",
+        default_seconds: Some(600.0),
+        advice: "set idleTimeout to at most {rec}, or keepaliveTime below it so idle connections are kept alive",
+        source: "github.com/brettwooldridge/HikariCP configuration (idleTimeout default 600000 ms)",
+    },
+    ClientKnob {
+        runtime: "node",
+        library: None,
+        client: "Node.js http.Agent",
+        setting: "agentkeepalive freeSocketTimeout",
+        default_seconds: None,
+        advice: "http.Agent has no idle timeout of its own: use agentkeepalive with freeSocketTimeout at most {rec}",
+        source: "nodejs.org/api/http.html#class-httpagent; npmjs.com/package/agentkeepalive",
+    },
+    ClientKnob {
+        runtime: "python",
+        library: None,
+        client: "Python urllib3 / requests",
+        setting: "(none: urllib3 has no pool idle timeout)",
+        default_seconds: None,
+        advice: "urllib3 reuses a pooled connection however long it was idle: retry the first failure on a fresh connection (urllib3 Retry, idempotent requests), or close the pool after {rec} idle",
+        source: "urllib3.readthedocs.io (connectionpool: no idle timeout)",
+    },
+    ClientKnob {
+        runtime: "nginx",
+        library: None,
+        client: "nginx upstream",
+        setting: "keepalive_timeout (in the upstream block)",
+        default_seconds: Some(60.0),
+        advice: "set keepalive_timeout in the upstream block to at most {rec}",
+        source: "nginx.org/en/docs/http/ngx_http_upstream_module.html#keepalive_timeout",
+    },
+    ClientKnob {
+        runtime: "haproxy",
+        library: None,
+        client: "HAProxy",
+        setting: "timeout http-keep-alive / pool-purge-delay",
+        default_seconds: Some(5.0),
+        advice: "keep pool-purge-delay (and timeout http-keep-alive) at most {rec}",
+        source: "docs.haproxy.org configuration (pool-purge-delay default 5 s)",
+    },
+    ClientKnob {
+        runtime: "envoy",
+        library: None,
+        client: "Envoy cluster",
+        setting: "common_http_protocol_options.idle_timeout",
+        default_seconds: Some(3600.0),
+        advice: "set the cluster's common_http_protocol_options.idle_timeout to at most {rec}",
+        source: "envoyproxy.io HttpProtocolOptions.idle_timeout (default 1 h)",
+    },
+];
+
+/// The fix for one client runtime, in its own terms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FixSetting {
+    /// How people name the client (`Go net/http`), or `unknown`.
+    pub client: String,
+    /// The setting to change.
+    pub setting: String,
+    /// Its default idle time, seconds (null: no idle timeout of its own,
+    /// or unknown).
+    pub default_seconds: Option<f64>,
+    /// What to do, with the recommended number.
+    pub advice: String,
+    /// The default itself exceeds the path's timeout: "Go net/http's
+    /// default 90 s > the path's 60 s".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finding: Option<String>,
+}
+
+fn secs(v: f64) -> String {
+    crate::units::fmt_secs(v)
+}
+
+/// The fixes for a row's clients: one per catalog entry that fits a
+/// runtime seen (a Go binary without a library found gets net/http's, the
+/// pool Go programs use for HTTP), the generic rule for clients that could
+/// not be told. `path` is the path's timeout (point, else upper bound),
+/// `rec` the recommended pool idle timeout.
+#[must_use]
+pub fn fix_settings(runtimes: &[ClientRuntime], unknown: bool, path: Option<f64>, rec: Option<f64>) -> Vec<FixSetting> {
+    let Some(rec) = rec else { return Vec::new() };
+    let mut out: Vec<FixSetting> = Vec::new();
+    for rt in runtimes {
+        let fits: Vec<&ClientKnob> = CLIENTS
+            .iter()
+            .filter(|k| k.runtime == rt.runtime)
+            .filter(|k| k.library.is_none_or(|l| rt.libraries.iter().any(|x| x == l)))
+            .collect();
+        let fits = if fits.is_empty() {
+            // A runtime whose pool library was not named: every pool of it.
+            CLIENTS.iter().filter(|k| k.runtime == rt.runtime).collect()
+        } else {
+            fits
+        };
+        for k in fits {
+            if out.iter().any(|f| f.client == k.client) {
+                continue;
+            }
+            let finding = match (k.default_seconds, path) {
+                (Some(d), Some(p)) if d > p => {
+                    Some(format!("{}'s default {} > the path's {}", k.client, secs(d), secs(p)))
+                }
+                _ => None,
+            };
+            out.push(FixSetting {
+                client: k.client.to_owned(),
+                setting: k.setting.to_owned(),
+                default_seconds: k.default_seconds,
+                advice: k.advice.replace("{rec}", &secs(rec)),
+                finding,
+            });
+        }
+    }
+    if unknown || out.is_empty() {
+        out.push(FixSetting {
+            client: "unknown".to_owned(),
+            setting: "the client pool's idle timeout".to_owned(),
+            default_seconds: None,
+            advice: format!(
+                "set the client pool's idle timeout to at most {} (0.8 x the path's timeout), with a maximum connection lifetime; retry once on a fresh connection when no request byte reached the peer",
+                secs(rec)
+            ),
+            finding: None,
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rt(r: &str, libs: &[&str]) -> ClientRuntime {
+        ClientRuntime { runtime: r.into(), libraries: libs.iter().map(|l| (*l).to_owned()).collect() }
+    }
+
+    #[test]
+    fn go_default_above_the_path_is_a_finding() {
+        let f = fix_settings(&[rt("go", &["net/http"])], false, Some(5.0), Some(4.0));
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].setting, "http.Transport.IdleConnTimeout");
+        assert_eq!(f[0].default_seconds, Some(90.0));
+        assert!(f[0].advice.contains("at most 4 s"), "{}", f[0].advice);
+        assert_eq!(f[0].finding.as_deref(), Some("Go net/http's default 90 s > the path's 5 s"));
+        // A path longer than the default: no finding.
+        let f = fix_settings(&[rt("go", &["net/http"])], false, Some(120.0), Some(96.0));
+        assert_eq!(f[0].finding, None);
+    }
+
+    #[test]
+    fn python_unknown_and_no_number() {
+        let f = fix_settings(&[rt("python", &[])], false, Some(5.0), Some(4.0));
+        assert!(f[0].client.starts_with("Python") && f[0].advice.contains("Retry"), "{f:?}");
+        let f = fix_settings(&[], true, Some(5.0), Some(4.0));
+        assert_eq!(f[0].client, "unknown");
+        assert!(f[0].advice.contains("at most 4 s"), "{}", f[0].advice);
+        let f = fix_settings(&[rt("go", &[])], true, Some(5.0), Some(4.0));
+        assert_eq!(f.len(), 4, "every Go pool, then the generic rule: {f:?}");
+        assert!(fix_settings(&[rt("go", &[])], false, None, None).is_empty(), "no number, no fix");
+    }
+}
