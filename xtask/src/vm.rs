@@ -28,8 +28,18 @@ use crate::{apt_install, cargo, output_ok, status, workspace_root};
 /// unit tests, `path_cli`, `cli_config`, `store_kill`, `report_render`
 /// (Chromium), `deploy`, `container` (podman), and `faults` (the daemon's
 /// own outputs: pipes, a full tmpfs, `kill -9`).
-const SUITES: &[&str] =
-    &["foundation", "probes", "wire_truth", "diagnosis", "owners", "servers", "dead_sockets", "verdicts", "prometheus"];
+const SUITES: &[&str] = &[
+    "foundation",
+    "probes",
+    "wire_truth",
+    "diagnosis",
+    "owners",
+    "servers",
+    "dead_sockets",
+    "verdicts",
+    "prometheus",
+    "names",
+];
 /// One suite in the guest longer than this is killed and failed (a hung
 /// test must not hang CI).
 const SUITE_TIMEOUT_S: u64 = 900;

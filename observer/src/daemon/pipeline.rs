@@ -38,8 +38,17 @@ impl Sinks {
         if !self.filter.keeps(ev.netns, ev.cgroup()) {
             return;
         }
-        if ev.kind == EventKind::Reuse && ev.role == crate::kernel::event::Role::Client {
-            ev.client_runtime = self.runtimes.of(ev.pid, &ev.comm);
+        // A reuse is told its client's runtime; a connection's first bytes
+        // (read while the process surely lives) fill the cache early, so a
+        // process that exits right after its last reuse is still told.
+        if ev.role == crate::kernel::event::Role::Client {
+            match ev.kind {
+                EventKind::Reuse => ev.client_runtime = self.runtimes.of(ev.pid, &ev.comm),
+                EventKind::ServerName => {
+                    let _ = self.runtimes.of(ev.pid, &ev.comm);
+                }
+                _ => {}
+            }
         }
         let ev = &ev;
         let evidence;

@@ -120,26 +120,30 @@ pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
 /// Runtimes by process, cached (bounded; a full cache starts over).
 #[derive(Debug, Default)]
 pub struct Runtimes {
-    /// (pid, executable inode) -> what it is.
-    cache: HashMap<(u32, u64), Option<ClientRuntime>>,
+    /// pid -> (executable inode, process name, what it is).
+    cache: HashMap<u32, (u64, String, Option<ClientRuntime>)>,
 }
 
 impl Runtimes {
-    /// The runtime of `pid` (named `comm`), read once per process.
+    /// The runtime of `pid` (named `comm`), read once per process. A
+    /// process that exited before its last event was read keeps what it
+    /// was (the same pid and name); a reused pid (another executable or
+    /// name) is read anew.
     pub fn of(&mut self, pid: u32, comm: &str) -> Option<ClientRuntime> {
         if pid == 0 {
             return None;
         }
-        // The inode tells a reused pid from the process it was.
         let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
-        if let Some(hit) = self.cache.get(&(pid, ino)) {
-            return hit.clone();
+        if let Some((i, c, hit)) = self.cache.get(&pid) {
+            if c == comm && (ino == 0 || ino == *i) {
+                return hit.clone();
+            }
         }
         if self.cache.len() >= MAX_CACHED {
             self.cache.clear();
         }
         let found = of_process(pid, comm);
-        self.cache.insert((pid, ino), found.clone());
+        self.cache.insert(pid, (ino, comm.to_owned(), found.clone()));
         found
     }
 }

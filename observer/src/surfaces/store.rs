@@ -357,8 +357,9 @@ impl Store {
                         let Some((addr, role)) = destination_of(ev) else { continue };
                         let ts = i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX);
                         // The aggregator's own classification: what it
-                        // takes as evidence is what a restart rebuilds from.
-                        if Observed::of(ev).is_some() {
+                        // takes as evidence is what a restart rebuilds from,
+                        // and the names (each the first time its row saw it).
+                        if Observed::of(ev).is_some() || ev.server_name.is_some() {
                             ev_stmt.execute(params![
                                 ts,
                                 addr.to_string(),

@@ -7,6 +7,10 @@
 //	tlstool client URL IDLE_CONN WAIT [again]
 //	                                      one GET, then keep the pool WAIT long
 //	                                      (and GET again)
+//	tlstool defaults URL GAPS DNS         GETs GAPS (seconds, comma-separated)
+//	                                      apart on the default transport's pool
+//	                                      (IdleConnTimeout 90 s), the URL's host
+//	                                      name resolved by the DNS server at DNS
 package main
 
 import (
@@ -26,6 +30,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -81,6 +86,23 @@ func main() {
 		must(err)
 		fmt.Println("ready")
 		must(srv.ServeTLS(ln, "", ""))
+	case "defaults":
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		res := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "udp", os.Args[4])
+		}}
+		tr.DialContext = (&net.Dialer{Resolver: res, Timeout: 5 * time.Second}).DialContext
+		client := &http.Client{Transport: tr}
+		for _, g := range strings.Split(os.Args[3], ",") {
+			time.Sleep(dur(g + "s"))
+			resp, err := client.Get(os.Args[2])
+			must(err)
+			io.ReadAll(resp.Body)
+			resp.Body.Close()
+			fmt.Println("status", resp.StatusCode)
+		}
 	case "client":
 		var local string
 		dialer := &net.Dialer{}

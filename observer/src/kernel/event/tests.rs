@@ -93,6 +93,16 @@ fn json_round_trips_with_stable_names() {
     }
     let back: SockEvent = serde_json::from_str(&line).unwrap();
     assert_eq!(back, ev);
+    // With a name, an owner (its flattened `runtime`) and a client runtime.
+    let mut rich = ev;
+    rich.server_name = Some("api.example".into());
+    rich.owner =
+        Some(crate::kernel::owner::Owner { cgroup: "/x".into(), runtime: Some("docker".into()), ..Default::default() });
+    rich.client_runtime =
+        Some(crate::kernel::runtime::ClientRuntime { runtime: "go".into(), libraries: vec!["net/http".into()] });
+    let line = rich.to_json_line();
+    let back: SockEvent = serde_json::from_str(&line).unwrap();
+    assert_eq!(back, rich, "{line}");
 }
 
 #[test]

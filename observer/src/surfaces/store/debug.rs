@@ -47,7 +47,7 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
 }
 
 /// One line per evidence event: of a recording (what [`Observed::of`]
-/// takes), or of a store (everything it holds).
+/// takes), or of a store (all its evidence; the names it keeps are none).
 pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option<&std::path::Path>) -> Result<()> {
     use std::io::Write as _;
     let key =
@@ -65,7 +65,8 @@ pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option
         let store = Store::open(dir)?;
         let mut failed = None;
         store.each_event(None, 0, |e| {
-            if failed.is_none() {
+            // Names are stored beside the evidence; they are no evidence.
+            if failed.is_none() && e.kind != crate::kernel::event::EventKind::ServerName {
                 failed = writeln!(out, "{}", key(&e)).err();
             }
         })?;
