@@ -149,8 +149,18 @@ impl PingPong {
 }
 
 /// Short connections per second: connect, one request, one response, close.
-#[allow(clippy::cast_precision_loss, reason = "rates")]
 pub(crate) fn churn(threads: usize, dur: Duration) -> Result<f64> {
+    churn_with(threads, dur, &[1u8; 32])
+}
+
+/// An HTTP/1.1 request whose first write names its host: the send probe
+/// hands its first bytes to the daemon (the names' cost).
+pub(crate) const HTTP_REQUEST: &[u8] = b"GET / HTTP/1.1\r\nHost: bench.example\r\n\r\n";
+
+/// [`churn`] with `request` as each connection's one write.
+#[allow(clippy::cast_precision_loss, reason = "rates")]
+pub(crate) fn churn_with(threads: usize, dur: Duration, request: &'static [u8]) -> Result<f64> {
+    let n = request.len();
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -162,7 +172,7 @@ pub(crate) fn churn(threads: usize, dur: Duration) -> Result<f64> {
             match listener.accept() {
                 Ok((mut s, _)) => {
                     let _ = s.set_nonblocking(false);
-                    let mut buf = [0u8; 32];
+                    let mut buf = vec![0u8; n];
                     if s.read_exact(&mut buf).is_ok() {
                         let _ = s.write_all(&buf);
                     }
@@ -177,12 +187,12 @@ pub(crate) fn churn(threads: usize, dur: Duration) -> Result<f64> {
         .map(|_| {
             let (stop, count) = (Arc::clone(&stop), Arc::clone(&count));
             thread::spawn(move || -> std::io::Result<()> {
-                let mut buf = [1u8; 32];
+                let mut buf = request.to_vec();
                 let mut rest = [0u8; 1];
                 while !stop.load(Ordering::Relaxed) {
                     let mut one = || -> std::io::Result<()> {
                         let mut s = TcpStream::connect(addr)?;
-                        s.write_all(&buf)?;
+                        s.write_all(request)?;
                         s.read_exact(&mut buf)?;
                         let _ = s.read(&mut rest);
                         Ok(())

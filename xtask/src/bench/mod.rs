@@ -135,9 +135,10 @@ pub fn run_phase(phase: &str) -> Result<()> {
         "memory" => memory_phase(&plan)?,
         "startup" => startup_phase(&plan)?,
         "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
+        "names" => names_phase(&plan)?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, memory and startup"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, names, memory and startup"
             )
         }
     };
@@ -198,6 +199,7 @@ pub fn run(smoke: bool) -> Result<()> {
         "hot_path_interleaved": hot_path_interleaved(&plan)?,
         "kernel_cost": kernel_cost(&plan, &bt)?,
         "churn": churn_phase(&plan)?,
+        "names": names_phase(&plan)?,
         "pipeline": pipeline_phase(&plan)?,
         "ring_buffer": ringbuf_phase(&plan)?,
         "memory": memory_phase(&plan)?,

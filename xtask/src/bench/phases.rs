@@ -141,6 +141,51 @@ pub(crate) fn kernel_cost(plan: &Plan, bt_script: &Path) -> Result<Value> {
     result
 }
 
+/// What names cost a connection: HTTP churn (each first write names its
+/// host, so the send probe reads it and hands 640 bytes to the daemon),
+/// observer with names and with `--no-names`, interleaved rounds; the
+/// connection rates' ratio, and the send probe's ns per run in each.
+pub(crate) fn names_phase(plan: &Plan) -> Result<Value> {
+    sh("sysctl -qw kernel.bpf_stats_enabled=1")?;
+    let result = (|| -> Result<Value> {
+        let (mut on, mut off, mut ratio, mut send_on, mut send_off) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for round in 0..plan.rounds.max(2) {
+            let mut pair = [0.0; 2];
+            for k in 0..2 {
+                let names = (round + k) % 2 == 0;
+                let args: &[&str] = if names { &[] } else { &["--no-names"] };
+                let o = Observer::start(args, &tmp("names"))?;
+                let v = churn_with(2, plan.duration, HTTP_REQUEST)?;
+                let send = per_run(&o.progs)?.get("tcp_sendmsg_locked").map_or(f64::NAN, |v| v.0);
+                o.stop()?;
+                println!(
+                    "bench: names round {round} {}: {v:.0} connections/s, send probe {send:.0} ns/run",
+                    if names { "on" } else { "off" }
+                );
+                pair[usize::from(names)] = v;
+                if names {
+                    send_on.push(send)
+                } else {
+                    send_off.push(send)
+                }
+            }
+            off.push(pair[0]);
+            on.push(pair[1]);
+            ratio.push(pair[1] / pair[0]);
+        }
+        Ok(json!({
+            "client_threads": 2,
+            "request": String::from_utf8_lossy(HTTP_REQUEST),
+            "connections_per_second": {"names": stats(&on), "no_names": stats(&off)},
+            "ratio_names_to_no_names": stats(&ratio),
+            "send_ns_per_run": {"names": stats(&send_on), "no_names": stats(&send_off)},
+        }))
+    })();
+    sh("sysctl -qw kernel.bpf_stats_enabled=0")?;
+    result
+}
+
 pub(crate) fn churn_phase(plan: &Plan) -> Result<Value> {
     let (mut none, mut obs, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..plan.rounds {

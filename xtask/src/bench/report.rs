@@ -69,6 +69,8 @@ pub(crate) fn markdown(r: &Value) -> String {
     let send_net = kc["send_net_ns"].as_f64().unwrap_or(f64::NAN);
     let recv_net = kc["recv_net_ns"].as_f64().unwrap_or(f64::NAN);
     let churn_cost = 1.0 - med(&ch["ratio_observer_to_none"]);
+    let nm = &r["names"];
+    let names_cost = 1.0 - med(&nm["ratio_names_to_no_names"]);
     let pipe = med(&pl["events_per_second_one_core"]);
     let zero_loss = rb["max_zero_loss_events_per_second"].as_f64().unwrap_or(0.0);
     let rss_mib = me["rss_mib"].as_f64().unwrap_or(f64::NAN);
@@ -124,6 +126,12 @@ pub(crate) fn markdown(r: &Value) -> String {
         "| connection churn: connections/s lost | <= 5% | {:.1}% | {} |",
         churn_cost * 100.0,
         verdict(churn_cost <= 0.05)
+    );
+    let _ = writeln!(
+        s,
+        "| names: HTTP connection churn, connections/s lost with names on against `--no-names` | <= 5% | {:.1}% | {} |",
+        names_cost * 100.0,
+        verdict(names_cost <= 0.05)
     );
     let _ = writeln!(
         s,
@@ -246,6 +254,7 @@ pub(crate) fn markdown(r: &Value) -> String {
         );
     }
     let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
+    let _ = writeln!(s, "### 3b. Names (HTTP churn: every connection's first write is `{}`)\n\nThe send probe reads each client connection's first write once and, for a TLS or HTTP start, hands 640 bytes to the daemon, which parses the name and drops the bytes. Observer with names on and with `--no-names`, interleaved rounds.\n\n| | names on | `--no-names` |\n|---|---|---|\n| connections/s (min / median / max) | {} | {} |\n| send probe ns/run | {} | {} |\n| ratio on / off | {} | |\n", nm["request"].as_str().unwrap_or("").escape_debug(), mmm(&nm["connections_per_second"]["names"], 1.0, ""), mmm(&nm["connections_per_second"]["no_names"], 1.0, ""), mmm(&nm["send_ns_per_run"]["names"], 1.0, ""), mmm(&nm["send_ns_per_run"]["no_names"], 1.0, ""), ratio(&nm["ratio_names_to_no_names"]));
     let _ = writeln!(
         s,
         "### 4. Pipeline\n\n{} events/s on one core (min / median / max); with `--metrics-histograms` {}.\n\nThe `/metrics` scrape after a run over {} destinations (every destination with ok and failed reuses, peer and local closes): {} series, {} bytes by default (lean); {} series, {} bytes with `--metrics-histograms`. One build of the table over them (what the HTTP side does at most 4 times a second, a row at a time under the aggregator's lock): {:.1} ms in all; the longest row, the longest the event reader waits because of a scrape: {:.0} us.\n",
