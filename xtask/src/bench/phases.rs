@@ -165,9 +165,9 @@ pub(crate) fn names_phase(plan: &Plan) -> Result<Value> {
                 );
                 pair[usize::from(names)] = v;
                 if names {
-                    send_on.push(send)
+                    send_on.push(send);
                 } else {
-                    send_off.push(send)
+                    send_off.push(send);
                 }
             }
             off.push(pair[0]);
