@@ -417,34 +417,42 @@ while True:
 
 /// A timeout enforced by a once-a-second sweep closes "2 s" connections
 /// anywhere in [2, 3] s: survivals and failures interleave there. Run the
-/// same schedule five times on fresh daemons (a pool without a reader
-/// reusing after 1 to 4.5 s): every run must give the same kind of answer,
-/// a spread within [2, 3.2], a recommendation of at most 1.6 s (0.8 x the
-/// earliest close), no point outside the interval, and no change of
-/// timeout read from the jitter.
+/// same schedule against five sweeping servers at once, each on its own
+/// port with its own sweep phase (five rows, each estimated on its own, as
+/// five fresh daemons would; at once, so the test takes one run's time):
+/// a pool without a reader reusing after 1 to 4.5 s. Every row must give
+/// the same kind of answer, a spread within [2, 3.2], a recommendation of
+/// at most 1.6 s (0.8 x the earliest close), no point outside the
+/// interval, and no change of timeout read from the jitter.
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
     let topo = Topology::pair("swept")?;
     let server = script(SWEEPING_SERVER)?;
-    let _srv = start_server(&topo.ns, topo.server, &format!("python3 {} {} 9050 2", server.display(), topo.server_v4))?;
+    let ports: Vec<u16> = (9050..9055).collect();
+    let _servers: Vec<Killed> = ports
+        .iter()
+        .map(|p| start_server(&topo.ns, topo.server, &format!("python3 {} {} {p} 2", server.display(), topo.server_v4)))
+        .collect::<Result<_>>()?;
     let client = script(RECONNECTING_CLIENT)?;
-    let dest = format!("{}:9050", topo.server_v4);
-    // 24 gaps evenly over [1, 4.5] s, dealt to 4 clients.
+    // 24 gaps evenly over [1, 4.5] s, dealt to 4 clients per server.
     let all: Vec<f64> = (0..24).map(|k| 1.0 + 3.5 * (f64::from(k) + 0.5) / 24.0).collect();
-    let mut answers = Vec::new();
-    for run in 0..5 {
-        let daemon = Daemon::start(&[])?;
-        let mut children = Vec::new();
+    let daemon = Daemon::start(&[])?;
+    let mut children = Vec::new();
+    for p in &ports {
         for c in 0..4 {
             let g: Vec<String> = all.iter().skip(c).step_by(4).map(|g| format!("{g:.3}")).collect();
             children.push(topo.ns.spawn(
                 topo.client,
-                &format!("python3 {} {} 9050 {} 5", client.display(), topo.server_v4, g.join(",")),
+                &format!("python3 {} {} {p} {} 5", client.display(), topo.server_v4, g.join(",")),
             )?);
         }
-        wait_all(children)?;
-        let rows = settle(&daemon)?;
+    }
+    wait_all(children)?;
+    let rows = settle(&daemon)?;
+    let mut answers = Vec::new();
+    for (run, p) in ports.iter().enumerate() {
+        let dest = format!("{}:{p}", topo.server_v4);
         let r = row(&rows, &dest)?;
         let [earliest, latest] =
             r.path_idle_timeout_spread_seconds.with_context(|| format!("run {run}: no spread: {r:#?}"))?;
