@@ -212,6 +212,7 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
 /// Plain HTTP from Python with a `Host` header names its row, and the fix
 /// is Python's; a second daemon beside it with `--no-names` sees the same
 /// traffic and shows no name anywhere (no event, no row name, no metric).
+/// A client whose runtime cannot be told gets the generic rule.
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
@@ -246,6 +247,27 @@ fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
         String::from_utf8(observer::surfaces::http::get(&blind.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
     ensure!(!metrics.contains("observer_destination_info{"), "--no-names exported a name");
     assert_eq!(b.reuses, r.reuses, "the same evidence either way");
+    // A client whose runtime cannot be told (bash's /dev/tcp) gets the
+    // generic rule, with the number; its request, written a line at a
+    // time, names nothing.
+    let echo = script(ECHO_SERVER)?;
+    let _echo =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9200 2", echo.display(), topo.server_v4))?;
+    let _ = topo.ns.exec(
+        topo.client,
+        &format!(
+            "bash -c 'trap \"\" PIPE; exec 3<>/dev/tcp/{}/9200; for g in 0 1.2 1.2 3; do sleep $g; printf \"GET / HTTP/1.1\\r\\nHost: raw.example\\r\\n\\r\\n\" >&3 || break; read -t 2 -u 3 -N 10 r || true; done'",
+            topo.server_v4
+        ),
+    );
+    let rows = settle(&named)?;
+    let raw = row(&rows, &format!("{}:9200", topo.server_v4))?;
+    // bash's printf writes line by line: the first write is the request
+    // line alone, the `Host` comes later. No name, rather than a guess.
+    assert!(raw.server_names.is_empty(), "{raw:#?}");
+    let generic = raw.fix_settings.first().with_context(|| format!("a fix for bash: {raw:#?}"))?;
+    assert_eq!((generic.client.as_str(), raw.fix_settings.len()), ("unknown", 1), "{:?}", raw.fix_settings);
+    assert!(generic.advice.contains("idle timeout to at most"), "{}", generic.advice);
     eprintln!("MEASURED names host: {:?}; fix {py:?}", r.server_names);
     Ok(())
 }
