@@ -117,11 +117,24 @@ pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
     of_executable(&bytes)
 }
 
+/// A cached process is checked against `/proc` at most this often (its
+/// executable's inode tells a reused pid): a reuse event costs no syscall
+/// in between, at tens of thousands of events a second.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// One cached process.
+#[derive(Debug)]
+struct Seen {
+    ino: u64,
+    comm: String,
+    runtime: Option<ClientRuntime>,
+    checked: std::time::Instant,
+}
+
 /// Runtimes by process, cached (bounded; a full cache starts over).
 #[derive(Debug, Default)]
 pub struct Runtimes {
-    /// pid -> (executable inode, process name, what it is).
-    cache: HashMap<u32, (u64, String, Option<ClientRuntime>)>,
+    cache: HashMap<u32, Seen>,
 }
 
 impl Runtimes {
@@ -133,18 +146,26 @@ impl Runtimes {
         if pid == 0 {
             return None;
         }
-        let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
-        if let Some((i, c, hit)) = self.cache.get(&pid) {
-            if c == comm && (ino == 0 || ino == *i) {
-                return hit.clone();
+        let now = std::time::Instant::now();
+        if let Some(seen) = self.cache.get_mut(&pid) {
+            if seen.comm == comm {
+                if now.duration_since(seen.checked) < RECHECK {
+                    return seen.runtime.clone();
+                }
+                let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
+                if ino == 0 || ino == seen.ino {
+                    seen.checked = now;
+                    return seen.runtime.clone();
+                }
             }
         }
         if self.cache.len() >= MAX_CACHED {
             self.cache.clear();
         }
-        let found = of_process(pid, comm);
-        self.cache.insert(pid, (ino, comm.to_owned(), found.clone()));
-        found
+        let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
+        let runtime = of_process(pid, comm);
+        self.cache.insert(pid, Seen { ino, comm: comm.to_owned(), runtime: runtime.clone(), checked: now });
+        runtime
     }
 }
 
