@@ -183,7 +183,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         store_failed: 0,
         volume: store::Volume::default(),
         owners: Resolver::new(cgroup_root),
-        runtimes: crate::kernel::runtime::Runtimes::default(),
+        runtimes: crate::kernel::runtime::Runtimes::start(),
         filter,
     };
     // One pass of the reader before the daemon says it runs: /healthz is

@@ -38,13 +38,14 @@ impl Sinks {
         if !self.filter.keeps(ev.netns, ev.cgroup()) {
             return;
         }
-        // A reuse is told its client's runtime; a connection's first bytes
-        // (read while the process surely lives) fill the cache early, so a
-        // process that exits right after its last reuse is still told.
+        // A reuse is told its client's runtime (a cache lookup); a
+        // connection's establishment and first bytes queue the process for
+        // the resolver, while it surely lives and long before its first
+        // reuse.
         if ev.role == crate::kernel::event::Role::Client {
             match ev.kind {
                 EventKind::Reuse => ev.client_runtime = self.runtimes.of(ev.pid, &ev.comm),
-                EventKind::ServerName => {
+                EventKind::ServerName | EventKind::Established => {
                     let _ = self.runtimes.of(ev.pid, &ev.comm);
                 }
                 _ => {}

@@ -243,7 +243,9 @@ impl Aggregator {
             } else if st.processes.len() < MAX_PROCESSES {
                 st.processes.insert(who, 1);
             }
+            // `None`: not told yet (or a recording from before runtimes).
             match &ev.client_runtime {
+                Some(rt) if rt.is_unknown() => st.unknown_runtime = true,
                 Some(rt) => {
                     if let Some(n) = st.runtimes.get_mut(rt) {
                         *n += 1;
@@ -251,7 +253,7 @@ impl Aggregator {
                         st.runtimes.insert(rt.clone(), 1);
                     }
                 }
-                None => st.unknown_runtime = true,
+                None => {}
             }
         }
         if matches!(o.obs, Observation::PeerIdleClose { .. }) {

@@ -118,55 +118,128 @@ pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
 }
 
 /// A cached process is checked against `/proc` at most this often (its
-/// executable's inode tells a reused pid): a reuse event costs no syscall
-/// in between, at tens of thousands of events a second.
+/// executable's inode tells a reused pid).
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+/// Processes waiting for the resolver at most (more wait for a later event).
+const QUEUE: usize = 1024;
 
-/// One cached process.
-#[derive(Debug)]
-struct Seen {
-    ino: u64,
-    comm: String,
-    runtime: Option<ClientRuntime>,
-    checked: std::time::Instant,
+impl ClientRuntime {
+    /// What an event carries for a process whose runtime could not be
+    /// told (no catalog entry fits: the generic rule applies).
+    #[must_use]
+    pub fn unknown() -> Self {
+        Self { runtime: UNKNOWN.to_owned(), libraries: Vec::new() }
+    }
+
+    #[must_use]
+    pub fn is_unknown(&self) -> bool {
+        self.runtime == UNKNOWN
+    }
 }
 
-/// Runtimes by process, cached (bounded; a full cache starts over).
-#[derive(Debug, Default)]
+/// [`ClientRuntime::runtime`] of a process that could not be told.
+pub const UNKNOWN: &str = "unknown";
+
+#[derive(Debug)]
+enum Entry {
+    /// Queued for the resolver.
+    Pending {
+        comm: String,
+    },
+    Known {
+        ino: u64,
+        comm: String,
+        runtime: ClientRuntime,
+        checked: std::time::Instant,
+    },
+}
+
+type Cache = std::sync::Arc<std::sync::Mutex<HashMap<u32, Entry>>>;
+
+/// Runtimes by process. Telling one may read its whole executable (a Go
+/// binary's function names), so a resolver thread does it: the event path
+/// only looks up the cache (no syscall), and a process is queued when it
+/// connects or first writes, long before its first reuse. Bounded: at most
+/// [`MAX_CACHED`] processes (a full cache starts over) and [`QUEUE`] waiting.
+#[derive(Debug)]
 pub struct Runtimes {
-    cache: HashMap<u32, Seen>,
+    cache: Cache,
+    queue: std::sync::mpsc::SyncSender<(u32, String)>,
+}
+
+impl Default for Runtimes {
+    fn default() -> Self {
+        Self::start()
+    }
 }
 
 impl Runtimes {
-    /// The runtime of `pid` (named `comm`), read once per process. A
-    /// process that exited before its last event was read keeps what it
-    /// was (the same pid and name); a reused pid (another executable or
-    /// name) is read anew.
-    pub fn of(&mut self, pid: u32, comm: &str) -> Option<ClientRuntime> {
+    /// Start the resolver thread; it ends when this is dropped.
+    #[must_use]
+    pub fn start() -> Self {
+        let cache: Cache = std::sync::Arc::default();
+        let (queue, rx) = std::sync::mpsc::sync_channel::<(u32, String)>(QUEUE);
+        let shared = std::sync::Arc::clone(&cache);
+        let spawned = std::thread::Builder::new().name("observer-runtime".into()).spawn(move || {
+            for (pid, comm) in rx {
+                resolve(&shared, pid, &comm);
+            }
+        });
+        if let Err(e) = spawned {
+            log::warn!("cannot start the runtime resolver ({e}): fixes will use the generic rule");
+        }
+        Self { cache, queue }
+    }
+
+    /// The runtime of `pid` (named `comm`) as far as it is known now:
+    /// `None` while it is being told (the process is queued), else what it
+    /// is ([`ClientRuntime::unknown`] when it cannot be told). A process
+    /// that exited keeps what it was; a reused pid (another executable or
+    /// name) is told anew.
+    pub fn of(&self, pid: u32, comm: &str) -> Option<ClientRuntime> {
         if pid == 0 {
             return None;
         }
+        let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = std::time::Instant::now();
-        if let Some(seen) = self.cache.get_mut(&pid) {
-            if seen.comm == comm {
-                if now.duration_since(seen.checked) < RECHECK {
-                    return seen.runtime.clone();
+        match cache.get_mut(&pid) {
+            Some(Entry::Known { comm: c, runtime, checked, .. }) if c == comm => {
+                if now.duration_since(*checked) >= RECHECK {
+                    // Recheck in the resolver; meanwhile the known answer.
+                    *checked = now;
+                    let _ = self.queue.try_send((pid, comm.to_owned()));
                 }
-                let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
-                if ino == 0 || ino == seen.ino {
-                    seen.checked = now;
-                    return seen.runtime.clone();
-                }
+                return Some(runtime.clone());
+            }
+            Some(Entry::Pending { comm: c }) if c == comm => return None,
+            _ => {}
+        }
+        if cache.len() >= MAX_CACHED {
+            cache.clear();
+        }
+        if self.queue.try_send((pid, comm.to_owned())).is_ok() {
+            cache.insert(pid, Entry::Pending { comm: comm.to_owned() });
+        }
+        None
+    }
+}
+
+/// The resolver's step: tell `pid` unless the cache already knows it (the
+/// same executable, or the process has exited).
+fn resolve(cache: &Cache, pid: u32, comm: &str) {
+    let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
+    {
+        let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(Entry::Known { ino: i, comm: known, checked, .. }) = c.get_mut(&pid) {
+            if known == comm && (ino == 0 || ino == *i) {
+                *checked = std::time::Instant::now();
+                return;
             }
         }
-        if self.cache.len() >= MAX_CACHED {
-            self.cache.clear();
-        }
-        let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
-        let runtime = of_process(pid, comm);
-        self.cache.insert(pid, Seen { ino, comm: comm.to_owned(), runtime: runtime.clone(), checked: now });
-        runtime
     }
+    let runtime = of_process(pid, comm).unwrap_or_else(ClientRuntime::unknown);
+    let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    c.insert(pid, Entry::Known { ino, comm: comm.to_owned(), runtime, checked: std::time::Instant::now() });
 }
 
 #[cfg(test)]
@@ -200,13 +273,24 @@ mod tests {
         assert_eq!(of_executable(b"\x7fELF plain C binary net/http.(*Transport).roundTrip"), None);
     }
 
-    /// This test binary is no Go binary: its own process is unknown, and a
-    /// pid that does not exist is none.
+    /// Told off the event path: first `None` (queued), then the answer.
+    /// This test binary is no Go binary: unknown; a pid that does not
+    /// exist, named `python3`, is Python by its name; pid 0 is none.
     #[test]
-    fn processes_are_read_from_proc() {
-        let mut rt = Runtimes::default();
-        assert_eq!(rt.of(std::process::id(), "observer-test"), None);
+    fn processes_are_told_by_the_resolver() {
+        let rt = Runtimes::start();
+        let wait = |pid: u32, comm: &str| {
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            loop {
+                if let Some(r) = rt.of(pid, comm) {
+                    return r;
+                }
+                assert!(std::time::Instant::now() < until, "pid {pid} never told");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        };
+        assert!(wait(std::process::id(), "observer-test").is_unknown());
+        assert_eq!(wait(u32::MAX - 1, "python3"), ClientRuntime { runtime: "python".into(), libraries: vec![] });
         assert_eq!(rt.of(0, "x"), None);
-        assert_eq!(rt.of(u32::MAX - 1, "python3"), Some(ClientRuntime { runtime: "python".into(), libraries: vec![] }));
     }
 }

@@ -136,9 +136,10 @@ pub fn run_phase(phase: &str) -> Result<()> {
         "startup" => startup_phase(&plan)?,
         "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
         "names" => names_phase(&plan)?,
+        "ring_buffer" => ringbuf_phase(&plan)?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, names, memory and startup"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, names, ring_buffer, memory and startup"
             )
         }
     };
