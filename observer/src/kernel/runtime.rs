@@ -215,12 +215,6 @@ pub struct Runtimes {
     queue: std::sync::mpsc::SyncSender<(u32, String)>,
 }
 
-impl Default for Runtimes {
-    fn default() -> Self {
-        Self::start()
-    }
-}
-
 impl Runtimes {
     /// Start the resolver thread; it ends when this is dropped.
     #[must_use]
