@@ -1,4 +1,4 @@
-//! Developer tasks: `setup`, `run`, `test`, `lint`, `dist`, `image`, `bench`.
+//! Developer tasks: `setup`, `run`, `build`, `test`, `lint`, `dist`, `image`, `bench`.
 //!
 //! `setup` is idempotent: it checks each prerequisite first and installs only
 //! what is missing, printing what it did.
@@ -14,6 +14,7 @@ use anyhow::{bail, ensure, Context as _, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod cross;
 mod fleet;
 mod soak;
 mod vm;
@@ -48,13 +49,31 @@ enum Task {
     },
     /// `cargo fmt --check` and clippy for the host crates and the eBPF crate.
     Lint,
+    /// Build the release binary, for this machine or cross-built for arm64
+    /// (`--target aarch64`, into target/aarch64-unknown-linux-gnu/release).
+    Build {
+        /// `aarch64` (also `arm64`); default: this machine's architecture.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Build the release binary and lay out what a package ships in
-    /// target/dist: the binary, shell completions, man pages, the systemd
-    /// unit, the fleet Prometheus rules and the dashboards.
-    Dist,
+    /// target/dist (target/dist-aarch64 for `--target aarch64`): the binary,
+    /// shell completions, man pages, the systemd unit, the fleet Prometheus
+    /// rules and the dashboards.
+    Dist {
+        /// `aarch64` (also `arm64`); default: this machine's architecture.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Build the container image (deploy/container/Containerfile): FROM
     /// scratch with the release binary and the libraries it links, by podman.
-    Image,
+    /// `--target aarch64` builds the arm64 image; `--target all` both, and
+    /// a manifest list naming them.
+    Image {
+        /// `aarch64` (also `arm64`) or `all`; default: this machine's architecture.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Measure what observer costs the host; writes BENCHMARKS.md and target/bench/results.json.
     Bench {
         /// A few seconds of each measurement, no report (CI).
@@ -140,8 +159,9 @@ fn main() -> ExitCode {
         Task::Run { args } => run(&args),
         Task::Test { kernel, args } => test(&kernel, &args),
         Task::Lint => lint(),
-        Task::Dist => dist(),
-        Task::Image => setup(true).and_then(|t| image(&t)).map(|tag| println!("image: {tag}")),
+        Task::Build { target } => build(target.as_deref()),
+        Task::Dist { target } => dist(target.as_deref()),
+        Task::Image { target } => image_task(target.as_deref()),
         Task::Bench { report_only: true, .. } => bench::report_only(),
         Task::Bench { smoke, only, .. } => bench_task(smoke, only.as_deref()),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
@@ -298,15 +318,38 @@ fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn dist() -> Result<()> {
+/// Build the release binary for the host, or for arm64 with `--target aarch64`.
+fn build(target: Option<&str>) -> Result<()> {
     let toolchain = setup(false)?;
+    let bin = if let Some(t) = target {
+        cross::parse(t)?;
+        cross::build_release()?
+    } else {
+        status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+        workspace_root().join("target/release/observer")
+    };
+    println!("build: {}", bin.display());
+    Ok(())
+}
+
+fn dist(target: Option<&str>) -> Result<()> {
+    let toolchain = setup(false)?;
+    // The docs come from the host's binary (they are the same on every
+    // architecture, and an arm64 binary does not run here).
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
     let root = workspace_root();
-    let out = root.join("target/dist");
+    let host_bin = root.join("target/release/observer");
+    let (bin, out) = match target {
+        Some(t) => {
+            cross::parse(t)?;
+            (cross::build_release()?, root.join("target/dist-aarch64"))
+        }
+        None => (host_bin.clone(), root.join("target/dist")),
+    };
     let _ = fs::remove_dir_all(&out);
     fs::create_dir_all(out.join("bin"))?;
-    fs::copy(root.join("target/release/observer"), out.join("bin/observer"))?;
-    status(Command::new(out.join("bin/observer")).args(["debug", "docs", "--out-dir"]).arg(&out))?;
+    fs::copy(&bin, out.join("bin/observer"))?;
+    status(Command::new(&host_bin).args(["debug", "docs", "--out-dir"]).arg(&out))?;
     for (from, to) in [
         ("deploy/systemd/observer.service", "systemd/observer.service"),
         ("deploy/prometheus/observer-rules.yml", "prometheus/observer-rules.yml"),
@@ -324,6 +367,48 @@ fn dist() -> Result<()> {
     Ok(())
 }
 
+fn image_task(target: Option<&str>) -> Result<()> {
+    let toolchain = setup(true)?;
+    match target {
+        None => println!("image: {}", image(&toolchain)?),
+        Some("all") => {
+            let amd64 = image(&toolchain)?;
+            let arm64 = image_arm64()?;
+            let list = format!("localhost/observer:{}", env!("CARGO_PKG_VERSION"));
+            let list = format!("{list}-multiarch");
+            let _ = Command::new("podman").args(["manifest", "rm", &list]).output();
+            status(Command::new("podman").args(["manifest", "create", &list, &amd64, &arm64]))
+                .context("podman manifest create")?;
+            println!("image: {list} (manifest list: {amd64}, {arm64})");
+        }
+        Some(t) => {
+            cross::parse(t)?;
+            println!("image: {}", image_arm64()?);
+        }
+    }
+    Ok(())
+}
+
+/// Lay out the image's root: the binary and the libraries it needs, each
+/// as (source, path inside the image).
+fn stage_image(stage: &Path, binary: &Path, libs: &[(PathBuf, PathBuf)]) -> Result<()> {
+    let _ = fs::remove_dir_all(stage);
+    let rootfs = stage.join("rootfs");
+    for dir in ["usr/bin", "var/lib/observer", "tmp"] {
+        fs::create_dir_all(rootfs.join(dir))?;
+    }
+    fs::copy(binary, rootfs.join("usr/bin/observer"))?;
+    for (from, to) in libs {
+        let dst = rootfs.join(to);
+        if let Some(dir) = dst.parent() {
+            fs::create_dir_all(dir)?;
+        }
+        fs::copy(from, &dst).with_context(|| format!("copying {}", from.display()))?;
+    }
+    fs::copy(workspace_root().join("deploy/container/Containerfile"), stage.join("Containerfile"))?;
+    Ok(())
+}
+
 /// Build the container image: the release binary and the shared libraries
 /// `ldd` names, under `target/image/rootfs`, then `podman build`. Returns
 /// the image's name.
@@ -331,36 +416,43 @@ fn image(toolchain: &str) -> Result<String> {
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", toolchain))?;
     let root = workspace_root();
     let stage = root.join("target/image");
-    let _ = fs::remove_dir_all(&stage);
-    let rootfs = stage.join("rootfs");
-    for dir in ["usr/bin", "var/lib/observer", "tmp"] {
-        fs::create_dir_all(rootfs.join(dir))?;
-    }
     let binary = root.join("target/release/observer");
-    fs::copy(&binary, rootfs.join("usr/bin/observer"))?;
     let ldd = Command::new("ldd").arg(&binary).output().context("running ldd")?;
     ensure_ok(&ldd, "ldd")?;
-    let mut libs = 0;
+    let mut libs = Vec::new();
     for line in String::from_utf8_lossy(&ldd.stdout).lines() {
         // `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)` or
         // `/lib64/ld-linux-x86-64.so.2 (0x...)`; the vDSO has no file.
         let path = line.split("=>").last().unwrap_or_default().split_whitespace().next().unwrap_or_default();
-        if !path.starts_with('/') {
-            continue;
+        if path.starts_with('/') {
+            libs.push((PathBuf::from(path), PathBuf::from(path.trim_start_matches('/'))));
         }
-        let dst = rootfs.join(path.trim_start_matches('/'));
-        if let Some(dir) = dst.parent() {
-            fs::create_dir_all(dir)?;
-        }
-        fs::copy(path, &dst).with_context(|| format!("copying {path}"))?;
-        libs += 1;
     }
-    fs::copy(root.join("deploy/container/Containerfile"), stage.join("Containerfile"))?;
+    stage_image(&stage, &binary, &libs)?;
     let tag = format!("localhost/observer:{}", env!("CARGO_PKG_VERSION"));
     status(
         Command::new("podman").args(["build", "-q", "-t", &tag, "-f"]).arg(stage.join("Containerfile")).arg(&stage),
     )?;
-    println!("image: {tag} (the binary and {libs} libraries)");
+    println!("image: {tag} (the binary and {} libraries)", libs.len());
+    Ok(tag)
+}
+
+/// The arm64 image: the cross-built binary and its libraries from Debian's
+/// cross sysroot. The Containerfile only copies files, so podman builds it
+/// without emulating arm64.
+fn image_arm64() -> Result<String> {
+    let binary = cross::build_release()?;
+    let libs = cross::libraries(&binary)?;
+    let stage = workspace_root().join("target/image-aarch64");
+    stage_image(&stage, &binary, &libs)?;
+    let tag = format!("localhost/observer:{}-arm64", env!("CARGO_PKG_VERSION"));
+    status(
+        Command::new("podman")
+            .args(["build", "-q", "--arch", "arm64", "-t", &tag, "-f"])
+            .arg(stage.join("Containerfile"))
+            .arg(&stage),
+    )?;
+    println!("image: {tag} (arm64: the binary and {} libraries)", libs.len());
     Ok(tag)
 }
 

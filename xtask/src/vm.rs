@@ -3,6 +3,11 @@
 //! the root integration suites inside it against the binaries built on the
 //! host.
 //!
+//! An arm64 kernel boots under `qemu-system-aarch64` with its own Debian
+//! arm64 userland as root (made once by `mmdebstrap`, cached under
+//! `target/vm/arm64-root`), the workspace shared read-only at the same path,
+//! and the suites cross-built for arm64 (`cross`).
+//!
 //! Kernels come from Debian's archive (`linux-image-*-unsigned`); their
 //! modules are installed under `/lib/modules/<release>` on the host so the
 //! guest (which sees the host's root) can load `veth`, `nf_tables`, `nf_conntrack`.
@@ -20,7 +25,7 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _, Result};
 
-use crate::{apt_install, cargo, output_ok, status, workspace_root};
+use crate::{apt_install, cargo, cross, output_ok, status, workspace_root};
 
 /// The suites run in the VM: every one that tests kernel behaviour
 /// (`verdicts` and `prometheus` load the probes under real traffic too).
@@ -78,17 +83,56 @@ const SUITE_TIMEOUT_S: u64 = 900;
 const VM_TIMEOUT: std::time::Duration = std::time::Duration::from_mins(45);
 const VIRTME_NG: &str = "virtme-ng==1.42";
 
+/// The suites the arm64 guest runs: the probes' kernel behaviour (attach,
+/// every event, the wire truth). The rest is the same userspace code as on
+/// x86-64 and runs in the x86 guests.
+const ARM64_SUITES: &[&str] = &["foundation", "probes", "wire_truth"];
+/// The x86-64 6.12 guest runs the rest: 6.12's probe set (`fentry_send`,
+/// the `bpf_rdonly_cast` receive probe) is the same on both architectures,
+/// so every suite still runs on 6.12, and `.ci/run` stays in its time.
+const X86_612_SUITES: &[&str] = &["diagnosis", "owners", "servers", "dead_sockets", "verdicts", "prometheus", "names"];
+
+/// A guest's architecture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    X86_64,
+    /// Cross-built suites, an arm64 userland, `qemu-system-aarch64`.
+    Aarch64,
+}
+
 /// A kernel of the matrix.
 pub struct Kernel {
     /// `debian-6.1`.
     pub name: &'static str,
     /// Debian package name pattern (newest match is used).
     package_regex: &'static str,
+    arch: Arch,
+    /// The suites run there.
+    suites: &'static [&'static str],
 }
 
 pub const KERNELS: &[Kernel] = &[
-    Kernel { name: "debian-6.1", package_regex: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$" },
-    Kernel { name: "debian-6.12", package_regex: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$" },
+    Kernel {
+        name: "debian-6.1",
+        package_regex: r"^linux-image-6\.1\.0-[0-9]+-cloud-amd64-unsigned$",
+        arch: Arch::X86_64,
+        suites: SUITES,
+    },
+    Kernel {
+        name: "debian-6.12",
+        package_regex: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-amd64-unsigned$",
+        arch: Arch::X86_64,
+        suites: X86_612_SUITES,
+    },
+    // arm64 before 6.4 has no ftrace direct calls, so no `fentry` on a
+    // kernel function, and observer's send probe needs one there (the
+    // README's kernel table); 6.12 is Debian 13's kernel.
+    Kernel {
+        name: "debian-6.12-arm64",
+        package_regex: r"^linux-image-6\.12\.[0-9]+\+deb12-cloud-arm64-unsigned$",
+        arch: Arch::Aarch64,
+        suites: ARM64_SUITES,
+    },
 ];
 
 pub fn kernel(name: &str) -> Result<&'static Kernel> {
@@ -137,10 +181,17 @@ fn python_scripts() -> Result<PathBuf> {
     Ok(PathBuf::from(dir.trim()))
 }
 
-/// Install QEMU, kmod and virtme-ng, and fetch and unpack the kernel.
-/// Returns the kernel image and its release.
+/// Install QEMU, kmod and virtme-ng, and fetch and unpack the kernel (and
+/// for arm64, the guest's userland). Returns the kernel image and its release.
 fn prepare(k: &Kernel) -> Result<(PathBuf, String)> {
-    apt_install(&["qemu-system-x86", "kmod", "busybox-static"])?;
+    let qemu = match k.arch {
+        Arch::X86_64 => "qemu-system-x86",
+        Arch::Aarch64 => {
+            cross::setup()?;
+            "qemu-system-arm"
+        }
+    };
+    apt_install(&[qemu, "qemu-system-common", "kmod", "busybox-static"])?;
     if output_ok(Command::new(python_scripts()?.join("vng")).arg("--version")).is_none() {
         println!("vm: installing {VIRTME_NG} from PyPI");
         status(Command::new("python3").args(["-m", "pip", "install", "-q", VIRTME_NG]))?;
@@ -163,7 +214,11 @@ fn prepare(k: &Kernel) -> Result<(PathBuf, String)> {
     let image = root.join(format!("boot/vmlinuz-{release}"));
     if !image.exists() {
         println!("vm: fetching {pkg}");
-        status(Command::new("apt-get").args(["download", "-q", pkg]).current_dir(&dir))?;
+        let spec = match k.arch {
+            Arch::X86_64 => pkg.to_owned(),
+            Arch::Aarch64 => format!("{pkg}:arm64"),
+        };
+        status(Command::new("apt-get").args(["download", "-q", &spec]).current_dir(&dir))?;
         let deb = fs::read_dir(&dir)?
             .filter_map(Result::ok)
             .map(|e| e.path())
@@ -171,78 +226,177 @@ fn prepare(k: &Kernel) -> Result<(PathBuf, String)> {
             .context("downloaded .deb")?;
         status(Command::new("dpkg").arg("-x").arg(&deb).arg(&root))?;
     }
-    let modules = Path::new("/lib/modules").join(&release);
+    // The guest loads `veth`, `nf_tables`, `nf_conntrack` from its root:
+    // the host's for x86_64, its own userland for arm64.
+    let modules_root = match k.arch {
+        Arch::X86_64 => PathBuf::from("/"),
+        Arch::Aarch64 => arm64_root()?,
+    };
+    let modules = modules_root.join("lib/modules").join(&release);
     if !modules.join("modules.dep").exists() {
         println!("vm: installing the guest's modules under {}", modules.display());
-        fs::create_dir_all("/lib/modules")?;
-        status(Command::new("cp").arg("-a").arg(root.join("lib/modules").join(&release)).arg("/lib/modules/"))?;
-        status(Command::new("depmod").arg(&release))?;
+        fs::create_dir_all(modules_root.join("lib/modules"))?;
+        status(
+            Command::new("cp")
+                .arg("-a")
+                .arg(root.join("lib/modules").join(&release))
+                .arg(modules_root.join("lib/modules")),
+        )?;
+        status(Command::new("depmod").arg("-b").arg(&modules_root).arg(&release))?;
     }
     Ok((image, release))
 }
 
-/// Test executables of the suites, built on the host.
-fn suite_binaries(toolchain: &str) -> Result<Vec<(String, PathBuf)>> {
-    let out = cargo()
-        .args(["test", "--workspace", "--no-run", "--message-format=json"])
-        .env("OBSERVER_EBPF_TOOLCHAIN", toolchain)
-        .output()?;
+/// What the arm64 guest's userland holds: virtme-ng's init needs
+/// busybox and kmod; the suites need the rest.
+const ARM64_PACKAGES: &str = "busybox-static,kmod,iproute2,nftables,conntrack,nginx-light,python3,procps,\
+util-linux,iputils-ping,bpftool,openssl,haproxy,libcap2-bin";
+
+/// The arm64 guest's root: Debian bookworm for arm64 by `mmdebstrap`
+/// (maintainer scripts run under `qemu-user-static` through binfmt), made
+/// once and remade when the package list changes.
+fn arm64_root() -> Result<PathBuf> {
+    let dir = vm_dir().join("arm64-root");
+    let stamp = dir.join(".observer-packages");
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == ARM64_PACKAGES) {
+        return Ok(dir);
+    }
+    apt_install(&["mmdebstrap", "arch-test", "qemu-user-static", "binfmt-support"])?;
+    let binfmt = Path::new("/proc/sys/fs/binfmt_misc");
+    if !binfmt.join("status").exists() {
+        status(Command::new("mount").args(["-t", "binfmt_misc", "binfmt_misc"]).arg(binfmt))
+            .context("mounting binfmt_misc (arm64 maintainer scripts run under qemu-user)")?;
+    }
+    if !binfmt.join("qemu-aarch64").exists() {
+        status(Command::new("update-binfmts").args(["--enable", "qemu-aarch64"]))?;
+    }
+    ensure!(
+        binfmt.join("qemu-aarch64").exists(),
+        "binfmt_misc has no qemu-aarch64 entry: arm64 programs cannot run here to make the guest's userland"
+    );
+    let tmp = vm_dir().join("arm64-root.tmp");
+    let _ = fs::remove_dir_all(&tmp);
+    let _ = fs::remove_dir_all(&dir);
+    println!("vm: making the arm64 guest's userland (mmdebstrap; a few minutes, once)");
+    let t = Instant::now();
+    status(
+        Command::new("mmdebstrap")
+            .args(["--quiet", "--arch=arm64", "--variant=minbase", "--components=main"])
+            .arg(format!("--include={ARM64_PACKAGES}"))
+            .arg("bookworm")
+            .arg(&tmp)
+            .arg("deb http://deb.debian.org/debian bookworm main")
+            .arg("deb http://deb.debian.org/debian bookworm-updates main")
+            .arg("deb http://deb.debian.org/debian-security bookworm-security main"),
+    )
+    .context("mmdebstrap (the arm64 guest's userland)")?;
+    // Mount points of the shared workspace and the output directory.
+    fs::create_dir_all(tmp.join(workspace_root().strip_prefix("/").unwrap_or(&workspace_root())))?;
+    fs::create_dir_all(tmp.join("out"))?;
+    // virtme-ng's init ends the guest with `poweroff`, which minbase lacks.
+    fs::write(tmp.join("usr/local/sbin/poweroff"), "#!/bin/sh\nexec busybox poweroff -f\n")?;
+    status(Command::new("chmod").arg("755").arg(tmp.join("usr/local/sbin/poweroff")))?;
+    fs::write(tmp.join(".observer-packages"), ARM64_PACKAGES)?;
+    fs::rename(&tmp, &dir)?;
+    println!("vm: arm64 userland ready in {:.0} s", t.elapsed().as_secs_f64());
+    Ok(dir)
+}
+
+/// Test executables of kernel `k`'s suites: built on the host, for arm64
+/// cross-built.
+fn suite_binaries(k: &Kernel, toolchain: &str) -> Result<Vec<(String, PathBuf)>> {
+    let mut cmd = match k.arch {
+        Arch::X86_64 => {
+            let mut c = cargo();
+            c.args(["test", "--workspace", "--no-run", "--message-format=json"])
+                .env("OBSERVER_EBPF_TOOLCHAIN", toolchain);
+            c
+        }
+        Arch::Aarch64 => {
+            let mut c = cross::cargo();
+            c.args(["test", "-p", "observer", "--no-run", "--message-format=json", "--target", cross::TRIPLE]);
+            for s in k.suites {
+                c.args(["--test", s]);
+            }
+            c
+        }
+    };
+    let out = cmd.output()?;
     ensure!(out.status.success(), "building the test binaries failed: {}", String::from_utf8_lossy(&out.stderr));
     let mut found = Vec::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else { continue };
         let name = v["target"]["name"].as_str().unwrap_or_default();
-        if v["reason"] == "compiler-artifact" && SUITES.contains(&name) {
+        if v["reason"] == "compiler-artifact" && k.suites.contains(&name) {
             if let Some(exe) = v["executable"].as_str() {
                 found.push((name.to_owned(), PathBuf::from(exe)));
             }
         }
     }
-    ensure!(found.len() == SUITES.len(), "expected test binaries for {SUITES:?}, found {found:?}");
+    ensure!(found.len() == k.suites.len(), "expected test binaries for {:?}, found {found:?}", k.suites);
     Ok(found)
 }
 
 /// The guest sees the host's files read-only: build the Go TLS peer of the
 /// `wire_truth` suite here, where that suite looks for it
-/// (`CARGO_TARGET_TMPDIR/tlstool`).
-fn prebuild_tlstool() -> Result<()> {
+/// (`CARGO_TARGET_TMPDIR/tlstool`), or for arm64 where
+/// `OBSERVER_TEST_TLSTOOL` names it. Returns its path.
+fn prebuild_tlstool(arch: Arch) -> Result<PathBuf> {
     let root = workspace_root();
-    let dir = root.join("target/tmp/tlstool");
+    let (dir, goarch) = match arch {
+        Arch::X86_64 => (root.join("target/tmp/tlstool"), "amd64"),
+        Arch::Aarch64 => (vm_dir().join("arm64-bin"), "arm64"),
+    };
     fs::create_dir_all(&dir)?;
+    let bin = dir.join("tlstool");
     status(
         Command::new("go")
             .args(["build", "-o"])
-            .arg(dir.join("tlstool"))
+            .arg(&bin)
             .arg(root.join("observer/tests/go/tlstool.go"))
             .current_dir(&dir)
             .env("GO111MODULE", "off")
+            .env("GOARCH", goarch)
             .env("GOCACHE", dir.join("cache"))
             .env("GOPATH", dir.join("gopath"))
             .env("HOME", &dir),
     )
-    .context("building the Go TLS peer (Debian's golang-go)")
+    .context("building the Go TLS peer (Debian's golang-go)")?;
+    Ok(bin)
 }
 
-/// Run the root suites inside kernel `k`; fails if any test fails.
-pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
-    let started = Instant::now();
-    let (image, release) = prepare(k)?;
-    let bins = suite_binaries(toolchain)?;
-    prebuild_tlstool()?;
-    let out = vm_dir().join("out");
-    let _ = fs::remove_dir_all(&out);
-    fs::create_dir_all(&out)?;
+/// The script the guest runs: each suite under a timeout, its log and exit
+/// code written to `out` (for arm64, shared with the guest as `/out`).
+fn suite_script(
+    k: &Kernel,
+    bins: &[(String, PathBuf)],
+    tlstool: &Path,
+    out: &Path,
+    filter: &[String],
+) -> Result<PathBuf> {
     let path = std::env::var("PATH").unwrap_or_default();
     // `RUSTC_BOOTSTRAP` lets the stable-built harness take libtest's
     // `--report-time`: each test's time in the guest reaches the CI log.
     let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    // Where the guest writes its logs: the host's directory, or for arm64
+    // (its own root) the directory shared as `/out`.
+    let (guest_out, env) = match k.arch {
+        Arch::X86_64 => (out.to_path_buf(), format!("PATH='{path}' HOME='{home}'")),
+        Arch::Aarch64 => (
+            PathBuf::from("/out"),
+            format!(
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root OBSERVER_TEST_TLSTOOL='{}'",
+                tlstool.display()
+            ),
+        ),
+    };
     let mut script = format!(
-        "#!/bin/sh\ncd {root}\nexport PATH='{path}' HOME='{home}' RUST_BACKTRACE=0 OBSERVER_TEST_TIME_SLACK=5 RUSTC_BOOTSTRAP=1\nuname -r > {out}/uname\n",
+        "#!/bin/sh\ncd {root}\nexport {env} RUST_BACKTRACE=0 OBSERVER_TEST_TIME_SLACK=5 RUSTC_BOOTSTRAP=1\nuname -r > {out}/uname\n",
         root = workspace_root().display(),
-        out = out.display()
+        out = guest_out.display()
     );
     let filter = filter.join(" ");
-    for (name, exe) in &bins {
+    for (name, exe) in bins {
         // A name filter picks tests by hand: the left-out ones too.
         let left_out = HOST_ONLY.iter().filter(|(s, _, _)| s == name && filter.is_empty());
         let skip = left_out.fold(String::new(), |mut acc, (_, t, _)| {
@@ -253,21 +407,46 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
             script,
             "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 -Z unstable-options --report-time{skip} {filter} > {out}/{name}.log 2>&1; echo \"$? $(( $(date +%s) - s ))\" > {out}/{name}.rc",
             exe = exe.display(),
-            out = out.display()
+            out = guest_out.display()
         );
     }
-    let script_path = vm_dir().join("run-suites.sh");
+    let script_path = vm_dir().join(format!("run-suites-{}.sh", k.name));
     fs::write(&script_path, script)?;
     status(Command::new("chmod").arg("755").arg(&script_path))?;
-    println!("vm: booting {release} under QEMU (TCG) and running {SUITES:?}");
+    Ok(script_path)
+}
+
+/// Run the root suites inside kernel `k`; fails if any test fails.
+pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let (image, release) = prepare(k)?;
+    let bins = suite_binaries(k, toolchain)?;
+    let tlstool = prebuild_tlstool(k.arch)?;
+    let out = vm_dir().join(format!("out-{}", k.name));
+    let _ = fs::remove_dir_all(&out);
+    fs::create_dir_all(&out)?;
+    let script_path = suite_script(k, &bins, &tlstool, &out, filter)?;
+    let path = std::env::var("PATH").unwrap_or_default();
+    println!("vm: booting {release} under QEMU (TCG) and running {:?}", k.suites);
     let scripts = python_scripts()?;
     let vm_path = format!("{}:{}:{path}", vm_dir().join("bin").display(), scripts.display());
-    let log = fs::File::create(vm_dir().join("vng.log"))?;
-    let mut vng = Command::new(scripts.join("vng"))
-        .args(["--run"])
-        .arg(&image)
-        .args(["--disable-kvm", "--memory", "2G", "--cpus", "2", "--rwdir"])
-        .arg(&out)
+    let vng_log = vm_dir().join(format!("vng-{}.log", k.name));
+    let log = fs::File::create(&vng_log)?;
+    let mut vng = Command::new(scripts.join("vng"));
+    vng.args(["--run"]).arg(&image).args(["--disable-kvm", "--memory", "2G", "--cpus", "2"]);
+    match k.arch {
+        Arch::X86_64 => {
+            vng.arg("--rwdir").arg(&out);
+        }
+        Arch::Aarch64 => {
+            let ws = workspace_root();
+            vng.args(["--arch", "arm64", "--root"])
+                .arg(arm64_root()?)
+                .arg(format!("--rodir={}={}", ws.display(), ws.display()))
+                .arg(format!("--rwdir=/out={}", out.display()));
+        }
+    }
+    let mut vng = vng
         .arg("--exec")
         .arg(&script_path)
         .env("PATH", vm_path)
@@ -287,7 +466,7 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
             bail!(
                 "the {release} VM did not finish within {} min and was killed (a hung guest or test?); see {} and {}",
                 VM_TIMEOUT.as_secs() / 60,
-                vm_dir().join("vng.log").display(),
+                vng_log.display(),
                 out.display()
             );
         }
@@ -298,7 +477,7 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
         guest.trim() == release,
         "the VM did not run the suites (vng exited {st}; guest kernel {:?}); see {}",
         guest.trim(),
-        vm_dir().join("vng.log").display()
+        vng_log.display()
     );
     let mut failed = Vec::new();
     for (name, _) in &bins {
@@ -330,4 +509,30 @@ pub fn run(k: &Kernel, toolchain: &str, filter: &[String]) -> Result<()> {
         bail!("suites failed on {release}: {} (logs in {})", failed.join(", "), out.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every root suite runs on each kernel version of the matrix (6.12's
+    /// split between its x86-64 and arm64 guests), and no guest runs a
+    /// suite that is not one.
+    #[test]
+    fn every_suite_runs_on_every_kernel_version() {
+        for version in ["6.1", "6.12"] {
+            let guests: Vec<&Kernel> = KERNELS
+                .iter()
+                .filter(|k| k.name.trim_start_matches("debian-").split('-').next() == Some(version))
+                .collect();
+            for suite in SUITES {
+                let runs = guests.iter().filter(|k| k.suites.contains(suite)).count();
+                assert_eq!(runs, 1, "{suite} runs {runs} times on {version}");
+            }
+        }
+        for k in KERNELS {
+            assert!(k.suites.iter().all(|s| SUITES.contains(s)), "{}: {:?}", k.name, k.suites);
+        }
+        assert!(KERNELS.iter().any(|k| k.arch == Arch::Aarch64));
+    }
 }

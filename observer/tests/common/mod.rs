@@ -733,6 +733,11 @@ pub fn tlstool() -> Result<PathBuf> {
     static BUILT: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
+            // The arm64 guest cannot run the host's build: `cargo xtask test
+            // --kernel debian-6.1-arm64` cross-builds one and names it here.
+            if let Some(bin) = std::env::var_os("OBSERVER_TEST_TLSTOOL") {
+                return Ok(PathBuf::from(bin));
+            }
             let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("tlstool");
             let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/go/tlstool.go");
             std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;

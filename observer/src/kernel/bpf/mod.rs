@@ -208,14 +208,7 @@ impl Probes {
                     prog.info().map_err(err)?.id()
                 }
                 HookKind::FEntry => {
-                    // Kernels without BPF trampolines (arm64 before 6.0,
-                    // some hardened builds) refuse here: name what is missing.
-                    let refused = |e| {
-                        BpfError::MissingHook(format!(
-                            "both the tcp_sendmsg_locked tracepoint (6.16+) and fentry on {} ({e})",
-                            hook.name
-                        ))
-                    };
+                    let refused = |e| fentry_refused(hook.name, &e);
                     let prog: &mut FEntry = prog.try_into().map_err(err)?;
                     prog.load(hook.name, &kernel_btf).map_err(refused)?;
                     let link = prog.attach().map_err(refused)?;
@@ -405,6 +398,22 @@ impl Probes {
     pub const fn clock(&self) -> Clock {
         self.clock
     }
+}
+
+/// `fentry` refused: kernels without BPF trampolines on kernel functions,
+/// such as arm64 before 6.4 (no ftrace direct calls; seen on Debian 12's
+/// arm64 6.1) and some hardened builds. Names what is missing and, on arm64,
+/// the fix.
+fn fentry_refused(function: &str, e: &dyn std::fmt::Display) -> BpfError {
+    let arm64 = if cfg!(target_arch = "aarch64") {
+        "; on arm64, fentry on a kernel function needs Linux 6.4 or newer (ftrace direct calls): \
+         run a 6.4+ kernel, such as Debian 13's 6.12 or Ubuntu 24.04's 6.8"
+    } else {
+        ""
+    };
+    BpfError::MissingHook(format!(
+        "both the tcp_sendmsg_locked tracepoint (6.16+) and fentry on {function} ({e}){arm64}"
+    ))
 }
 
 #[cfg(test)]
