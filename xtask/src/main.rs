@@ -377,8 +377,12 @@ fn image_task(target: Option<&str>) -> Result<()> {
             let list = format!("localhost/observer:{}", env!("CARGO_PKG_VERSION"));
             let list = format!("{list}-multiarch");
             let _ = Command::new("podman").args(["manifest", "rm", &list]).output();
-            status(Command::new("podman").args(["manifest", "create", &list, &amd64, &arm64]))
-                .context("podman manifest create")?;
+            status(Command::new("podman").args(["manifest", "create", &list])).context("podman manifest create")?;
+            // Local images: without the transport, podman 4 asks a registry.
+            for image in [&amd64, &arm64] {
+                status(Command::new("podman").args(["manifest", "add", &list, &format!("containers-storage:{image}")]))
+                    .context("podman manifest add")?;
+            }
             println!("image: {list} (manifest list: {amd64}, {arm64})");
         }
         Some(t) => {
