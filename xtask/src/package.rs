@@ -67,8 +67,7 @@ pub fn image_task(target: Option<&str>) -> Result<()> {
         Some("all") => {
             let amd64 = image(&toolchain)?;
             let arm64 = image_arm64()?;
-            let list = format!("localhost/observer:{}", env!("CARGO_PKG_VERSION"));
-            let list = format!("{list}-multiarch");
+            let list = format!("localhost/observer:{}-multiarch", env!("CARGO_PKG_VERSION"));
             let _ = Command::new("podman").args(["manifest", "rm", &list]).output();
             status(Command::new("podman").args(["manifest", "create", &list])).context("podman manifest create")?;
             // Local images: without the transport, podman 4 asks a registry.

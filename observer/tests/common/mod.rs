@@ -734,7 +734,7 @@ pub fn tlstool() -> Result<PathBuf> {
     BUILT
         .get_or_init(|| {
             // The arm64 guest cannot run the host's build: `cargo xtask test
-            // --kernel debian-6.1-arm64` cross-builds one and names it here.
+            // --kernel debian-6.12-arm64` cross-builds one and names it here.
             if let Some(bin) = std::env::var_os("OBSERVER_TEST_TLSTOOL") {
                 return Ok(PathBuf::from(bin));
             }

@@ -46,6 +46,12 @@ pub enum BpfError {
     MissingCapability(&'static str),
     #[error("the kernel lacks {0}, which observer needs (Linux 5.15 or newer with BTF)")]
     MissingHook(String),
+    /// Neither send hook: no `tcp_sendmsg_locked` tracepoint and `fentry`
+    /// refused (`hint` names the fix where one is known).
+    #[error(
+        "the kernel lacks both the tcp_sendmsg_locked tracepoint (6.16+) and fentry on {function} ({reason}), one of which observer needs{hint}"
+    )]
+    NoSendHook { function: &'static str, reason: String, hint: &'static str },
     #[error("kernel BTF: {0}")]
     Btf(#[from] BtfError),
     #[error("loading the eBPF object: {0}")]
@@ -402,18 +408,15 @@ impl Probes {
 
 /// `fentry` refused: kernels without BPF trampolines on kernel functions,
 /// such as arm64 before 6.4 (no ftrace direct calls; seen on Debian 12's
-/// arm64 6.1) and some hardened builds. Names what is missing and, on arm64,
-/// the fix.
-fn fentry_refused(function: &str, e: &dyn std::fmt::Display) -> BpfError {
-    let arm64 = if cfg!(target_arch = "aarch64") {
-        "; on arm64, fentry on a kernel function needs Linux 6.4 or newer (ftrace direct calls): \
+/// arm64 6.1) and some hardened builds.
+fn fentry_refused(function: &'static str, e: &dyn std::fmt::Display) -> BpfError {
+    let hint = if cfg!(target_arch = "aarch64") {
+        ": on arm64, fentry on a kernel function needs Linux 6.4 or newer (ftrace direct calls); \
          run a 6.4+ kernel, such as Debian 13's 6.12 or Ubuntu 24.04's 6.8"
     } else {
-        ""
+        " (Linux 5.15 or newer with BPF trampolines)"
     };
-    BpfError::MissingHook(format!(
-        "both the tcp_sendmsg_locked tracepoint (6.16+) and fentry on {function} ({e}){arm64}"
-    ))
+    BpfError::NoSendHook { function, reason: e.to_string(), hint }
 }
 
 #[cfg(test)]
