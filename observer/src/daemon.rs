@@ -218,9 +218,13 @@ pub async fn run(args: RunArgs) -> Result<()> {
     loop {
         tokio::select! {
             guard = ring.readable() => {
-                let mut guard = guard.context("waiting on the ring buffer")?;
+                // Readiness is cleared before reading, never after: the
+                // kernel wakes the reader only when the ring goes from
+                // empty to not empty, so a wake-up that came between the
+                // last read and a later clear would be erased, and the
+                // ring would fill until the next tick.
+                guard.context("waiting on the ring buffer")?.clear_ready();
                 drain(&mut probes, &mut sinks);
-                guard.clear_ready();
                 if sinks.stop { break; }
             }
             _ = tick.tick() => {
@@ -231,7 +235,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 sinks.flush_record();
                 sinks.flush_volume();
             }
-            _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
+            _ = refresh.tick() => { let t = std::time::Instant::now(); refresh_sockets(&probes, &mut sinks); if t.elapsed() > std::time::Duration::from_millis(10) { eprintln!("DBG refresh {:?}", t.elapsed()); } },
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
                 // A failed toggle must not end the daemon before its evidence is stored.
                 match probes.toggle_hot_path() {

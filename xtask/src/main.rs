@@ -84,8 +84,9 @@ enum Task {
         /// Only rewrite BENCHMARKS.md from target/bench/results.json.
         #[arg(long)]
         report_only: bool,
-        /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `memory`) and write
-        /// target/bench/<phase>.json, not the report (development).
+        /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `names`,
+        /// `ring_buffer`, `memory`, `startup`) and write target/bench/<phase>.json,
+        /// not the report (development); with --smoke, the smoke plan's sizes.
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
     },
@@ -409,7 +410,7 @@ fn bench_task(smoke: bool, only: Option<&str>) -> Result<()> {
     apt_install(BENCH_PACKAGES)?;
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
     match only {
-        Some(phase) => bench::run_phase(phase),
+        Some(phase) => bench::run_phase(phase, smoke),
         None => bench::run(smoke),
     }
 }

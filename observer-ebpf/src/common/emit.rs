@@ -59,22 +59,47 @@ pub(crate) unsafe fn header<'a>(p: *mut Event, sk: *const c_void, st: &SockState
     e
 }
 
-/// How a record wakes the reader. Evidence wakes it as soon as it has
-/// caught up (the ring buffer's default). A connection's `established` and
-/// `closed` records wake it only once an eighth of the ring is waiting: the
-/// daemon drains the ring every second anyway, and a wakeup is an
-/// `irq_work` interrupt, most of what a connection cost the state-change
-/// hook (measured: `cargo xtask bench`, kernel cost under churn).
+/// How a record wakes the reader.
+///
+/// A connection's `established`, `closed` and first-bytes records wake it
+/// only once an eighth of the ring is waiting: the daemon drains the ring
+/// every second anyway, and a wakeup is an `irq_work` interrupt, most of
+/// what a connection cost the state-change hook (measured: `cargo xtask
+/// bench`, kernel cost under churn).
+///
+/// Evidence wakes it at once. The ring buffer's default flag wakes the
+/// reader only when the record is the first one unread, so behind one
+/// unwoken record every later one would stay unread until the daemon's
+/// one-second tick: at 50,000 reuses/s that filled the ring and lost
+/// 27,000 events a second. So a record sent without a wakeup marks
+/// [`UNWOKEN`], and the next evidence record forces one and clears the
+/// mark; otherwise evidence keeps the default, which wakes a reader that
+/// has caught up and spares one that is still reading. Two CPUs racing on
+/// the mark cost at most one extra wakeup, or one record read at the next
+/// tick when no evidence follows it.
 #[inline(always)]
 pub(crate) fn wakeup(kind: u8) -> u64 {
     use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
+    let Some(unwoken) = UNWOKEN.get_ptr_mut(0) else {
+        return u64::from(BPF_RB_FORCE_WAKEUP);
+    };
     if kind != kind::ESTABLISHED && kind != kind::CLOSED && kind != kind::HELLO {
-        return 0;
+        // SAFETY: an array slot, valid for the program's run.
+        if unsafe { core::ptr::read_volatile(unwoken) } == 0 {
+            return 0;
+        }
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(unwoken, 0) };
+        return u64::from(BPF_RB_FORCE_WAKEUP);
     }
     let waiting = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
     if waiting > global(&raw const RING_BYTES) / 8 {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(unwoken, 0) };
         u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
+        // SAFETY: as above.
+        unsafe { core::ptr::write_volatile(unwoken, 1) };
         u64::from(BPF_RB_NO_WAKEUP)
     }
 }

@@ -54,6 +54,12 @@ pub static CLOCK_OFFSET: Array<u64> = Array::with_max_entries(3, 0);
 #[map]
 pub static CLOSED_IDLE_USED: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Slot 0 is 1 once a record went into the ring without waking the
+/// reader (see [`wakeup`](crate::common::emit::wakeup)); the next evidence
+/// record forces a wakeup and clears it.
+#[map]
+pub static UNWOKEN: Array<u64> = Array::with_max_entries(1, 0);
+
 /// Size of the ring buffer in bytes, set at load time (read by [`wakeup`]
 /// instead of asking the ring on every connection).
 #[no_mangle]

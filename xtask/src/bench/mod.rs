@@ -126,10 +126,10 @@ pub fn report_only() -> Result<()> {
     Ok(())
 }
 
-/// Run one phase with the full plan and write its figures to
-/// `target/bench/<phase>.json`.
-pub fn run_phase(phase: &str) -> Result<()> {
-    let plan = plan(false);
+/// Run one phase, with the full plan or the smoke plan, and write its
+/// figures to `target/bench/<phase>.json` (`<phase>-smoke.json`).
+pub fn run_phase(phase: &str, smoke: bool) -> Result<()> {
+    let plan = plan(smoke);
     let value = match phase {
         "hot_path_interleaved" => hot_path_interleaved(&plan)?,
         "memory" => memory_phase(&plan)?,
@@ -145,8 +145,9 @@ pub fn run_phase(phase: &str) -> Result<()> {
     };
     let dir = crate::workspace_root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join(format!("{phase}.json")), serde_json::to_string_pretty(&value)?)?;
-    println!("bench: wrote target/bench/{phase}.json");
+    let name = if smoke { format!("{phase}-smoke.json") } else { format!("{phase}.json") };
+    std::fs::write(dir.join(&name), serde_json::to_string_pretty(&value)?)?;
+    println!("bench: wrote target/bench/{name}");
     Ok(())
 }
 

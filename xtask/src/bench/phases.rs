@@ -317,6 +317,12 @@ pub(crate) fn ringbuf_phase(plan: &Plan) -> Result<Value> {
         if scrapers > 0 {
             ensure!(lost == 0.0, "{scrapers} clients scraping in a loop cost {lost} ring-buffer events");
         }
+        // 50,000 events/s on 4 connections is well inside what the reader
+        // drains: a loss there is a reader that was not woken (it slept
+        // until its tick behind an unwoken `established`), not the load.
+        if plan.smoke {
+            ensure!(lost == 0.0, "{lost} ring-buffer events lost at a paced {target:?}/s");
+        }
         levels.push(json!({"target_events_per_second": target, "offered_events_per_second": round_trips, "scrapers": scrapers, "scrapes": scrapes, "events_per_second": ev / secs, "ring_buffer_lost": lost, "store_backlog_dropped": backlog}));
     }
     let best = levels
