@@ -176,13 +176,14 @@ pub(crate) fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "A negative loss means the run with observer was faster than the run without: the difference is inside the noise.\n");
     let _ = writeln!(
         s,
-        "**What a connection costs, and what this machine says about the ring buffer.** The probes now decide every outcome by TCP sequence state (`write_seq`, `snd_una`, `rcv_nxt`, `copied_seq` read at BTF-resolved offsets) and keep their state in socket-local storage, which the kernel allocates when a connection is established ({:.0} bytes of slab per socket, measured in 6.) and frees with the socket; the hash map it replaced was preallocated. So a short connection pays an allocation, a free and the state-change program ({} ns per run under churn, about five runs per connection on loopback between both ends; section 2), where the old probes paid a map insert. For scale, on this machine an empty program costs {} ns (send) / {} ns (receive) and bpftrace's equivalents cost {} / {} ns here. The ring buffer lost nothing at any offered rate; the highest rate is what this 2-core machine's unpaced load generator reached, not a loss threshold.\n",
+        "**What a connection costs, and what this machine says about the ring buffer.** The probes now decide every outcome by TCP sequence state (`write_seq`, `snd_una`, `rcv_nxt`, `copied_seq` read at BTF-resolved offsets) and keep their state in socket-local storage, which the kernel allocates when a connection is established ({:.0} bytes of slab per socket, measured in 6.) and frees with the socket; the hash map it replaced was preallocated. So a short connection pays an allocation, a free and the state-change program ({} ns per run under churn, about five runs per connection on loopback between both ends; section 2), where the old probes paid a map insert. For scale, on this machine an empty program costs {} ns (send) / {} ns (receive) and bpftrace's equivalents cost {} / {} ns here. {}\n",
         me["storage_bytes_per_socket"].as_f64().unwrap_or(f64::NAN),
         int(&kc["state_gross_ns"]),
         int(&kc["observer_ns_per_run"]["bench_empty_send"]["ns"]),
         int(&kc["observer_ns_per_run"]["bench_empty_recv"]["ns"]),
         int(&kc["bpftrace_ns_per_run"]["sock_send_lengt"]["ns"]),
         int(&kc["bpftrace_ns_per_run"]["sock_recv_lengt"]["ns"]),
+        ring_summary(&r["ring_buffer"]),
     );
     let _ = writeln!(s, "## Method\n\nEvery comparison runs in one invocation, interleaved (the order rotates each round), and is reported as a ratio to the run without probes; absolute numbers on these machines are noisy and are given only beside the ratios, as min / **median** / max over the rounds.\n");
     let _ = writeln!(s, "1. **Hot path, separate runs**: {} loopback connections, 32-byte messages, ping-pong for {} s per run, {} rounds of (no probes, `observer run`, `bpftrace bench/idle-bookkeeping.bt`). The bpftrace script does the same per-socket bookkeeping on `sock:sock_send_length`/`sock:sock_recv_length` (last send and receive time per socket in maps, a line only on a reuse after 1 s idle).", hp["connections"], hp["seconds_per_run"], plan_rounds(hp));
@@ -190,7 +191,7 @@ pub(crate) fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "2. **Kernel cost per event**: `kernel.bpf_stats_enabled=1`, run_time_ns / run_cnt of each program over a ping-pong run; observer's run also attaches empty programs on the same two hooks (`--bench-empty-probes`), whose figure (the fixed cost of a program plus the stats accounting) is subtracted to give the net cost. The state-change hooks barely run in a ping-pong, so a second observer run measures them over connection churn (as in 3.), with an empty program on `inet_sock_set_state` beside the real one.");
     let _ = writeln!(s, "3. **Churn**: 2 client threads doing connect, 32-byte request, response, close, {} s per run, with and without observer.", hp["seconds_per_run"]);
     let _ = writeln!(s, "4. **Pipeline**: `observer debug bench-pipeline`: {} synthetic kernel records over 1000 destinations (60% reuses, peer and local closes, connection events) decoded, aggregated and counted in the metrics on one core.", pl["events_per_run"]);
-    let _ = writeln!(s, "5. **Ring buffer**: `observer run --min-idle 0s` so every request is a reuse (two events per round trip), 4 connections paced to offer 25k, 50k, 100k, 200k events/s, then unpaced, then 50k again with 10 clients scraping `/metrics` and `/api/v1/destinations` in a loop (any loss there fails the run); events delivered per second and `observer_events_lost_total` from `/metrics`.");
+    let _ = writeln!(s, "5. **Ring buffer**: `observer run --min-idle 0s` so every request is a reuse (one event per round trip: the client's), 4 connections paced to offer 25k, 50k, 100k, 200k events/s, then unpaced, then 50k again with 10 clients scraping `/metrics` and `/api/v1/destinations` in a loop (any ring-buffer loss there fails the run, as does any at 50k in the smoke run); events delivered per second and `observer_events_lost_total` from `/metrics`.");
     let _ = writeln!(s, "6. **Memory**: {} connections to {} listening ports on loopback (both ends tracked), one connection per port closed to give each destination evidence; daemon VmRSS after the socket table refresh and its peak (VmHWM, the figure judged: it covers start-up, where the kernel's BTF is parsed, and every refresh and scrape), and the `bytes_memlock` of its maps (bpftool); socket-local storage as the unreclaimable slab (`SUnreclaim`) the kernel gives back when the daemon stops with the connections still open.\n", me["connections"], me["destinations"]);
     let _ = writeln!(s, "7. **Slow readers**: on the memory load of 6., {} clients each ask for `/metrics` (4 KiB receive buffer) and read it one byte per 10 ms for {} s, while one client scrapes `/api/v1/destinations` and `/metrics` every 300 ms so builds are replaced under them; VmRSS and VmHWM at the end. Every client of one build shares one reference-counted body, and at most two older builds stay alive for slow readers (the current one is served past its 250 ms age meanwhile).", slow["readers"], slow["seconds"]);
     let _ = writeln!(s, "8. **Start-up from a large store**: `observer debug write-evidence --records {} --destinations 1000` (reuse records, one transaction per 5,000), then `observer run` on it: the time until it logs that it runs (every record inside `--window` replayed through the aggregator, streamed from SQLite, never all in memory) and its VmHWM.\n", int(&st["records"]));
@@ -394,6 +395,33 @@ pub(crate) fn plan_rounds(hp: &Value) -> u64 {
     hp["ratio_observer_to_none"]["n"].as_u64().unwrap_or(0)
 }
 
+/// What the ring-buffer levels say, in words: ring-buffer losses, and the
+/// fastest level the store kept up with.
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "event counts and rates")]
+fn ring_summary(ring: &Value) -> String {
+    let levels = ring["levels"].as_array().cloned().unwrap_or_default();
+    let f = |l: &Value, k: &str| l[k].as_f64().unwrap_or(0.0);
+    let lost: f64 = levels.iter().map(|l| f(l, "ring_buffer_lost")).sum();
+    let stored_all = levels
+        .iter()
+        .filter(|l| f(l, "store_backlog_dropped") == 0.0)
+        .map(|l| f(l, "events_per_second"))
+        .fold(0.0, f64::max);
+    let not_stored = levels.iter().filter(|l| f(l, "store_backlog_dropped") > 0.0).count();
+    let mut out = if lost == 0.0 {
+        "The ring buffer lost nothing at any offered rate; the highest rate is what this 2-core machine's unpaced load generator reached, not a loss threshold.".to_owned()
+    } else {
+        format!("The ring buffer lost {} events over the levels (section 5).", lost as u64)
+    };
+    if not_stored > 0 {
+        let _ = write!(
+            out,
+            " The store kept every event up to {stored_all:.0} events/s; at the {not_stored} faster levels its writer's queue overflowed and the events it could not take were counted as `store_backlog` (the live table still had them)."
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::{median_interval, settled};
@@ -418,3 +446,4 @@ mod tests {
         assert_eq!(median_interval(&v), None, "five values cannot give 95%");
     }
 }
+
