@@ -446,4 +446,3 @@ mod tests {
         assert_eq!(median_interval(&v), None, "five values cannot give 95%");
     }
 }
-
