@@ -108,7 +108,7 @@ impl Traffic {
 }
 
 fn echo_server() -> Result<(common::Killed, u16, tempfile::TempPath)> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let port = common::server_port()?;
     let py = script(ECHO_SERVER)?;
     let server = start_server_here(&format!("python3 {} 127.0.0.1 {port}", py.display()))?;
     Ok((server, port, py))

@@ -101,8 +101,20 @@ fn clients(port: u16, n: usize, gaps: &'static [f64], stop: &Arc<AtomicBool>) ->
         .collect()
 }
 
+/// A free loopback port below Linux's ephemeral range, as a real server's
+/// is: the daemons started after the connections tell their roles from the
+/// ports, and a server on an ephemeral port above its clients' would read
+/// as the client.
 fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    // Each call starts past the last one's: a port just probed is free
+    // until its server binds it.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let turn = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = 20_000 + u16::try_from((std::process::id().wrapping_mul(7) + turn * 97) % 10_000).unwrap_or(0);
+    (0..10_000u16)
+        .map(|i| 20_000 + (start - 20_000 + i) % 10_000)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .context("no free loopback port in 20000..30000")
 }
 
 /// The loss counters a daemon exported so far.

@@ -392,6 +392,22 @@ pub fn script(body: &str) -> Result<tempfile::TempPath> {
 /// without a request that long is closed (FIN): a server's idle timeout.
 pub const ECHO_SERVER: &str = include_str!("echo_server.py");
 
+/// A free loopback port below Linux's ephemeral range (32768 and up), as a
+/// real server's is: a daemon that starts after the connections were made
+/// tells their roles from the ports (`role::guess`), and a server on an
+/// ephemeral port above its clients' would read as the client.
+pub fn server_port() -> Result<u16> {
+    // Each call starts past the last one's: a port just probed is free
+    // until its server binds it.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let turn = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = 20_000 + u16::try_from((std::process::id().wrapping_mul(7) + turn * 97) % 10_000).unwrap_or(0);
+    (0..10_000u16)
+        .map(|i| 20_000 + (start - 20_000 + i) % 10_000)
+        .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+        .context("no free loopback port in 20000..30000")
+}
+
 /// Start a process in a namespace and wait for it to print `ready`.
 pub fn start_server(ns: &Netns, i: usize, cmd: &str) -> Result<Killed> {
     wait_ready(ns.spawn(i, cmd)?, cmd)
