@@ -95,11 +95,21 @@ pub(crate) fn wakeup(kind: u8) -> u64 {
     let waiting = EVENTS.query(u64::from(BPF_RB_AVAIL_DATA));
     if waiting > global(&raw const RING_BYTES) / 8 {
         // SAFETY: as above.
-        unsafe { core::ptr::write_volatile(unwoken, 0) };
+        unsafe {
+            if core::ptr::read_volatile(unwoken) != 0 {
+                core::ptr::write_volatile(unwoken, 0);
+            }
+        }
         u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
+        // Written only when it changes: one slot shared by every CPU, read
+        // on each connection, stays in every CPU's cache.
         // SAFETY: as above.
-        unsafe { core::ptr::write_volatile(unwoken, 1) };
+        unsafe {
+            if core::ptr::read_volatile(unwoken) == 0 {
+                core::ptr::write_volatile(unwoken, 1);
+            }
+        }
         u64::from(BPF_RB_NO_WAKEUP)
     }
 }
