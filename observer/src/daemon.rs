@@ -235,7 +235,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 sinks.flush_record();
                 sinks.flush_volume();
             }
-            _ = refresh.tick() => { let t = std::time::Instant::now(); refresh_sockets(&probes, &mut sinks); if t.elapsed() > std::time::Duration::from_millis(10) { eprintln!("DBG refresh {:?}", t.elapsed()); } },
+            _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
                 // A failed toggle must not end the daemon before its evidence is stored.
                 match probes.toggle_hot_path() {

@@ -110,9 +110,9 @@ fn free_port() -> Result<u16> {
     // until its server binds it.
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let turn = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let start = 20_000 + u16::try_from((std::process::id().wrapping_mul(7) + turn * 97) % 10_000).unwrap_or(0);
-    (0..10_000u16)
-        .map(|i| 20_000 + (start - 20_000 + i) % 10_000)
+    let offset = std::process::id().wrapping_mul(7).wrapping_add(turn * 97);
+    (0..10_000u32)
+        .filter_map(|i| u16::try_from(20_000 + (offset.wrapping_add(i)) % 10_000).ok())
         .find(|&p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
         .context("no free loopback port in 20000..30000")
 }

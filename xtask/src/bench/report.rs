@@ -416,7 +416,7 @@ fn ring_summary(ring: &Value) -> String {
     if not_stored > 0 {
         let _ = write!(
             out,
-            " The store kept every event up to {stored_all:.0} events/s; at the {not_stored} faster levels its writer's queue overflowed and the events it could not take were counted as `store_backlog` (the live table still had them)."
+            " The store kept every event at every level up to {stored_all:.0} events/s; at {not_stored} level(s) its writer's queue overflowed, and the events it could not take were counted as `store_backlog` (the live table still had them)."
         );
     }
     out
