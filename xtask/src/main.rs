@@ -84,11 +84,16 @@ enum Task {
         /// Only rewrite BENCHMARKS.md from target/bench/results.json.
         #[arg(long)]
         report_only: bool,
-        /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `names`,
-        /// `ring_buffer`, `memory`, `startup`) and write target/bench/<phase>.json,
+        /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `state_cost`,
+        /// `names`, `ring_buffer`, `memory`, `startup`) and write target/bench/<phase>.json,
         /// not the report (development); with --smoke, the smoke plan's sizes.
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
+        /// With `--only state_cost`: a git revision (built in a worktree
+        /// under target/bench) or an `observer` binary whose probes to
+        /// compare with, run interleaved with this tree's (repeatable).
+        #[arg(long, value_name = "BINARY")]
+        baseline: Vec<std::path::PathBuf>,
     },
     /// One daemon through mixed traffic, two restarts, a kill -9, a scrape
     /// storm and a disk-full window; checks the live table against the
@@ -166,7 +171,7 @@ fn main() -> ExitCode {
         Task::Dist { target } => package::dist(target.as_deref()),
         Task::Image { target } => package::image_task(target.as_deref()),
         Task::Bench { report_only: true, .. } => bench::report_only(),
-        Task::Bench { smoke, only, .. } => bench_task(smoke, only.as_deref()),
+        Task::Bench { smoke, only, baseline, .. } => bench_task(smoke, only.as_deref(), &baseline),
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
         Task::Soak { minutes } => soak_task(minutes),
         Task::FleetSim { hosts, destinations } => fleet_task(&hosts, destinations),
@@ -399,7 +404,50 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-fn bench_task(smoke: bool, only: Option<&str>) -> Result<()> {
+/// An `observer` binary to compare with: `b` itself when it is a file, else
+/// `b` as a git revision, built (once) in a worktree under target/bench.
+fn baseline_binary(b: &std::path::Path, toolchain: &str) -> Result<(String, std::path::PathBuf)> {
+    if b.is_file() {
+        let name = b.file_name().map_or_else(|| b.display().to_string(), |n| n.to_string_lossy().into_owned());
+        return Ok((name, b.to_path_buf()));
+    }
+    let rev = b.to_string_lossy().into_owned();
+    let root = workspace_root();
+    let out = Command::new("git")
+        .args(["rev-parse", "--verify", "--short=7"])
+        .arg(format!("{rev}^{{commit}}"))
+        .current_dir(&root)
+        .output()?;
+    if !out.status.success() {
+        bail!("--baseline {rev}: neither a file nor a git revision of this repository");
+    }
+    let short = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let tree = root.join("target/bench").join(format!("rev-{short}"));
+    let bin = tree.join("target/release/observer");
+    if !bin.is_file() {
+        if !tree.join("Cargo.toml").is_file() {
+            let _ = std::fs::remove_dir_all(&tree);
+            status(
+                Command::new("git")
+                    .args(["worktree", "add", "--detach", "--force"])
+                    .arg(&tree)
+                    .arg(&short)
+                    .current_dir(&root),
+            )?;
+        }
+        println!("bench: building {short} for the comparison");
+        status(
+            cargo()
+                .args(["build", "--release", "-p", "observer"])
+                .current_dir(&tree)
+                .env("CARGO_TARGET_DIR", tree.join("target"))
+                .env("OBSERVER_EBPF_TOOLCHAIN", toolchain),
+        )?;
+    }
+    Ok((short, bin))
+}
+
+fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) -> Result<()> {
     if !is_root() {
         bail!("`cargo xtask bench` loads probes and must run as root");
     }
@@ -409,8 +457,9 @@ fn bench_task(smoke: bool, only: Option<&str>) -> Result<()> {
     let toolchain = setup(true)?;
     apt_install(BENCH_PACKAGES)?;
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    let baseline = baseline.iter().map(|b| baseline_binary(b, &toolchain)).collect::<Result<Vec<_>>>()?;
     match only {
-        Some(phase) => bench::run_phase(phase, smoke),
+        Some(phase) => bench::run_phase(phase, smoke, &baseline),
         None => bench::run(smoke),
     }
 }

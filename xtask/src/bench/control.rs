@@ -30,7 +30,17 @@ impl Observer {
 
     /// Start on the store that `data` holds.
     pub(crate) fn start_on(extra: &[&str], data: &Path) -> Result<Self> {
-        let mut child = Command::new(observer_bin())
+        Self::spawn(&observer_bin(), extra, data)
+    }
+
+    /// Start the daemon `bin` (another build of observer) on a fresh store.
+    pub(crate) fn start_bin(bin: &Path, extra: &[&str], data: &Path) -> Result<Self> {
+        let _ = std::fs::remove_dir_all(data);
+        Self::spawn(bin, extra, data)
+    }
+
+    fn spawn(bin: &Path, extra: &[&str], data: &Path) -> Result<Self> {
+        let mut child = Command::new(bin)
             .args(["run", "--metrics-addr", "127.0.0.1:0", "--data-dir"])
             .arg(data)
             .args(extra)

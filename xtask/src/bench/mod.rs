@@ -128,18 +128,19 @@ pub fn report_only() -> Result<()> {
 
 /// Run one phase, with the full plan or the smoke plan, and write its
 /// figures to `target/bench/<phase>.json` (`<phase>-smoke.json`).
-pub fn run_phase(phase: &str, smoke: bool) -> Result<()> {
+pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)]) -> Result<()> {
     let plan = plan(smoke);
     let value = match phase {
         "hot_path_interleaved" => hot_path_interleaved(&plan)?,
         "memory" => memory_phase(&plan)?,
         "startup" => startup_phase(&plan)?,
         "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
+        "state_cost" => state_cost(&plan, baseline)?,
         "names" => names_phase(&plan)?,
         "ring_buffer" => ringbuf_phase(&plan)?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, names, ring_buffer, memory and startup"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, names, ring_buffer, memory and startup"
             )
         }
     };

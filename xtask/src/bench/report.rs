@@ -249,11 +249,12 @@ pub(crate) fn markdown(r: &Value) -> String {
         }
         let _ = writeln!(
             s,
-            "\nState change (`inet_sock_set_state`): {} ns per run gross, {} ns net of the empty program on the same hook (target: under 500 ns a run). Before the change that read `sk_protocol` and the addresses by direct BTF loads and let a connection's `established`/`closed` records skip the reader's wakeup (an `irq_work` interrupt per record), the same measurement gave 1,708 ns gross (1,653 net) on the probes of `738a54a` and 1,518 ns with the direct loads alone, on this machine on 2026-12-01.\n",
+            "\nState change (`inet_sock_set_state`): {} ns per run gross, {} ns net of the empty program on the same hook (target: under 500 ns a run). The probes of `738a54a` are the ones before the change that read `sk_protocol` and the addresses by direct BTF loads and let a connection's `established`/`closed` records skip the reader's wakeup (an `irq_work` interrupt per record); the table below measures them against this tree's in one run.\n",
             int(&kc["state_gross_ns"]),
             int(&kc["state_net_ns"])
         );
     }
+    state_cost_section(&mut s);
     let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
     let _ = writeln!(s, "### 3b. Names (HTTP churn: every connection's first write is `{}`)\n\nThe send probe reads each client connection's first write once and, for a TLS or HTTP start, hands 640 bytes to the daemon, which parses the name and drops the bytes. Observer with names on and with `--no-names`, interleaved rounds.\n\n| | names on | `--no-names` |\n|---|---|---|\n| connections/s (min / median / max) | {} | {} |\n| send probe ns/run | {} | {} |\n| ratio on / off | {} | |\n", nm["request"].as_str().unwrap_or("").escape_debug(), mmm(&nm["connections_per_second"]["names"], 1.0, ""), mmm(&nm["connections_per_second"]["no_names"], 1.0, ""), mmm(&nm["send_ns_per_run"]["names"], 1.0, ""), mmm(&nm["send_ns_per_run"]["no_names"], 1.0, ""), ratio(&nm["ratio_names_to_no_names"]));
     let _ = writeln!(
@@ -380,6 +381,50 @@ fn prometheus_version() -> String {
 
 /// The reliability section, from the last full `cargo xtask soak`
 /// (`target/bench/soak.json`), when there is one.
+/// The state-change hook, this tree's probes against older ones side by
+/// side (`cargo xtask bench --only state_cost --baseline REV`).
+fn state_cost_section(s: &mut String) {
+    let path = crate::workspace_root().join("target/bench/state_cost.json");
+    let Some(k) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
+        let _ = writeln!(s, "No side-by-side comparison of the state-change hook on record: run `cargo xtask bench --only state_cost --baseline 738a54a`, then `cargo xtask bench --report-only`.\n");
+        return;
+    };
+    let Some(builds) = k["builds"].as_object() else { return };
+    let m = &k["machine"];
+    let _ = writeln!(
+        s,
+        "**State change, before and after, side by side** (`cargo xtask bench --only state_cost --baseline REV`, {} on {} ({} cores), {} rounds of {} s of churn each, the builds interleaved and their order rotating each round; ns per run, min / median / max; *to current* is each round's gross cost over this tree's in the same round):\n\n| probes | gross ns/run | empty program ns/run | gross over empty | to current | connections/s |\n|---|---|---|---|---|---|",
+        m["date_utc"].as_str().unwrap_or("?"),
+        m["cpu"].as_str().unwrap_or("?"),
+        m["cores"],
+        k["rounds"],
+        k["seconds_per_run"]
+    );
+    let na =
+        |v: &Value, f: &dyn Fn(&Value) -> String| if v["n"].as_u64().unwrap_or(0) == 0 { "-".to_owned() } else { f(v) };
+    for (name, b) in builds {
+        let label = if name == "current" { "this tree".to_owned() } else { format!("`{name}`") };
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {} | {} |",
+            mmm(&b["gross_ns"], 1.0, ""),
+            na(&b["empty_ns"], &|v| mmm(v, 1.0, "")),
+            na(&b["over_empty"], &|v| format!(
+                "{:.1} / **{:.1}** / {:.1}",
+                v["min"].as_f64().unwrap_or(f64::NAN),
+                v["median"].as_f64().unwrap_or(f64::NAN),
+                v["max"].as_f64().unwrap_or(f64::NAN)
+            )),
+            ratio(&b["ratio_to_current"]),
+            mmm(&b["connections_per_second"], 1.0, "")
+        );
+    }
+    let _ = writeln!(
+        s,
+        "\nA `-` is a build whose `--bench-empty-probes` had no empty program on this hook yet. The empty program's cost is the hook's own (the machine's share); the cost over it compares machines, the ratio to this tree compares probes.\n"
+    );
+}
+
 fn soak_section(s: &mut String) {
     let path = crate::workspace_root().join("target/bench/soak.json");
     let Some(k) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
