@@ -68,6 +68,39 @@ pub mod role {
     /// We accepted (`SYN_RECV` -> `ESTABLISHED`).
     pub const SERVER: u8 = 2;
 
+    /// Linux's default ephemeral port range starts here.
+    const EPHEMERAL: u16 = 32_768;
+
+    /// The role of a socket first seen established (it existed before the
+    /// probes), the probes' rule. `listening`: whether a socket listens on
+    /// its local port in its network namespace, `None` when that is not
+    /// known (a namespace whose listeners were never walked).
+    ///
+    /// A local port some socket listens on is a server's: an accepted
+    /// socket keeps its listener's port. With the listeners known and none
+    /// on the local port, the socket connected, and is a client (a gRPC
+    /// client talking to port 50051, inside the ephemeral range, whatever
+    /// its own port), unless it has the plain shape of an accepted socket
+    /// whose listener has closed since (a server draining: a local port
+    /// below the ephemeral range, the remote one in it). Without the
+    /// listeners, the ports alone ([`guess`]).
+    #[must_use]
+    pub const fn of_adopted(local: u16, remote: u16, listening: Option<bool>) -> u8 {
+        match listening {
+            Some(true) => SERVER,
+            Some(false) if local < EPHEMERAL && remote >= EPHEMERAL => SERVER,
+            Some(false) => CLIENT,
+            None => guess(local, remote),
+        }
+    }
+
+    /// Key of the probes' table of listening ports: the port in the low 16
+    /// bits, the network namespace's inode above them.
+    #[must_use]
+    pub const fn listener_key(netns: u32, port: u16) -> u64 {
+        ((netns as u64) << 16) | port as u64
+    }
+
     /// The role of a socket first seen established, from its ports: the
     /// side with the ephemeral port (32768 and up, Linux's default range
     /// start) is the client; with both or neither ephemeral, the higher
@@ -75,7 +108,6 @@ pub mod role {
     /// userspace.
     #[must_use]
     pub const fn guess(local: u16, remote: u16) -> u8 {
-        const EPHEMERAL: u16 = 32_768;
         match (local >= EPHEMERAL, remote >= EPHEMERAL) {
             (true, false) => CLIENT,
             (false, true) => SERVER,
@@ -186,8 +218,11 @@ pub mod counter {
     /// A dead socket could not be entered in the `DOOMED` map (full): it
     /// is missing from `doomed_idle_sockets`.
     pub const DOOMED_FULL: u32 = 3;
+    /// A listening port could not be entered in `LISTENERS` (full): roles
+    /// of sockets first seen on it fall back to the ports.
+    pub const LISTENERS_FULL: u32 = 4;
     /// Number of counters.
-    pub const COUNT: u32 = 4;
+    pub const COUNT: u32 = 5;
 }
 
 /// Names of the load-time globals in the eBPF object. Every `OFF_*` is a
@@ -260,6 +295,14 @@ pub mod maps {
     /// The dead sockets processes still hold: socket id -> `DoomedRecord`.
     pub const DOOMED: &str = "DOOMED";
     pub const COUNTERS: &str = "COUNTERS";
+    /// Ports sockets listen on: `role::listener_key(netns, port)` -> 1.
+    /// The state hook enters and removes them; the socket iterator enters
+    /// those that listened before the probes.
+    pub const LISTENERS: &str = "LISTENERS";
+    /// Network namespaces (inode -> 1) whose listeners the daemon has
+    /// walked with the iterator since the probes were attached: there
+    /// [`LISTENERS`] holds every listener.
+    pub const WALKED_NETNS: &str = "WALKED_NETNS";
     /// Three `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
     /// kept current by userspace and by the probes off the hot path; the
     /// probes' own jiffies epoch; and when the probes last refreshed them.
@@ -334,10 +377,12 @@ pub struct Offsets {
     pub iter_ubuf: u64,
     /// Value of `ITER_IOVEC`.
     pub iter_iovec: u64,
+    /// `sock_common.skc_state` (a `u8`): the iterator tells listeners by it.
+    pub skc_state: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 29;
+pub const OFFSETS_COUNT: usize = 30;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.

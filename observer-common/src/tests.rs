@@ -12,6 +12,33 @@ fn the_ports_tell_the_role_by_one_rule() {
 }
 
 #[test]
+fn listeners_tell_the_role_of_an_adopted_socket() {
+    // gRPC's 50051 is inside the ephemeral range: the ports alone read a
+    // client on a lower ephemeral port as the server.
+    assert_eq!(role::guess(41_000, 50_051), role::SERVER, "what the ports alone say");
+    assert_eq!(role::of_adopted(41_000, 50_051, Some(false)), role::CLIENT, "no listener on 41000: it connected");
+    assert_eq!(role::of_adopted(50_051, 41_000, Some(true)), role::SERVER, "a listener on 50051: it was accepted");
+    assert_eq!(role::of_adopted(50_051, 41_000, None), role::CLIENT, "listeners unknown: the ports");
+    // An NFS client on a reserved port talking to 2049.
+    assert_eq!(role::of_adopted(800, 2049, Some(false)), role::CLIENT);
+    // A server whose listener closed (draining): the plain server shape.
+    assert_eq!(role::of_adopted(8080, 45_000, Some(false)), role::SERVER);
+    // A listener decides even against the ports.
+    assert_eq!(role::of_adopted(45_000, 8080, Some(true)), role::SERVER);
+    for (local, remote) in [(40_000, 443), (443, 40_000), (5000, 6000), (5000, 5000)] {
+        assert_eq!(role::of_adopted(local, remote, None), role::guess(local, remote));
+    }
+}
+
+#[test]
+fn listener_keys_keep_namespace_and_port_apart() {
+    assert_eq!(role::listener_key(0, 80), 80);
+    assert_eq!(role::listener_key(4_026_531_840, 443), 4_026_531_840_u64 * 65_536 + 443);
+    assert_ne!(role::listener_key(1, 0), role::listener_key(0, 1));
+    assert_ne!(role::listener_key(u32::MAX, u16::MAX), role::listener_key(u32::MAX - 1, u16::MAX));
+}
+
+#[test]
 fn event_layout_is_stable() {
     assert_eq!(offset_of!(Event, ts_ns), 0);
     assert_eq!(offset_of!(Event, sock_id), 8);

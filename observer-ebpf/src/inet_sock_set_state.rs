@@ -1,7 +1,8 @@
 //! `tp_btf/inet_sock_set_state` (4.16+; args `sk`, `oldstate`,
 //! `newstate`): establishment (role), the peer's FIN (`ESTABLISHED ->
 //! CLOSE_WAIT`), our close, and the final `CLOSE`; `connect()` (`CLOSE ->
-//! SYN_SENT`) records the connecting process and its cgroup. Addresses come from
+//! SYN_SENT`) records the connecting process and its cgroup; `listen()`
+//! and a listener's close keep the table of listening ports. Addresses come from
 //! `struct sock_common` at BTF offsets, once per connection, by direct
 //! loads from the hook's BTF `struct sock *` (no helper call).
 
@@ -11,8 +12,8 @@ use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
 use observer_common::{how, tcp_state as S, IPPROTO_TCP};
 
 use crate::common::{
-    adopt, is_full_close, now, on_closed, on_established, on_local_close, on_peer_fin, set_process, sk_protocol,
-    storage,
+    adopt, is_full_close, listening, now, on_closed, on_established, on_local_close, on_peer_fin, set_process,
+    sk_protocol, stopped_listening, storage,
 };
 
 observer_common::named_as!(inet_sock_set_state, INET_SOCK_SET_STATE);
@@ -51,6 +52,12 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         if let Some(st) = storage(sk, false) {
             on_closed(sk, st, old, now());
         }
+    } else if new == S::LISTEN {
+        listening(sk);
+    } else if old == S::LISTEN && new == S::CLOSE {
+        // Not `LISTEN -> SYN_RECV`: that is a connection the listener
+        // accepted, cloned from it with its state.
+        stopped_listening(sk);
     }
     0
 }

@@ -1,13 +1,14 @@
 //! `iter/tcp` (5.9+): writes one `SockRecord` per tracked TCP socket into
 //! the iterator's seq file, so userspace can list idle ages (the at-risk
-//! view) although socket-local storage has no keys to walk.
+//! view) although socket-local storage has no keys to walk; and enters
+//! each listening port in `LISTENERS` (listeners older than the probes).
 
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::{bpf_seq_write, bpf_sk_storage_get, bpf_skc_to_tcp_sock};
-use observer_common::{SockRecord, SockState, SOCK_RECORD_SIZE};
+use observer_common::{role, tcp_state, SockRecord, SockState, SOCK_RECORD_SIZE};
 
-use crate::common::{last_activity, storage_map};
+use crate::common::{enter_listener, field, last_activity, netns_read, storage_map, OFFSETS};
 
 /// `struct bpf_iter__tcp`.
 #[repr(C)]
@@ -27,6 +28,12 @@ pub extern "C" fn iter_tcp(ctx: *mut c_void) -> i32 {
         let ctx = &*ctx.cast::<IterTcp>();
         let skc = ctx.sk_common;
         if skc.is_null() {
+            return 0;
+        }
+        let state: u8 = field(skc, &raw const OFFSETS.skc_state);
+        if i32::from(state) == tcp_state::LISTEN {
+            let port: u16 = field(skc, &raw const OFFSETS.skc_num);
+            enter_listener(role::listener_key(netns_read(skc), port));
             return 0;
         }
         let tp = bpf_skc_to_tcp_sock(skc);

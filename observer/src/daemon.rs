@@ -187,8 +187,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         filter,
     };
     // One pass of the reader before the daemon says it runs: /healthz is
-    // 200 from the first request a supervisor makes after that line.
+    // 200 from the first request a supervisor makes after that line. One
+    // walk of the sockets too: it enters the listeners older than the
+    // probes, and a socket older than them is told client or server by
+    // them from then on (before it, by its ports).
     drain(&mut probes, &mut sinks);
+    refresh_sockets(&mut probes, &mut sinks);
     info!(
         "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
         probes.probe_set().name(),
@@ -212,7 +216,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         None
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
-    let mut refresh = tokio::time::interval(SOCKET_REFRESH);
+    let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + SOCKET_REFRESH, SOCKET_REFRESH);
     let mut reported = KernelCounters::default();
 
     loop {
@@ -235,7 +239,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 sinks.flush_record();
                 sinks.flush_volume();
             }
-            _ = refresh.tick() => refresh_sockets(&probes, &mut sinks),
+            _ = refresh.tick() => refresh_sockets(&mut probes, &mut sinks),
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
                 // A failed toggle must not end the daemon before its evidence is stored.
                 match probes.toggle_hot_path() {

@@ -291,7 +291,9 @@ const WAITING_CLIENT: &str = concat!(
     arrived_fn!(),
     r#"
 import json, socket, sys, time
-s = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+# An optional third argument: the local port to connect from.
+src = ("", int(sys.argv[3])) if len(sys.argv) > 3 else None
+s = socket.create_connection((sys.argv[1], int(sys.argv[2])), source_address=src)
 s.sendall(b"before"); s.recv(100)
 print(json.dumps({"local": s.getsockname()[:2]}), flush=True)
 sys.stdin.readline()
@@ -357,6 +359,77 @@ fn preexisting_connection_is_picked_up() -> Result<()> {
         events.len(),
         ev.idle_seconds,
         err * 1000.0
+    );
+    Ok(())
+}
+
+/// A server on a port inside the ephemeral range (gRPC's 50051 is), its
+/// client on a lower port, both connected before observer starts: the
+/// ports alone read the client as the server and the server as the
+/// client, and the client's reuse was never seen. The listeners the
+/// daemon walks at start tell them apart.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn preexisting_connection_to_a_high_port_server_takes_its_role_from_the_listener() -> Result<()> {
+    const SERVER_PORT: u16 = 60_990;
+    const CLIENT_PORT: u16 = 40_017;
+    let topo = Topology::pair("hiport")?;
+    let server = script(ECHO_SERVER)?;
+    let _srv = start_server(
+        &topo.ns,
+        topo.server,
+        &format!("python3 -u {} {} {SERVER_PORT}", server.display(), topo.server_v4),
+    )?;
+    let client_py = script(WAITING_CLIENT)?;
+    let mut client = std::process::Command::new("ip")
+        .args(["netns", "exec", topo.ns.name(topo.client), "python3", &client_py.display().to_string()])
+        .args([topo.server_v4.clone(), SERVER_PORT.to_string(), CLIENT_PORT.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    let mut stdout = std::io::BufReader::new(client.stdout.take().context("stdout")?);
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut first)?;
+    ensure!(first.contains(&CLIENT_PORT.to_string()), "client did not connect from {CLIENT_PORT}: {first}");
+    assert_eq!(
+        observer_common::role::guess(CLIENT_PORT, SERVER_PORT),
+        observer_common::role::SERVER,
+        "the case this test is for: the ports alone misread the client"
+    );
+    let daemon = Daemon::start(&[])?;
+    // A connection the listener accepts now clones the listener, state and
+    // all (`LISTEN -> SYN_RECV`): the listener stays in the table.
+    let one_shot = script("import socket, sys\ns = socket.create_connection((sys.argv[1], int(sys.argv[2])))\ns.sendall(b'x'); s.recv(10); s.close()\n")?;
+    topo.ns.exec(topo.client, &format!("python3 {} {} {SERVER_PORT}", one_shot.display(), topo.server_v4))?;
+    client.stdin.as_mut().context("stdin")?.write_all(b"go\n")?;
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest)?;
+    client.wait()?;
+    let recs = client_records(&rest)?;
+    ensure!(recs.len() == 1, "client printed {rest}");
+    let peer = recs[0].local_addr();
+    let events = daemon.wait_for("the reuse, and the server's socket closed", Duration::from_secs(5), |evs| {
+        !reuses_from(evs, peer).is_empty()
+            && evs.iter().any(|e| e.kind == EventKind::Closed && e.local.port() == SERVER_PORT && e.remote == peer)
+    })?;
+    let (ev, err) = matching(&events, &recs[0])?;
+    assert!(ev.preexisting, "{ev:?}");
+    assert_eq!(ev.role, Role::Client, "no listener on the client's port: it connected");
+    assert_eq!(ev.outcome, Some(Outcome::Ok));
+    assert_eq!(ev.remote, format!("{}:{SERVER_PORT}", topo.server_v4).parse()?);
+    assert!(err < common::idle_precision(), "idle-age error {err}");
+    // The server's side of it: never a client, never a reuse.
+    let server_side: Vec<_> = events.iter().filter(|e| e.local.port() == SERVER_PORT && e.remote == peer).collect();
+    assert!(server_side.iter().all(|e| e.role == Role::Server), "the server's socket is a server's: {server_side:#?}");
+    assert!(server_side.iter().all(|e| e.kind != EventKind::Reuse), "{server_side:#?}");
+    eprintln!(
+        "MEASURED high-port server: reuse from {} to {} role {:?}, idle {:.3} s (error {:.1} ms); {} events from the server's socket, all role server",
+        ev.local,
+        ev.remote,
+        ev.role,
+        ev.idle_seconds,
+        err * 1000.0,
+        server_side.len()
     );
     Ok(())
 }

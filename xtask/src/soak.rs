@@ -101,10 +101,11 @@ fn clients(port: u16, n: usize, gaps: &'static [f64], stop: &Arc<AtomicBool>) ->
         .collect()
 }
 
-/// A free loopback port below Linux's ephemeral range, as a real server's
-/// is: the daemons started after the connections tell their roles from the
-/// ports, and a server on an ephemeral port above its clients' would read
-/// as the client.
+/// A free loopback port below Linux's ephemeral range, as most real
+/// servers' are (the daemons started after the connections tell their
+/// roles from the listeners they walk, and from the ports where they
+/// cannot: there a server on an ephemeral port above its clients' would
+/// read as the client).
 fn free_port() -> Result<u16> {
     // Each call starts past the last one's: a port just probed is free
     // until its server binds it.

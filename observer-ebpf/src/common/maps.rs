@@ -37,6 +37,21 @@ pub static CLOSED_IDLE: LruHashMap<TupleKey, ClosedIdle> = LruHashMap::with_max_
 pub static DOOMED: HashMap<u64, DoomedRecord> =
     HashMap::with_max_entries(65_536, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
 
+/// Ports sockets listen on (`role::listener_key(netns, port)` -> 1), for
+/// the role of a socket first seen established: entered and removed by
+/// the state hook, and entered by the socket iterator for listeners older
+/// than the probes (so a port two listeners share, closed by one, is back
+/// at the daemon's next walk). Not preallocated; a full map is counted
+/// (`counter::LISTENERS_FULL`).
+#[map]
+pub static LISTENERS: HashMap<u64, u8> = HashMap::with_max_entries(16_384, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
+/// Network namespaces (inode -> 1) whose listeners the daemon walked after
+/// the probes were attached: there [`LISTENERS`] is complete. Written by
+/// userspace.
+#[map]
+pub static WALKED_NETNS: HashMap<u32, u8> = HashMap::with_max_entries(4_096, aya_ebpf::bindings::BPF_F_NO_PREALLOC);
+
 /// Clocks: slot 0 is `CLOCK_BOOTTIME - CLOCK_MONOTONIC` (ns spent
 /// suspended), to put the kernel's monotonic `tcp_clock_cache` on the boot
 /// clock every other timestamp uses (userspace sets it at load and every
@@ -125,6 +140,7 @@ pub(crate) static OFFSETS: Offsets = Offsets {
     iter_ptr: 0,
     iter_ubuf: 0,
     iter_iovec: 0,
+    skc_state: 0,
 };
 
 #[inline(always)]

@@ -84,8 +84,23 @@ pub(crate) fn netns(sk: *const c_void) -> u32 {
     direct(net, &raw const OFFSETS.net_ns_inum)
 }
 
-/// State of a socket first seen after it was established: its role is
-/// guessed from the ports (the side with the ephemeral port is the client).
+/// [`netns`] by probe reads, for a pointer the verifier has no type for
+/// (the socket iterator's `sock_common`).
+#[inline(always)]
+pub fn netns_read(sk: *const c_void) -> u32 {
+    if global(&raw const OFFSETS.skc_net) == 0 {
+        return 0;
+    }
+    let net: u64 = field(sk, &raw const OFFSETS.skc_net);
+    if net == 0 {
+        return 0;
+    }
+    field(net as *const c_void, &raw const OFFSETS.net_ns_inum)
+}
+
+/// State of a socket first seen after it was established: its role comes
+/// from the listeners of its namespace when they are known, else from the
+/// ports (`role::of_adopted`).
 #[inline(always)]
 pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
     let st = storage(sk, true)?;
@@ -94,9 +109,48 @@ pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
             return None;
         }
         st.flags |= flags::PREEXISTING;
-        st.role = role::guess(st.sport, st.dport);
+        // SAFETY: lookups of plain keys; only presence is read.
+        let listening = unsafe {
+            if LISTENERS.get(role::listener_key(st.netns, st.sport)).is_some() {
+                Some(true)
+            } else if st.netns != 0 && WALKED_NETNS.get(st.netns).is_some() {
+                Some(false)
+            } else {
+                None
+            }
+        };
+        st.role = role::of_adopted(st.sport, st.dport, listening);
     }
     Some(st)
+}
+
+/// A socket started listening (`sk`, the state hook's): its port is a
+/// server's (see [`LISTENERS`]).
+#[inline(always)]
+pub fn listening(sk: *const c_void) {
+    enter_listener(role::listener_key(netns(sk), direct(sk, &raw const OFFSETS.skc_num)));
+}
+
+/// Enter a listening port (`role::listener_key`).
+#[inline(always)]
+pub fn enter_listener(key: u64) {
+    // SAFETY: a lookup of a plain key.
+    if unsafe { LISTENERS.get(key) }.is_some() {
+        return;
+    }
+    if LISTENERS.insert(key, 1, u64::from(aya_ebpf::bindings::BPF_NOEXIST)).is_err()
+        // SAFETY: as above; another CPU may have entered it meanwhile.
+        && unsafe { LISTENERS.get(key) }.is_none()
+    {
+        count(counter::LISTENERS_FULL);
+    }
+}
+
+/// A listener closed. Another one may share the port (`SO_REUSEPORT`, or
+/// IPv4 and IPv6 apart): the daemon's next walk enters it again.
+#[inline(always)]
+pub fn stopped_listening(sk: *const c_void) {
+    let _ = LISTENERS.remove(role::listener_key(netns(sk), direct(sk, &raw const OFFSETS.skc_num)));
 }
 
 /// Later of the last send and receive; 0 when nothing was seen.

@@ -167,7 +167,7 @@ impl Sinks {
 /// (none while no destination has one), so a host with 100k sockets does
 /// not copy its table at every refresh. A threshold that drops while the
 /// table is read counts its sockets from the next refresh.
-pub(crate) fn refresh_sockets(probes: &Probes, sinks: &mut Sinks) {
+pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
     let shared = Arc::clone(&sinks.shared);
     let floor = {
         let mut agg = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
@@ -247,6 +247,11 @@ pub(crate) fn report_losses(probes: &Probes, reported: &mut KernelCounters, metr
                 warn!(
                     "{} dead sockets could not be counted in doomed_idle_sockets: the kernel's table of them (65,536) was full",
                     now.doomed_full - reported.doomed_full
+                );
+            }
+            if now.listeners_full > reported.listeners_full && reported.listeners_full == 0 {
+                warn!(
+                    "the kernel's table of listening ports (16,384) is full: sockets older than observer on ports not in it take their role from the ports"
                 );
             }
             if now.ringbuf_full > reported.ringbuf_full {

@@ -392,10 +392,11 @@ pub fn script(body: &str) -> Result<tempfile::TempPath> {
 /// without a request that long is closed (FIN): a server's idle timeout.
 pub const ECHO_SERVER: &str = include_str!("echo_server.py");
 
-/// A free loopback port below Linux's ephemeral range (32768 and up), as a
-/// real server's is: a daemon that starts after the connections were made
-/// tells their roles from the ports (`role::guess`), and a server on an
-/// ephemeral port above its clients' would read as the client.
+/// A free loopback port below Linux's ephemeral range (32768 and up), as
+/// most real servers' are: where a daemon that starts after the
+/// connections were made cannot use the listeners, it tells their roles
+/// from the ports (`role::guess`), and a server on an ephemeral port above
+/// its clients' would read as the client.
 pub fn server_port() -> Result<u16> {
     // Each call starts past the last one's: a port just probed is free
     // until its server binds it.

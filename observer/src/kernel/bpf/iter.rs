@@ -92,10 +92,15 @@ pub fn stream<R: aya::Pod>(mut file: File, f: &mut impl FnMut(&R)) -> io::Result
     Ok(n)
 }
 
+/// The inode of our own network namespace (0 when `/proc` does not say).
+pub fn own_netns() -> u64 {
+    std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino())
+}
+
 /// One `/proc/PID/ns/net` path per network namespace in use, other
-/// than ours.
-pub fn other_netns() -> Vec<PathBuf> {
-    let own = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+/// than ours, with the namespace's inode.
+pub fn other_netns() -> Vec<(PathBuf, u64)> {
+    let own = own_netns();
     let mut seen = HashSet::from([own]);
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir("/proc") else { return out };
@@ -106,7 +111,7 @@ pub fn other_netns() -> Vec<PathBuf> {
         let path = entry.path().join("ns/net");
         if let Ok(m) = std::fs::metadata(&path) {
             if seen.insert(m.ino()) {
-                out.push(path);
+                out.push((path, m.ino()));
             }
         }
     }

@@ -44,6 +44,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         },
         tcp_clock_cache: btf.offset("tcp_sock", "tcp_clock_cache")?,
         rcv_tstamp: btf.offset("tcp_sock", "rcv_tstamp")?,
+        skc_state: skc("skc_state")?,
         ..iov_iter(btf).unwrap_or_default()
     })
 }

@@ -119,6 +119,8 @@ pub struct KernelCounters {
     pub reuse_unresolved: u64,
     /// Dead sockets not entered in the doomed table (full).
     pub doomed_full: u64,
+    /// Listening ports not entered in the listeners table (full).
+    pub listeners_full: u64,
 }
 
 /// One attached probe, for logs and tests.
@@ -137,6 +139,10 @@ pub struct Probes {
     doomed: HashMap<MapData, u64, DoomedRecord>,
     /// Whether reading other network namespaces' sockets was refused (logged once).
     netns_refused: std::sync::atomic::AtomicBool,
+    /// Network namespaces whose listeners were walked (`WALKED_NETNS`).
+    walked_netns: HashMap<MapData, u32, u8>,
+    /// Whether entering one there failed (logged once).
+    walked_full: std::sync::atomic::AtomicBool,
     /// Owns the programs and their links: dropping it detaches everything.
     ebpf: Ebpf,
     /// The send and receive probes' links, kept only for
@@ -236,6 +242,9 @@ impl Probes {
             iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
         let doomed = HashMap::try_from(ebpf.take_map(maps::DOOMED).ok_or(BpfError::MissingMap(maps::DOOMED))?)
             .map_err(|source| BpfError::Map { name: maps::DOOMED, source })?;
+        let walked_netns =
+            HashMap::try_from(ebpf.take_map(maps::WALKED_NETNS).ok_or(BpfError::MissingMap(maps::WALKED_NETNS))?)
+                .map_err(|source| BpfError::Map { name: maps::WALKED_NETNS, source })?;
         let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
             .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
         let counters =
@@ -245,6 +254,8 @@ impl Probes {
             iter_link,
             doomed,
             netns_refused: std::sync::atomic::AtomicBool::new(false),
+            walked_netns,
+            walked_full: std::sync::atomic::AtomicBool::new(false),
             ebpf,
             hot,
             ring,
@@ -348,6 +359,7 @@ impl Probes {
             map_full: sum(counter::MAP_FULL)?,
             reuse_unresolved: sum(counter::REUSE_UNRESOLVED)?,
             doomed_full: sum(counter::DOOMED_FULL)?,
+            listeners_full: sum(counter::LISTENERS_FULL)?,
         })
     }
 
@@ -359,12 +371,16 @@ impl Probes {
     /// once). Records are decoded as they are read, 512 at a time: a host
     /// with 100k sockets would otherwise hold two 8 MB copies of the table
     /// at every refresh.
-    pub fn for_each_socket(&self, mut f: impl FnMut(&SockRecord)) -> Result<usize, BpfError> {
+    pub fn for_each_socket(&mut self, mut f: impl FnMut(&SockRecord)) -> Result<usize, BpfError> {
         let mut n =
             iter::stream(iter::create(&self.iter_link).map_err(BpfError::Iter)?, &mut f).map_err(BpfError::Iter)?;
-        for ns in iter::other_netns() {
+        self.walked(iter::own_netns());
+        for (ns, inode) in iter::other_netns() {
             match iter::create_in(&ns, &self.iter_link) {
-                Ok(file) => n += iter::stream(file, &mut f).map_err(BpfError::Iter)?,
+                Ok(file) => {
+                    n += iter::stream(file, &mut f).map_err(BpfError::Iter)?;
+                    self.walked(inode);
+                }
                 Err(e) => {
                     if !self.netns_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
                         log::warn!(
@@ -377,6 +393,21 @@ impl Probes {
             }
         }
         Ok(n)
+    }
+
+    /// The iterator walked network namespace `inode` to its end, so every
+    /// listener in it is in `LISTENERS` now (see `role::of_adopted`). A
+    /// full table leaves the namespace to the ports' rule.
+    fn walked(&mut self, inode: u64) {
+        let Ok(inode) = u32::try_from(inode) else { return };
+        if inode == 0 || self.walked_netns.get(&inode, 0).is_ok() {
+            return;
+        }
+        if let Err(e) = self.walked_netns.insert(inode, 1, 0) {
+            if !self.walked_full.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!("network namespace {inode}: not entered in the walked table ({e}); its sockets older than observer take their role from the ports");
+            }
+        }
     }
 
     /// Call `f` on every client socket that is dead while a process still
