@@ -92,7 +92,7 @@ enum Task {
         /// With `--only state_cost`: a git revision (built in a worktree
         /// under target/bench) or an `observer` binary whose probes to
         /// compare with, run interleaved with this tree's (repeatable).
-        #[arg(long, value_name = "BINARY")]
+        #[arg(long, value_name = "REV_OR_BINARY")]
         baseline: Vec<std::path::PathBuf>,
     },
     /// One daemon through mixed traffic, two restarts, a kill -9, a scrape
@@ -404,50 +404,10 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// An `observer` binary to compare with: `b` itself when it is a file, else
-/// `b` as a git revision, built (once) in a worktree under target/bench.
-fn baseline_binary(b: &std::path::Path, toolchain: &str) -> Result<(String, std::path::PathBuf)> {
-    if b.is_file() {
-        let name = b.file_name().map_or_else(|| b.display().to_string(), |n| n.to_string_lossy().into_owned());
-        return Ok((name, b.to_path_buf()));
-    }
-    let rev = b.to_string_lossy().into_owned();
-    let root = workspace_root();
-    let out = Command::new("git")
-        .args(["rev-parse", "--verify", "--short=7"])
-        .arg(format!("{rev}^{{commit}}"))
-        .current_dir(&root)
-        .output()?;
-    if !out.status.success() {
-        bail!("--baseline {rev}: neither a file nor a git revision of this repository");
-    }
-    let short = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    let tree = root.join("target/bench").join(format!("rev-{short}"));
-    let bin = tree.join("target/release/observer");
-    if !bin.is_file() {
-        if !tree.join("Cargo.toml").is_file() {
-            let _ = std::fs::remove_dir_all(&tree);
-            status(
-                Command::new("git")
-                    .args(["worktree", "add", "--detach", "--force"])
-                    .arg(&tree)
-                    .arg(&short)
-                    .current_dir(&root),
-            )?;
-        }
-        println!("bench: building {short} for the comparison");
-        status(
-            cargo()
-                .args(["build", "--release", "-p", "observer"])
-                .current_dir(&tree)
-                .env("CARGO_TARGET_DIR", tree.join("target"))
-                .env("OBSERVER_EBPF_TOOLCHAIN", toolchain),
-        )?;
-    }
-    Ok((short, bin))
-}
-
 fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) -> Result<()> {
+    if !baseline.is_empty() && only != Some("state_cost") {
+        bail!("--baseline compares the state-change hook's cost: give it with --only state_cost");
+    }
     if !is_root() {
         bail!("`cargo xtask bench` loads probes and must run as root");
     }
@@ -457,7 +417,7 @@ fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) 
     let toolchain = setup(true)?;
     apt_install(BENCH_PACKAGES)?;
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
-    let baseline = baseline.iter().map(|b| baseline_binary(b, &toolchain)).collect::<Result<Vec<_>>>()?;
+    let baseline = baseline.iter().map(|b| bench::baseline_binary(b, &toolchain)).collect::<Result<Vec<_>>>()?;
     match only {
         Some(phase) => bench::run_phase(phase, smoke, &baseline),
         None => bench::run(smoke),

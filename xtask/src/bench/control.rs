@@ -24,8 +24,7 @@ pub(crate) fn observer_bin() -> PathBuf {
 
 impl Observer {
     pub(crate) fn start(extra: &[&str], data: &Path) -> Result<Self> {
-        let _ = std::fs::remove_dir_all(data);
-        Self::start_on(extra, data)
+        Self::start_bin(&observer_bin(), extra, data)
     }
 
     /// Start on the store that `data` holds.

@@ -26,6 +26,7 @@ mod control;
 mod load;
 mod phases;
 mod report;
+mod state_cost;
 
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
 pub(crate) use control::*;
@@ -35,6 +36,8 @@ pub(crate) use load::*;
 pub(crate) use phases::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
 pub(crate) use report::*;
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases are named as `bench::...`")]
+pub use state_cost::*;
 
 /// Settings of one bench run.
 pub(crate) struct Plan {
