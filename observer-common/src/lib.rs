@@ -98,6 +98,16 @@ pub mod how {
     pub const DESTROYED: u8 = 6;
     /// `ok`: the response arrived and the peer's FIN or RST followed it.
     pub const CLOSED_AFTER_RESPONSE: u8 = 7;
+    /// Stall decided at the application's next write after a quiet spell
+    /// (an HTTP/2 `RST_STREAM` at a deadline, a `PING`, another stream, a
+    /// retry), the reuse's bytes still unacknowledged and retransmitted
+    /// past `stall_after`.
+    pub const APP_WRITE: u8 = 8;
+    /// A later request on a connection whose earlier reuse stalled, written
+    /// while those bytes were still unacknowledged: the client's call
+    /// fails, but the first stall dates the death, so its idle age is no
+    /// evidence of the path's timeout.
+    pub const AFTER_STALL: u8 = 9;
 }
 
 /// Bits of [`Event::flags`].
@@ -138,6 +148,11 @@ pub mod dead {
     pub const TIMEOUT: u8 = 3;
     /// Mask of the kind.
     pub const KIND: u8 = 0x03;
+    /// A reuse on this client connection stalled and the application kept
+    /// the connection: while the stalled bytes (from `req_snd_seq`) stay
+    /// unacknowledged, no request starts, and each later request written
+    /// on it is a failure dated by that stall (`how::AFTER_STALL`).
+    pub const STALLED: u8 = 0x04;
     /// The socket has an entry in the `DOOMED` map (the probes' own
     /// bookkeeping: only a listed socket is removed from the map, so a
     /// close costs no hash-table delete when nothing was entered).

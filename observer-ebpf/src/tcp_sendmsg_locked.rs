@@ -50,7 +50,7 @@ fn send(sk: *mut c_void, msg: *const c_void) {
         start_busy_write(st, t);
         return;
     }
-    on_send(sk, st, now());
+    on_send(sk, msg, st, now());
 }
 
 observer_common::named_as!(tcp_sendmsg_locked, TCP_SENDMSG_LOCKED);

@@ -94,3 +94,16 @@ pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, no
     }
     entry.submit(wakeup(kind::HELLO));
 }
+
+/// Bytes of the write `msg` (the send probe's `struct msghdr *`, read
+/// before any is copied); 0 when unknown.
+#[inline(always)]
+pub fn write_len(msg: *const c_void) -> u64 {
+    let msg_iter = global(&raw const OFFSETS.msg_iter);
+    if msg_iter == 0 || msg.is_null() {
+        return 0;
+    }
+    // SAFETY: pointer arithmetic only; the read is a probe read.
+    let it = unsafe { msg.cast::<u8>().add(msg_iter as usize) };
+    kread(it, global(&raw const OFFSETS.iter_count))
+}

@@ -17,6 +17,11 @@ pub const CONTROL_NS: u64 = 100_000_000;
 /// A peer FIN/RST this soon after a reuse write crossed it in flight (the
 /// peer closed before it saw the request), even if the request was acked.
 pub const RACE_NS: u64 = 100_000_000;
+/// On a stalled connection, a write of at most this many bytes is a
+/// control frame, not a new request: an HTTP/2 `RST_STREAM` or
+/// `WINDOW_UPDATE` (13 bytes), a `PING` (17), alone or in one TLS record
+/// (up to 29 bytes more). gRPC writes one of those at every deadline.
+pub const CONTROL_FRAME_BYTES: u64 = 48;
 
 /// Probes' own `SockState::flags` bits (never on the wire).
 pub mod st {
@@ -112,9 +117,9 @@ pub fn resolve_answered(sk: *const c_void, st: &mut SockState, now: u64, how: u8
     st.last_recv_ns = now;
 }
 
-/// A write by the application (send hook).
+/// A write by the application (send hook; `msg` is its `struct msghdr *`).
 #[inline(always)]
-pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
+pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64) {
     let last = last_activity(st);
     let idle = if last != 0 { now.saturating_sub(last) } else { 0 };
     // Plain locals, not an Option: kernels before 6.5 reject a read of a
@@ -133,14 +138,28 @@ pub fn on_send(sk: *const c_void, st: &mut SockState, now: u64) {
         st.wburst_anchor_ns = last;
         st.wburst_seq = wseq;
     }
+    if tracks_requests(st) && st.dead & dead::STALLED != 0 && on_stalled_write(sk, msg, st, now, idle) {
+        st.last_send_ns = now;
+        return;
+    }
     if tracks_requests(st) {
         expire_request(st, now);
         if st.req_ns != 0 && idle >= min_idle_ns() {
             // A write after a quiet spell while a request is outstanding:
-            // either the answer is queued unread, or nothing answers this
-            // peer (a one-way writer: a log shipper, a metrics push).
+            // the answer is queued unread; or our bytes are still
+            // unacknowledged (the request is stuck, and this write, an
+            // HTTP/2 cancel or ping, another stream, joins it); or the
+            // peer acknowledges and never answers (a one-way writer: a log
+            // shipper, a metrics push).
             if answered(sk, st, false) {
                 resolve_answered(sk, st, now, how::NONE);
+            } else if st.flags & st::SEQ != 0 && !acked(sk, st) {
+                if is_stall(st, now) {
+                    reuse_outcome(sk, st, now, outcome::STALL, how::APP_WRITE);
+                    mark_stalled(st);
+                    st.last_send_ns = now;
+                    return;
+                }
             } else {
                 if st.flags & st::REUSE != 0 {
                     count(counter::REUSE_UNRESOLVED);
@@ -207,6 +226,10 @@ pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
 #[inline(always)]
 pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     st.peer_fin_ns = now;
+    if st.dead & dead::STALLED != 0 {
+        end_stalled(st, dead::FIN);
+        return;
+    }
     expire_request(st, now);
     // The peer's goodbye (close_notify, GOAWAY), then at most a goodbye of
     // ours in reply, then its FIN: its idle close, not a request of ours.
@@ -253,6 +276,10 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
     let first = st.flags & (st::PEER_RST | st::LOCAL_CLOSED) == 0;
     st.flags |= st::PEER_RST;
     if !first {
+        return;
+    }
+    if st.dead & dead::STALLED != 0 {
+        end_stalled(st, dead::RST);
         return;
     }
     expire_request(st, now);
@@ -325,6 +352,12 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
         return;
     }
     st.flags |= st::LOCAL_CLOSED;
+    if st.dead & dead::STALLED != 0 {
+        // Closing a connection whose reuse stalled is the application
+        // giving up on it (its stall was reported), never a pool idle close.
+        clear_request(st);
+        return;
+    }
     if st.dead & dead::KIND == dead::FIN {
         // The peer closed it idle and nothing was written since but, at
         // most, an answer to its close (`close_notify` after the EOF).
@@ -426,7 +459,8 @@ pub(crate) fn goodbye_anchor(sk: *const c_void, st: &SockState, now: u64) -> u64
 
 /// A small write after a quiet spell, with nothing received since (a
 /// server: nothing but the client's own goodbye before its FIN), just
-/// before our close.
+/// before our close, and everything written before it acknowledged (a
+/// goodbye behind stuck bytes is a cancel: the stuck request decides).
 #[inline(always)]
 pub(crate) fn is_control_write(sk: *const c_void, st: &SockState, now: u64) -> bool {
     st.wburst_ns != 0
@@ -435,6 +469,61 @@ pub(crate) fn is_control_write(sk: *const c_void, st: &SockState, now: u64) -> b
         && (st.last_recv_ns <= st.wburst_ns || (st.role == role::SERVER && st.peer_fin_ns >= st.wburst_ns))
         && now.saturating_sub(st.wburst_ns) < CONTROL_NS
         && write_seq(sk).wrapping_sub(st.wburst_seq) <= CONTROL_BYTES
+        && !after(st.wburst_seq, snd_una(sk))
+}
+
+/// The outstanding request is a reuse whose bytes were retransmitted and
+/// have waited at least `stall_after` (the caller checks they are still
+/// unacknowledged).
+#[inline(always)]
+pub(crate) fn is_stall(st: &SockState, now: u64) -> bool {
+    st.flags & st::REUSE != 0 && st.retransmits > 0 && now.saturating_sub(st.req_ns) >= stall_after_ns()
+}
+
+/// The outstanding reuse stalled and the application keeps the
+/// connection: remember where its stuck bytes start (`req_snd_seq`), so
+/// later requests on it are failures dated by this stall.
+#[inline(always)]
+pub(crate) fn mark_stalled(st: &mut SockState) {
+    let seq = st.req_snd_seq;
+    clear_request(st);
+    st.req_snd_seq = seq;
+    st.dead |= dead::STALLED;
+}
+
+/// A write on a stalled connection. While the stalled bytes are still
+/// unacknowledged, it starts no request; one after a quiet spell that is
+/// larger than a control frame is a new call, and it fails
+/// (`how::AFTER_STALL`, counted, no evidence). True if handled; false once
+/// the path came back (the stalled bytes acknowledged): the connection is
+/// alive again.
+#[inline(always)]
+pub(crate) fn on_stalled_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64, idle: u64) -> bool {
+    if after(snd_una(sk), st.req_snd_seq) {
+        st.dead &= !dead::STALLED;
+        return false;
+    }
+    if idle >= min_idle_ns() {
+        let len = write_len(msg);
+        if len > CONTROL_FRAME_BYTES {
+            set_process(st);
+            emit(sk, st, kind::REUSE, now, |e| {
+                e.idle_ns = idle;
+                e.outcome = outcome::STALL;
+                e.how = how::AFTER_STALL;
+                e.bytes = len as u32;
+            });
+        }
+    }
+    true
+}
+
+/// The stalled connection ended (`kind`: the kernel gave up, or a reset):
+/// the stall already reported it, so it is no new death and later failed
+/// writes on it are no new evidence.
+#[inline(always)]
+pub(crate) fn end_stalled(st: &mut SockState, kind: u8) {
+    st.dead = (st.dead & !dead::KIND) | kind | dead::USED;
 }
 
 /// We closed with a request outstanding and unanswered.
@@ -449,11 +538,10 @@ pub(crate) fn local_ended_request(
 ) {
     let reuse = st.flags & st::REUSE != 0;
     let acked = acked(sk, st);
-    let elapsed = now.saturating_sub(st.req_ns);
     if reuse && st.flags & st::FIN_BEFORE_REQ != 0 {
         // The peer had closed before we wrote: no byte reached a live peer.
         reuse_outcome(sk, st, now, outcome::EOF, how::FIN);
-    } else if reuse && !acked && st.retransmits > 0 && elapsed >= stall_after_ns() {
+    } else if !acked && is_stall(st, now) {
         reuse_outcome(sk, st, now, outcome::STALL, stall_how);
     } else if reuse {
         count(counter::REUSE_UNRESOLVED);
@@ -475,7 +563,9 @@ pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
         // (SO_LINGER 0, close with unread data: sk_err still 0).
         if sk_err(sk) != 0 {
             st.flags |= st::LOCAL_CLOSED;
-            if st.req_ns != 0 && !expire_request(st, now) {
+            if st.dead & dead::STALLED != 0 {
+                end_stalled(st, dead::TIMEOUT);
+            } else if st.req_ns != 0 && !expire_request(st, now) {
                 local_ended_request(sk, st, now, how::TIMEOUT, true, request_bytes(sk, st));
             } else if st.req_ns == 0 {
                 // Killed idle (keep-alive probes unanswered): the next

@@ -310,20 +310,39 @@ pub fn spread_interval(alive: &[(f64, u64)], dead: &[f64], band: Spread) -> Inte
     }
 }
 
-/// The point estimate an interval and the peer-close clusters (largest
-/// first) give: a spread's band start, else the largest cluster where it
-/// lies inside the interval (to the cluster tolerance). A cluster outside
-/// the interval is no measurement of the path's timeout; the bounds stand
-/// alone then.
+/// The point estimate an interval and the peer-close clusters (smallest
+/// first) give: a spread's band start, else the smallest cluster where it
+/// lies inside the interval to the cluster tolerance, clamped into it. A
+/// cluster outside the interval by more than the tolerance is no
+/// measurement of the path's timeout; the bounds stand alone then. Within
+/// it, the bounds win: a request that crossed the peer's FIN in flight
+/// proves the timeout at most the upper bound even where the FINs' median
+/// lies a millisecond past it, so the point never lies outside the
+/// interval it is printed with.
 #[must_use]
 pub fn point_of(interval: &Interval, clusters: &[Cluster]) -> Option<Cluster> {
     if let Some(b) = interval.spread {
         return Some(Cluster { value: b.start, count: b.count });
     }
-    clusters.first().copied().filter(|c| {
+    let c = clusters.first().copied().filter(|c| {
         interval.upper.is_none_or(|u| c.value <= u * (1.0 + CLUSTER_SPREAD))
             && interval.lower.is_none_or(|l| c.value >= l * (1.0 - CLUSTER_SPREAD))
-    })
+    })?;
+    let value = interval.upper.map_or(c.value, |u| c.value.min(u));
+    let value = interval.lower.map_or(value, |l| value.max(l));
+    Some(Cluster { value, count: c.count })
+}
+
+/// The interval of the smallest of several paths behind one address
+/// (`mixed_paths`: say, an L4 balancer over backends with different
+/// keep-alive timeouts), whose peer closes cluster at `smallest`: a
+/// survival past that cluster was proven on a longer path and says
+/// nothing of the shortest, which every connection may land on.
+#[must_use]
+pub fn smallest_path_interval(alive: &[(f64, u64)], dead: &[f64], smallest: f64) -> Interval {
+    let short: Vec<(f64, u64)> =
+        alive.iter().copied().filter(|&(t, _)| t <= smallest * (1.0 + CLUSTER_SPREAD)).collect();
+    interval_weighted(&short, dead)
 }
 
 /// The seeds' rule: the client's idle timeout should be about 0.8 x the

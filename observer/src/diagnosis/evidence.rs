@@ -63,8 +63,10 @@ pub const MAX_BYTES: usize = MAX_SLICES * (size_of::<Slice>() + MAX_BINS_PER_SLI
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Observation {
     /// A reuse after `idle` s; `refreshed` when TCP keep-alive probes ran
-    /// during the idle time.
-    Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool },
+    /// during the idle time; `after_stall` for a request written on a
+    /// connection whose earlier reuse had stalled (a failure counted, but
+    /// that first stall dates the death: no timeout evidence).
+    Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool, after_stall: bool },
     /// The peer closed an idle socket.
     PeerIdleClose { idle: f64, mode: FailureMode },
     /// The kernel killed an idle socket whose keep-alive probes went
@@ -132,6 +134,7 @@ impl Observed {
                 },
                 // Unknown keep-alive time counts as refreshed: the weaker claim.
                 refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
+                after_stall: ev.how == Some(How::AfterStall),
             },
             EventKind::PeerCloseWhileIdle if ev.how == Some(How::Timeout) => Observation::KeepaliveDeath {
                 // The first unanswered probe went out one keep-alive idle

@@ -20,8 +20,12 @@
 //! tells a server to lower its idle timeout.
 //!
 //! Numbers come only from proof: the point estimate, else the largest idle
-//! age proven to survive. Failures alone bound the timeout from above but
-//! give no safe number.
+//! age proven to survive, and never above 0.8 x the smallest idle age
+//! proven to fail. Failures alone bound the timeout from above but give
+//! no safe number. A client row on which no timeout has shown (no failure,
+//! no peer idle close, no pool idle close) gives no number at all: 0.8 x
+//! the largest idle that survived would shorten a pool for nothing, and
+//! defeat the keep-alive pings that kept it alive.
 
 use std::fmt::Write as _;
 
@@ -105,12 +109,16 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
     } else {
         (Verdict::Unknown, None)
     };
-    // The number: the measured point, else the largest age proven to survive.
+    // The number: the measured point, else the largest age proven to
+    // survive; none where no timeout has shown at all; never past the
+    // earliest proven death.
+    let timeout_seen = i.upper.is_some() || f.point.is_some() || f.pool.is_some();
     let (path, basis) = match (f.point, i.lower) {
         (Some(p), _) => (Some(p), None),
-        (None, Some(l)) => (Some(l), f.lower_basis),
+        (None, Some(l)) if timeout_seen => (Some(l), f.lower_basis),
         _ => (None, None),
     };
+    let path = path.map(|p| i.upper.map_or(p, |u| p.min(u)));
     let recommended = path.map(recommended_pool_idle);
     let safe_retry_rule = matches!(f.failure_mode, Some(FailureMode::Fin | FailureMode::Rst));
     let source = match (f.point, basis) {
@@ -137,6 +145,11 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
         ),
         (Verdict::Ok, _, _) => "none: the pool closes idle sockets before the path does".to_owned(),
         (_, Some(r), Some(p)) => format!("keep the pool idle timeout at most {r:.3} s (0.8 x the path's {p:.3} s{source})"),
+        _ if !timeout_seen && i.lower.is_some() => format!(
+            "none: no idle timeout has shown on this path (no failed reuse, no peer idle close, no pool idle close); reuses survived up to {:.3} s idle{}",
+            i.lower.unwrap_or_default(),
+            if f.lower_basis == Some(LowerBasis::Keepalive) { " while TCP keep-alive probes ran" } else { "" }
+        ),
         _ => "not enough evidence yet".to_owned(),
     };
     Judgement {

@@ -120,6 +120,13 @@ named! {
         Destroyed => "destroyed",
         /// `ok`: the response arrived, then the peer's FIN or RST.
         ClosedAfterResponse => "closed_after_response",
+        /// `stall`: decided at the application's next write (a cancel, a
+        /// ping, another stream), the bytes still unacknowledged.
+        AppWrite => "app_write",
+        /// `stall`: a later request on a connection whose earlier reuse
+        /// stalled; a failure the client saw, dated by that first stall
+        /// (no evidence of the path's timeout).
+        AfterStall => "after_stall",
     }
 }
 
@@ -289,6 +296,8 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         how::TIMEOUT => Some(How::Timeout),
         how::DESTROYED => Some(How::Destroyed),
         how::CLOSED_AFTER_RESPONSE => Some(How::ClosedAfterResponse),
+        how::APP_WRITE => Some(How::AppWrite),
+        how::AFTER_STALL => Some(How::AfterStall),
         _ => None,
     };
     let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());

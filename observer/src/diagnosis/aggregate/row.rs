@@ -95,7 +95,13 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         r.client_pool_idle_timeout_seconds = f.client_pool_idle_timeout;
         verdict::judge_server(&f)
     } else {
-        let (interval, basis) = interval_of(ev);
+        let (mut interval, basis) = interval_of(ev);
+        if interval.spread.is_none() && peer_clusters.len() > 1 {
+            // Mixed paths: every estimate is the smallest path's.
+            let alive = ev.alive(basis == Some(LowerBasis::Keepalive));
+            let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
+            interval = estimate::smallest_path_interval(&alive, &dead, peer_clusters[0].value);
+        }
         // Failure mode: the most common among dead evidence of this epoch.
         let mut modes: BTreeMap<&'static str, (usize, FailureMode)> = BTreeMap::new();
         for d in ev.dead() {

@@ -183,7 +183,10 @@ impl DestState {
     /// contradictions questioned clears them.
     pub(crate) fn note_contradiction(&mut self, o: &Observed, before: &Interval) {
         let (idle, dead, silent_alive) = match o.obs {
-            Observation::Reuse { idle, failed, refreshed } => (idle, failed.is_some(), failed.is_none() && !refreshed),
+            Observation::Reuse { after_stall: true, .. } => return,
+            Observation::Reuse { idle, failed, refreshed, .. } => {
+                (idle, failed.is_some(), failed.is_none() && !refreshed)
+            }
             Observation::PeerIdleClose { idle, .. } | Observation::KeepaliveDeath { silent: idle } => {
                 (idle, true, false)
             }

@@ -200,7 +200,9 @@ fn a_point_never_lies_outside_its_interval() {
     let far = Cluster { value: 2.59, count: 7 };
     let near = Cluster { value: 2.1, count: 3 };
     assert_eq!(point_of(&i, &[far]), None, "a cluster past the proven failure is no point");
-    assert_eq!(point_of(&i, &[near]), Some(near));
+    assert_eq!(point_of(&i, &[near]), Some(Cluster { value: 2.1, count: 3 }));
+    let past = Cluster { value: 2.102, count: 3 };
+    assert_eq!(point_of(&i, &[past]), Some(Cluster { value: 2.1005, count: 3 }), "clamped to the proven failure");
     let below = Interval { lower: Some(3.0), upper: None, ..Interval::default() };
     assert_eq!(point_of(&below, &[near]), None, "nor one below a proven survival");
 }

@@ -7,7 +7,7 @@ fn at(ts_s: u64, sock: u64, obs: Observation) -> Observed {
 }
 
 fn ok(idle: f64) -> Observation {
-    Observation::Reuse { idle, failed: None, refreshed: false }
+    Observation::Reuse { idle, failed: None, refreshed: false, after_stall: false }
 }
 
 #[test]
@@ -28,7 +28,14 @@ fn the_largest_survival_and_counts_stay_exact() {
 fn successes_never_evict_a_failure() {
     let mut e = Evidence::new(24 * 3600 * S);
     for k in 0..8 {
-        e.add(&at(k, k, Observation::Reuse { idle: 3.0, failed: Some(FailureMode::Rst), refreshed: false }), false);
+        e.add(
+            &at(
+                k,
+                k,
+                Observation::Reuse { idle: 3.0, failed: Some(FailureMode::Rst), refreshed: false, after_stall: false },
+            ),
+            false,
+        );
     }
     for k in 0..1_000_000u64 {
         e.add(&at(10 + k / 1000, 100 + k, ok(0.5)), false);
@@ -55,7 +62,14 @@ fn the_last_hour_counts_by_minute() {
     let mut e = Evidence::new(24 * 3600 * S);
     e.add(&at(0, 1, ok(5.0)), false);
     e.add(&at(4000, 2, ok(5.0)), false);
-    e.add(&at(4010, 3, Observation::Reuse { idle: 70.0, failed: Some(FailureMode::Fin), refreshed: false }), false);
+    e.add(
+        &at(
+            4010,
+            3,
+            Observation::Reuse { idle: 70.0, failed: Some(FailureMode::Fin), refreshed: false, after_stall: false },
+        ),
+        false,
+    );
     assert_eq!(e.last_hour(1_700_000_000 * S + 4020 * S), (2, 1));
     assert_eq!(e.counts().reuses, 3);
 }
@@ -78,7 +92,7 @@ fn full_slices_merge_and_stay_bounded() {
 #[test]
 fn restart_failures_are_counted_not_kept() {
     let mut e = Evidence::new(3600 * S);
-    let fail = |idle| Observation::Reuse { idle, failed: Some(FailureMode::Fin), refreshed: false };
+    let fail = |idle| Observation::Reuse { idle, failed: Some(FailureMode::Fin), refreshed: false, after_stall: false };
     e.add(&at(100, 1, fail(30.0)), false);
     e.add(&at(101, 2, fail(2.0)), false);
     // A restart at 100.5 s: socket 1 was idle since 70 s (across it).

@@ -268,7 +268,7 @@ impl Evidence {
             s.min_keepalive_idle = min_positive(s.min_keepalive_idle, o.keepalive_idle);
         }
         match o.obs {
-            Observation::Reuse { idle, failed, refreshed } => {
+            Observation::Reuse { idle, failed, refreshed, after_stall } => {
                 s.counts.reuses += 1;
                 s.max_reuse_idle = max_opt(s.max_reuse_idle, Some(idle));
                 let b = bucket_of(idle);
@@ -292,7 +292,7 @@ impl Evidence {
                 let m = self.minute(o.ts_ns);
                 m.reuses += 1;
                 m.failures += u32::from(failed.is_some());
-                if let (Some(mode), false) = (failed, explained) {
+                if let (Some(mode), false) = (failed, explained || after_stall) {
                     let d = Dead { ts_ns: o.ts_ns, idle, sock_id: o.sock_id, mode, reuse: true, close: false, epoch };
                     push_capped(&mut self.dead, d, MAX_DEAD);
                 }

@@ -63,12 +63,52 @@ fn a_pool_between_the_bounds_is_not_proven_ok() {
 #[test]
 fn keepalive_bounds_say_so() {
     let j = judge_client(&ClientFindings {
-        interval: interval(Some(40.0), None),
+        interval: interval(Some(40.0), Some(90.0)),
         lower_basis: Some(LowerBasis::Keepalive),
         ..ClientFindings::default()
     });
     assert_eq!(j.recommended_pool_idle_timeout_seconds, Some(32.0));
     assert!(j.recommendation.contains("keep-alive"), "{}", j.recommendation);
+}
+
+#[test]
+fn no_timeout_seen_gives_no_number() {
+    // Survivals only (say, a connection pinged every second): nothing on
+    // the path has closed or failed an idle connection, so 0.8 x the
+    // largest survival would shorten the pool for nothing.
+    for basis in [Some(LowerBasis::Silent), Some(LowerBasis::Keepalive)] {
+        let j = judge_client(&ClientFindings {
+            interval: interval(Some(1.0), None),
+            lower_basis: basis,
+            ..ClientFindings::default()
+        });
+        assert_eq!(j.verdict, Verdict::Unknown);
+        assert_eq!(j.recommended_pool_idle_timeout_seconds, None);
+        assert!(j.recommendation.starts_with("none: no idle timeout has shown"), "{}", j.recommendation);
+        assert!(j.recommendation.contains("1.000 s"), "{}", j.recommendation);
+    }
+    // A pool idle close is a timeout: the number comes back.
+    let j = judge_client(&ClientFindings {
+        interval: interval(Some(10.0), None),
+        pool: Some(30.0),
+        ..ClientFindings::default()
+    });
+    assert_eq!(j.recommended_pool_idle_timeout_seconds, Some(8.0));
+}
+
+#[test]
+fn the_number_never_exceeds_0_8_x_the_earliest_proven_death() {
+    // A swept timeout's point past its earliest close (pgbouncer: interval
+    // [3.020, 3.050], point 3.120 before).
+    let j = judge_client(&ClientFindings {
+        interval: interval(Some(3.02), Some(3.05)),
+        point: Some(3.12),
+        point_evidence: 3,
+        consistent_failures: 6,
+        ..ClientFindings::default()
+    });
+    assert_eq!(j.recommended_pool_idle_timeout_seconds, Some(2.44));
+    assert!(j.recommendation.contains("3.050 s"), "{}", j.recommendation);
 }
 
 #[test]
