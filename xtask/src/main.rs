@@ -155,6 +155,9 @@ const TEST_PACKAGES: &[&str] = &[
 ];
 /// Validates `deploy/kubernetes/*.yaml` against the Kubernetes schemas, offline.
 const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
+/// Real gRPC for the `multiplexed` suite (its C core writes from its own
+/// threads, as gRPC clients in production do).
+const GRPCIO: &str = "grpcio==1.85.0";
 /// Debian packages the benchmarks use.
 const BENCH_PACKAGES: &[&str] = &["bpftrace"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -299,6 +302,10 @@ fn setup(with_test_tools: bool) -> Result<String> {
         if output_ok(Command::new(scripts.join("kubernetes-validate")).arg("--version")).is_none() {
             println!("setup: installing {KUBERNETES_VALIDATE} from PyPI");
             status(Command::new("python3").args(["-m", "pip", "install", "-q", KUBERNETES_VALIDATE]))?;
+        }
+        if output_ok(Command::new("python3").args(["-c", "import grpc"])).is_none() {
+            println!("setup: installing {GRPCIO} from PyPI");
+            status(Command::new("python3").args(["-m", "pip", "install", "-q", GRPCIO]))?;
         }
     }
     println!("setup: done in {:.1}s (eBPF toolchain: {toolchain})", started.elapsed().as_secs_f64());

@@ -44,6 +44,7 @@ const SUITES: &[&str] = &[
     "verdicts",
     "prometheus",
     "names",
+    "multiplexed",
 ];
 /// Tests of those suites that run on the host only: what they add over
 /// the rest is userspace judgement (the estimator, the aggregator, PromQL),
@@ -90,7 +91,8 @@ const ARM64_SUITES: &[&str] = &["foundation", "probes", "wire_truth"];
 /// The x86-64 6.12 guest runs the rest: 6.12's probe set (`fentry_send`,
 /// the `bpf_rdonly_cast` receive probe) is the same on both architectures,
 /// so every suite still runs on 6.12, and `.ci/run` stays in its time.
-const X86_612_SUITES: &[&str] = &["diagnosis", "owners", "servers", "dead_sockets", "verdicts", "prometheus", "names"];
+const X86_612_SUITES: &[&str] =
+    &["diagnosis", "owners", "servers", "dead_sockets", "verdicts", "prometheus", "names", "multiplexed"];
 
 /// A guest's architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
