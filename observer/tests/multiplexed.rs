@@ -4,17 +4,22 @@
 //! application keeps writing while a call is stuck (an `RST_STREAM` at
 //! every deadline, later calls), so these check that a stall stays a stall,
 //! that every call the client saw fail is counted, and that a connection
-//! kept alive by HTTP/2 pings gives no number.
+//! kept alive by HTTP/2 pings gives no number. And an L4 balancer (real
+//! `HAProxy`, `mode tcp`) over two real nginx backends with different
+//! keep-alive timeouts: the recommendation is the smallest path's. And Go's
+//! `net/http` on HTTP/2 over TLS against nginx, which ends idle
+//! connections with a `GOAWAY` and then its FIN: measured at nginx's
+//! timeout, no false failure.
 
 mod common;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
-use common::{script, server_port, Daemon, Topology};
+use common::{client_records, script, server_port, start_nginx_with, Daemon, Killed, Topology, HTTP_RECONNECTING};
 use observer::{
     diagnosis::aggregate::{DestinationRow, FailureMode, Verdict},
-    kernel::event::Role,
+    kernel::{event::Role, hello::Protocol},
 };
 
 /// The NAT's idle timeout (conntrack's established timeout), seconds.
@@ -104,6 +109,24 @@ fn row<'a>(rows: &'a [DestinationRow], dest: &str) -> Result<&'a DestinationRow>
         .with_context(|| format!("no client row for {dest}: {rows:#?}"))
 }
 
+/// The client's calls beside the row observer made of them, for the log.
+fn measured(name: &str, ok: usize, failed: usize, r: &DestinationRow) {
+    let mixed: Vec<(f64, f64)> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
+    eprintln!(
+        "MEASURED {name}: client {ok} ok, {failed} failed; row: reuses {}, failures {}, mode {}, interval [{:.3}, {:?}], point {:?}, mixed {mixed:?}, verdict {}, recommended {:?}, protocols {:?}, processes {:?}",
+        r.reuses,
+        r.failures,
+        r.failure_mode.as_str(),
+        r.path_idle_timeout_lower_seconds,
+        r.path_idle_timeout_upper_seconds,
+        r.path_idle_timeout_seconds,
+        r.verdict.as_str(),
+        r.recommended_pool_idle_timeout_seconds,
+        r.protocols,
+        r.processes
+    );
+}
+
 /// The path's interval holds the NAT's timeout (to the probes' 20 ms).
 fn holds_nat(r: &DestinationRow) -> bool {
     let t = f64::from(NAT_S);
@@ -132,18 +155,12 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
     let rows = daemon.status()?;
     for (name, dest, (ok, failed), stdout, _) in &results {
         let r = row(&rows, dest)?;
-        eprintln!(
-            "MEASURED grpc {name}: client {ok} ok, {failed} failed; row: reuses {}, failures {}, mode {}, interval [{:.3}, {:?}], point {:?}, verdict {}, recommended {:?}",
-            r.reuses,
-            r.failures,
-            r.failure_mode.as_str(),
-            r.path_idle_timeout_lower_seconds,
-            r.path_idle_timeout_upper_seconds,
-            r.path_idle_timeout_seconds,
-            r.verdict.as_str(),
-            r.recommended_pool_idle_timeout_seconds
-        );
+        measured(&format!("grpc {name}"), *ok, *failed, r);
         let client = format!("client said:\n{stdout}\nrow: {r:#?}");
+        // The connection preface told HTTP/2; the process is named as `ps`
+        // shows it, not by grpcio's writing threads.
+        ensure!(r.protocols == vec![Protocol::H2], "h2 from the preface: {client}");
+        ensure!(r.processes == vec!["python3".to_owned()], "the process, not its threads: {client}");
         if *name == "pinged" {
             ensure!(*failed == 0, "pings every second keep the NAT's flow: {client}");
             ensure!(r.failures == 0 && r.verdict != Verdict::Mismatch, "no failure, no mismatch: {client}");
@@ -158,6 +175,114 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
         let rec = r.recommended_pool_idle_timeout_seconds.context("a recommendation")?;
         let upper = r.path_idle_timeout_upper_seconds.unwrap_or(f64::INFINITY);
         ensure!(rec <= 0.8 * upper + 1e-9, "recommended {rec} above 0.8 x {upper}: {client}");
+        let fixes: Vec<&str> = r.fix_settings.iter().map(|f| f.setting.as_str()).collect();
+        ensure!(fixes == ["grpc.client_idle_timeout_ms (channel option)"], "grpcio's own knob only: {client}");
     }
+    Ok(())
+}
+
+/// `HAProxy` in `mode tcp` on the server's 8080, round-robin over two nginx
+/// backends, with its own idle timeout (`timeout client`/`server`).
+fn start_l4_balancer(topo: &Topology, dir: &std::path::Path, idle_s: u32, backends: [u16; 2]) -> Result<Killed> {
+    let conf = dir.join("haproxy.cfg");
+    std::fs::write(
+        &conf,
+        format!(
+            "defaults\n  mode tcp\n  timeout connect 2s\n  timeout client {idle_s}s\n  timeout server {idle_s}s\n\
+             frontend fe\n  bind {v4}:8080\n  default_backend be\n\
+             backend be\n  balance roundrobin\n  server a {v4}:{a}\n  server b {v4}:{b}\n",
+            v4 = topo.server_v4,
+            a = backends[0],
+            b = backends[1]
+        ),
+    )?;
+    let haproxy = Killed(topo.ns.spawn(topo.server, &format!("haproxy -db -f {}", conf.display()))?);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8080") {
+        ensure!(std::time::Instant::now() < deadline, "haproxy did not start listening");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(haproxy)
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Result<()> {
+    let topo = Topology::pair("mxlb")?;
+    let (da, db, dh) = (tempfile::tempdir()?, tempfile::tempdir()?, tempfile::tempdir()?);
+    let _a = start_nginx_with(&topo, da.path(), 2, 8081, "")?;
+    let _b = start_nginx_with(&topo, db.path(), 10, 8082, "")?;
+    let _lb = start_l4_balancer(&topo, dh.path(), 4, [8081, 8082])?;
+    let daemon = Daemon::start(&[])?;
+    // Six pools; gaps stay clear of 2 s and 4 s, where a close and a
+    // request may cross in flight.
+    let client = script(HTTP_RECONNECTING)?;
+    let gaps = ["1.0,2.6,4.6,1.5,3.0", "2.7,1.2,5.0,3.4,1.0", "4.7,3.2,1.4,2.8,4.5", "1.6,4.8,2.9,3.6,1.1"];
+    let children: Vec<std::process::Child> = (0..6)
+        .map(|k| {
+            topo.ns
+                .spawn(topo.client, &format!("python3 -u {} {} 8080 {}", client.display(), topo.server_v4, gaps[k % 4]))
+        })
+        .collect::<Result<_>>()?;
+    let mut failed = 0;
+    let mut ok = 0;
+    for c in children {
+        let out = c.wait_with_output()?;
+        ensure!(out.status.success(), "client failed: {}", String::from_utf8_lossy(&out.stderr));
+        for r in client_records(&String::from_utf8_lossy(&out.stdout))? {
+            if r.result == "ok" {
+                ok += 1;
+            } else {
+                failed += 1;
+            }
+        }
+    }
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let r = row(&rows, &format!("{}:8080", topo.server_v4))?;
+    let paths: Vec<(f64, f64)> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
+    measured("l4 balancer", ok, failed, r);
+    let seen = format!("row: {r:#?}");
+    ensure!(paths.len() == 2, "both timeouts named: {seen}");
+    ensure!((paths[0].0 - 2.0).abs() < common::tolerance(0.1), "nginx A's 2 s: {seen}");
+    ensure!((paths[1].0 - 4.0).abs() < common::tolerance(0.1), "HAProxy's 4 s in front of B: {seen}");
+    ensure!(failed > 0 && usize::try_from(r.failures)? == failed, "the {failed} failures the clients saw: {seen}");
+    let rec = r.recommended_pool_idle_timeout_seconds.context("a number")?;
+    ensure!(rec <= 1.6 + 1e-9, "recommended {rec}, above 0.8 x the smallest path's 2 s: {seen}");
+    ensure!(r.verdict == Verdict::Mismatch, "{seen}");
+    Ok(())
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
+    let topo = Topology::pair("mxh2")?;
+    let dir = tempfile::tempdir()?;
+    common::sh(&format!("{} cert {}", common::tlstool()?.display(), dir.path().display()))?;
+    let tls =
+        format!("ssl http2; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem", d = dir.path().display());
+    let _nginx = start_nginx_with(&topo, dir.path(), 2, 8443, &tls)?;
+    let daemon = Daemon::start(&[])?;
+    // One pool (http.DefaultTransport: IdleConnTimeout 90 s); gaps past
+    // 2 s find nginx's GOAWAY and FIN, the others reuse the connection.
+    let out = topo.ns.exec(
+        topo.client,
+        &format!(
+            "{} h2 https://{}:8443/ 0.5,3.0,1.0,3.5,0.8,2.6,1.2,3.2,1.0,4.0",
+            common::tlstool()?.display(),
+            topo.server_v4
+        ),
+    )?;
+    let gets: Vec<serde_json::Value> = out.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    ensure!(gets.len() == 10 && gets.iter().all(|g| g["proto"] == "HTTP/2.0"), "every GET on HTTP/2: {out}");
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let r = row(&rows, &format!("{}:8443", topo.server_v4))?;
+    measured("http2 goaway", gets.len(), 0, r);
+    let seen = format!("client said:\n{out}\nrow: {r:#?}");
+    let point = r.path_idle_timeout_seconds.context("a point from nginx's closes")?;
+    ensure!((point - 2.0).abs() <= 0.05 * 2.0, "nginx's 2 s within 5 %: {seen}");
+    ensure!(r.failures == 0, "no request failed, none counted: {seen}");
+    ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
 }

@@ -44,7 +44,12 @@ impl Sinks {
         // reuse.
         if ev.role == crate::kernel::event::Role::Client {
             match ev.kind {
-                EventKind::Reuse => ev.client_runtime = self.runtimes.of(ev.pid, &ev.comm),
+                EventKind::Reuse => {
+                    if let Some(p) = self.runtimes.of(ev.pid, &ev.comm) {
+                        ev.process = Some(p.name);
+                        ev.client_runtime = Some(p.runtime);
+                    }
+                }
                 EventKind::ServerName | EventKind::Established => {
                     let _ = self.runtimes.of(ev.pid, &ev.comm);
                 }
@@ -207,7 +212,11 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
             return;
         }
         let who = ProcessOwner {
-            process: if d.comm.is_empty() { "?".to_owned() } else { d.comm.clone() },
+            process: match sinks.runtimes.known_name(d.pid) {
+                Some(name) => name,
+                None if d.comm.is_empty() => "?".to_owned(),
+                None => d.comm.clone(),
+            },
             owner: owner.as_deref().cloned(),
         };
         doomed.push((d, who));

@@ -43,6 +43,7 @@ use crate::{
     diagnosis::evidence::{Evidence, Observation, Observed},
     diagnosis::verdict::{self, ClientFindings, ServerFindings},
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
+    kernel::hello::Protocol,
     kernel::runtime::ClientRuntime,
 };
 pub use crate::{
@@ -237,7 +238,8 @@ impl Aggregator {
         self.changes.extend(changes);
         self.restarts.extend(restart);
         if matches!(o.obs, Observation::Reuse { .. }) && !ev.comm.is_empty() {
-            let who = ProcessOwner { process: ev.comm.clone(), owner: ev.owner.clone() };
+            let process = ev.process.clone().unwrap_or_else(|| ev.comm.clone());
+            let who = ProcessOwner { process, owner: ev.owner.clone() };
             if let Some(n) = st.processes.get_mut(&who) {
                 *n += 1;
             } else if st.processes.len() < MAX_PROCESSES {
@@ -315,7 +317,7 @@ impl Aggregator {
         if !self.tick_one(key, now) {
             return None;
         }
-        self.dests.get(&key).map(|st| self.named(row(key, st, now), &key))
+        self.dests.get(&key).map(|st| self.named(row(key, st, now, self.protocols_of(&key)), &key))
     }
 
     /// A row with its destination's names.
@@ -457,7 +459,8 @@ impl Aggregator {
     pub fn rows(&mut self, now_ns: u64) -> Vec<DestinationRow> {
         self.tick(now_ns);
         let now = now_ns.max(self.latest_ns);
-        let mut rows: Vec<DestinationRow> = self.dests.iter().map(|(k, st)| self.named(row(*k, st, now), k)).collect();
+        let mut rows: Vec<DestinationRow> =
+            self.dests.iter().map(|(k, st)| self.named(row(*k, st, now, self.protocols_of(k)), k)).collect();
         Self::sort_rows(&mut rows);
         rows
     }

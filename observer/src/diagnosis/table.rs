@@ -316,6 +316,11 @@ pub struct DestinationRow {
     /// Connections whose name did not fit in `server_names`.
     #[serde(default)]
     pub server_names_dropped: u64,
+    /// The application protocols the connections' first bytes showed
+    /// (`http1`, `h2`), most used first; empty where they told none (TLS
+    /// offering both by ALPN, a binary protocol, `--no-names`).
+    #[serde(default)]
+    pub protocols: Vec<crate::kernel::hello::Protocol>,
     /// Client rows: the fix in the reusing clients' own terms, one per
     /// runtime told (the setting, its default, what to set it to, and a
     /// default above the path's timeout as a finding); the generic rule

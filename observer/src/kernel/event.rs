@@ -140,7 +140,13 @@ pub struct SockEvent {
     pub role: Role,
     /// Process that wrote on the socket (0 when unknown).
     pub pid: u32,
+    /// Name of the thread that wrote (or was current).
     pub comm: String,
+    /// Client reuses: the process's name as `ps` shows it (its main
+    /// thread's), where the daemon's resolver knows it; `comm` is the
+    /// writing thread's (a worker's, in Envoy, grpcio or a JDK client).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
     pub local: SocketAddr,
     pub remote: SocketAddr,
     /// Idle age at the event, seconds (ns precision).
@@ -213,6 +219,10 @@ pub struct SockEvent {
     /// carried (TLS SNI or HTTP `Host`, lower-cased).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
+    /// `server_name` events: the application protocol the first bytes
+    /// showed (`http1`, `h2`), where they tell it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<crate::kernel::hello::Protocol>,
     /// Client reuses: the writing process's runtime and pool libraries,
     /// where they can be told (see `kernel::runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,8 +248,8 @@ fn secs(ns: u64) -> f64 {
 }
 
 /// Decode a raw ring-buffer record. A `server_name` record's first bytes
-/// are parsed here and dropped; without a name in them, its event carries
-/// `server_name: None` (the reader skips it).
+/// are parsed here and dropped; without a name or a protocol in them, its
+/// event carries neither (the reader skips it).
 pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError> {
     if bytes.len() != EVENT_SIZE && bytes.len() != HELLO_SIZE {
         return Err(DecodeError::Size(bytes.len()));
@@ -250,8 +260,9 @@ pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError
     let mut ev = decode(&raw, clock)?;
     if raw.kind == kind::HELLO {
         let n = usize::try_from(raw.bytes).unwrap_or(0).min(HELLO_BYTES);
-        ev.server_name =
-            bytes.get(EVENT_SIZE..EVENT_SIZE + n).and_then(crate::kernel::hello::server_name).map(|(name, _)| name);
+        let first = bytes.get(EVENT_SIZE..EVENT_SIZE + n).unwrap_or_default();
+        ev.server_name = crate::kernel::hello::server_name(first).map(|(name, _)| name);
+        ev.protocol = crate::kernel::hello::protocol(first);
         ev.bytes = 0;
     }
     Ok(ev)
@@ -337,7 +348,9 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         cgroup_id: raw.cgroup_id,
         owner: None,
         server_name: None,
+        protocol: None,
         client_runtime: None,
+        process: None,
     })
 }
 
@@ -393,7 +406,9 @@ impl SockEvent {
             cgroup_id: 0,
             owner: None,
             server_name: None,
+            protocol: None,
             client_runtime: None,
+            process: None,
         }
     }
 
@@ -450,6 +465,9 @@ impl fmt::Display for SockEvent {
         }
         if let Some(n) = &self.server_name {
             write!(f, " name={}", printable(n))?;
+        }
+        if let Some(p) = self.protocol {
+            write!(f, " protocol={}", p.as_str())?;
         }
         if self.request_outstanding {
             write!(f, " request_outstanding")?;

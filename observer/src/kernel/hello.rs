@@ -5,6 +5,12 @@
 //! the two; the bytes are parsed here and dropped at once (never stored,
 //! recorded or logged).
 //!
+//! The same bytes tell the application protocol where they can
+//! ([`protocol`]): the HTTP/2 connection preface (`h2c`, gRPC without
+//! TLS), an HTTP/1.x request line, or a `ClientHello` whose ALPN offers
+//! only `h2` (gRPC clients) or only HTTP/1.x. A `ClientHello` offering both
+//! leaves the choice to the server: no protocol is told.
+//!
 //! No false name is the rule: a parse that runs out of bytes, meets a
 //! malformed length, or finds something that is not a host name gives
 //! `None`. Requests meant for a proxy (`CONNECT`, an absolute URI) are
@@ -22,6 +28,43 @@ named! {
         Sni => "sni",
         /// HTTP/1.x `Host` header.
         Host => "host",
+    }
+}
+
+named! {
+    /// The application protocol a connection's first bytes show.
+    pub enum Protocol {
+        /// HTTP/1.x: a request line, or TLS offering only HTTP/1.x by ALPN.
+        Http1 => "http1",
+        /// HTTP/2: the cleartext connection preface, or TLS offering only
+        /// `h2` by ALPN.
+        H2 => "h2",
+    }
+}
+
+/// The HTTP/2 connection preface (RFC 9113 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a connection's first bytes show, where they tell it.
+#[must_use]
+pub fn protocol(bytes: &[u8]) -> Option<Protocol> {
+    let bytes = &bytes[..bytes.len().min(HELLO_BYTES)];
+    match bytes.first()? {
+        0x16 => {
+            let offered = alpn(bytes)?;
+            if offered.is_empty() {
+                None
+            } else if offered.iter().all(|p| *p == b"h2") {
+                Some(Protocol::H2)
+            } else if offered.iter().all(|p| p.starts_with(b"http/1.")) {
+                Some(Protocol::Http1)
+            } else {
+                None
+            }
+        }
+        _ if bytes.starts_with(H2_PREFACE) => Some(Protocol::H2),
+        b'A'..=b'Z' => request_line(bytes).map(|_| Protocol::Http1),
+        _ => None,
     }
 }
 
@@ -73,8 +116,9 @@ impl<'a> Reader<'a> {
     }
 }
 
-/// SNI from a TLS record holding a `ClientHello` (RFC 8446 4.1.2, RFC 6066 3).
-fn sni(bytes: &[u8]) -> Option<String> {
+/// The extensions of a TLS record holding a `ClientHello` (RFC 8446
+/// 4.1.2): a reader over them (cut short where the capture is).
+fn extensions(bytes: &[u8]) -> Option<Reader<'_>> {
     let mut r = Reader { b: bytes };
     // Record: type 22 (handshake), legacy version 3.x, length.
     r.u8().filter(|&t| t == 0x16)?;
@@ -95,34 +139,58 @@ fn sni(bytes: &[u8]) -> Option<String> {
     let comp = h.u8().filter(|&l| l >= 1)?;
     h.take(comp)?;
     let ext_len = h.u16()?;
-    let mut exts = h.sub(ext_len);
+    Some(h.sub(ext_len))
+}
+
+/// The body of extension `want`, if it is in the capture whole.
+fn extension(bytes: &[u8], want: usize) -> Option<&[u8]> {
+    let mut exts = extensions(bytes)?;
     loop {
         let ty = exts.u16()?;
         let len = exts.u16()?;
-        if ty != 0 {
-            exts.take(len)?;
-            continue;
+        let body = exts.take(len)?;
+        if ty == want {
+            return Some(body);
         }
-        let mut ext = Reader { b: exts.take(len)? };
-        let list_len = ext.u16()?;
-        let mut list = Reader { b: ext.take(list_len)? };
-        while !list.b.is_empty() {
-            let name_type = list.u8()?;
-            let name_len = list.u16()?;
-            let name = list.take(name_len)?;
-            if name_type == 0 {
-                return host_name(name);
-            }
-        }
-        return None;
     }
+}
+
+/// The protocols a `ClientHello` offers by ALPN (RFC 7301 3.1), if it
+/// carries the extension whole.
+fn alpn(bytes: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut ext = Reader { b: extension(bytes, 16)? };
+    let list_len = ext.u16()?;
+    let mut list = Reader { b: ext.take(list_len)? };
+    let mut out = Vec::new();
+    while !list.b.is_empty() {
+        let len = list.u8()?;
+        out.push(list.take(len)?);
+    }
+    Some(out)
+}
+
+/// SNI from a TLS record holding a `ClientHello` (RFC 6066 3).
+fn sni(bytes: &[u8]) -> Option<String> {
+    let mut ext = Reader { b: extension(bytes, 0)? };
+    let list_len = ext.u16()?;
+    let mut list = Reader { b: ext.take(list_len)? };
+    while !list.b.is_empty() {
+        let name_type = list.u8()?;
+        let name_len = list.u16()?;
+        let name = list.take(name_len)?;
+        if name_type == 0 {
+            return host_name(name);
+        }
+    }
+    None
 }
 
 /// Methods whose `Host` names the origin the connection goes to.
 const METHODS: &[&[u8]] = &[b"GET", b"POST", b"PUT", b"HEAD", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE"];
 
-/// `Host` of an HTTP/1.x request in origin form (RFC 9112 3, 3.2).
-fn http_host(bytes: &[u8]) -> Option<String> {
+/// An HTTP/1.x request line (RFC 9112 3): its target and where the
+/// headers start.
+fn request_line(bytes: &[u8]) -> Option<(&[u8], usize)> {
     let line_end = find(bytes, b"\r\n")?;
     let line = &bytes[..line_end];
     let mut parts = line.split(|&b| b == b' ');
@@ -132,12 +200,18 @@ fn http_host(bytes: &[u8]) -> Option<String> {
     if parts.next().is_some() || !METHODS.contains(&method) || !version.starts_with(b"HTTP/1.") {
         return None;
     }
+    Some((target, line_end + 2))
+}
+
+/// `Host` of an HTTP/1.x request in origin form (RFC 9112 3.2).
+fn http_host(bytes: &[u8]) -> Option<String> {
+    let (target, headers) = request_line(bytes)?;
     // Origin form ("/path") or `OPTIONS *`: an absolute URI or `CONNECT`
     // goes to a proxy, whose name this is not.
     if !(target.starts_with(b"/") || target == b"*") {
         return None;
     }
-    let mut rest = &bytes[line_end + 2..];
+    let mut rest = &bytes[headers..];
     loop {
         // A header counts only whole: its line must end inside the capture.
         let end = find(rest, b"\r\n")?;

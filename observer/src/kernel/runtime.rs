@@ -9,7 +9,11 @@
 //!   stay in the binary even when stripped (`pclntab`);
 //! - `java`, `node`, `python3`, `nginx`, `haproxy` and `envoy` by the
 //!   executable's name; for a JVM, the class path on its command line names
-//!   the pool libraries (`OkHttp`, Apache `HttpClient`, `HikariCP`).
+//!   the pool libraries (`OkHttp`, Apache `HttpClient`, `HikariCP`,
+//!   grpc-java by its `grpc-api` jar); for Python, the mapped extension
+//!   modules (grpcio's `cygrpc`); a Go binary shows grpc-go by its
+//!   `ClientConn` functions. grpc-js in Node cannot be told (no mapping or
+//!   symbol shows it): the generic rule.
 //!
 //! Reading `/proc/PID/exe` of another user's process needs
 //! `CAP_SYS_PTRACE`; without it only the process name tells, and a Go
@@ -29,8 +33,9 @@ const MAX_EXE_BYTES: u64 = 512 << 20;
 pub struct ClientRuntime {
     /// `go`, `jvm`, `node`, `python`, `nginx`, `haproxy`, `envoy`.
     pub runtime: String,
-    /// Pool libraries seen: `net/http`, `database/sql`, `pgx` (Go);
-    /// `okhttp`, `httpclient`, `hikaricp` (JVM).
+    /// Pool libraries seen: `net/http`, `database/sql`, `pgx`, `grpc-go`
+    /// (Go); `okhttp`, `httpclient`, `hikaricp`, `grpc-java` (JVM);
+    /// `grpcio` (Python).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub libraries: Vec<String>,
 }
@@ -38,12 +43,35 @@ pub struct ClientRuntime {
 /// Go libraries with a pool: (name, what shows it in the binary).
 const GO_LIBRARIES: &[(&str, &[u8])] = &[
     ("net/http", b"net/http.(*Transport).roundTrip"),
+    ("grpc-go", b"google.golang.org/grpc.(*ClientConn).Invoke"),
     ("database/sql", b"database/sql.(*DB).conn"),
     ("pgx", b"github.com/jackc/pgx"),
 ];
 
 /// JVM pool libraries: (name, what their jar or package is called).
-const JVM_LIBRARIES: &[(&str, &str)] = &[("okhttp", "okhttp"), ("httpclient", "httpclient"), ("hikaricp", "hikaricp")];
+const JVM_LIBRARIES: &[(&str, &str)] =
+    &[("okhttp", "okhttp"), ("httpclient", "httpclient"), ("hikaricp", "hikaricp"), ("grpc-java", "grpc-api")];
+
+/// Python pool libraries a process's mappings show: (name, what their
+/// shared object is called). grpcio's C core is a mapped extension module.
+const PYTHON_LIBRARIES: &[(&str, &str)] = &[("grpcio", "cygrpc")];
+
+/// `/proc/PID/maps` read at most this far (a Python process's is a few
+/// hundred KiB at most).
+const MAX_MAPS_BYTES: u64 = 4 << 20;
+
+/// The libraries whose shared objects `pid` maps, from `table`.
+fn mapped(pid: u32, table: &[(&str, &str)]) -> Vec<String> {
+    use std::io::Read as _;
+    let mut maps = Vec::new();
+    let read =
+        std::fs::File::open(format!("/proc/{pid}/maps")).and_then(|f| f.take(MAX_MAPS_BYTES).read_to_end(&mut maps));
+    if read.is_err() {
+        return Vec::new();
+    }
+    let maps = String::from_utf8_lossy(&maps);
+    table.iter().filter(|(_, n)| maps.contains(n)).map(|(l, _)| (*l).to_owned()).collect()
+}
 
 /// The runtime a process name alone tells.
 fn by_name(name: &str) -> Option<&'static str> {
@@ -76,8 +104,20 @@ fn go_version(bytes: &[u8], at: usize) -> Option<&str> {
     v.starts_with("go1.").then_some(v)
 }
 
+/// The process's name as `ps` shows it: its main thread's name
+/// (`/proc/PID/comm`, readable without `CAP_SYS_PTRACE`). The kernel's
+/// events carry the writing thread's, which for a multithreaded client is
+/// a worker's (`wrk:worker_0` in Envoy, `event_engine` in grpcio,
+/// `HttpClient-1-Wo` in a JDK client).
+#[must_use]
+pub fn process_name(pid: u32) -> Option<String> {
+    let comm = std::fs::read(format!("/proc/{pid}/comm")).ok()?;
+    let name = String::from_utf8_lossy(&comm).trim_end_matches('\n').to_owned();
+    (!name.is_empty()).then_some(name)
+}
+
 /// What a process shows: by its executable's name, its build info, or its
-/// command line.
+/// command line (`comm`: the process's name).
 #[must_use]
 pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
     let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
@@ -90,6 +130,8 @@ pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
             let cmdline = String::from_utf8_lossy(&cmdline).to_ascii_lowercase();
             libraries =
                 JVM_LIBRARIES.iter().filter(|(_, n)| cmdline.contains(n)).map(|(l, _)| (*l).to_owned()).collect();
+        } else if runtime == "python" {
+            libraries = mapped(pid, PYTHON_LIBRARIES);
         }
         return Some(ClientRuntime { runtime: runtime.into(), libraries });
     }
@@ -188,27 +230,36 @@ impl ClientRuntime {
 /// [`ClientRuntime::runtime`] of a process that could not be told.
 pub const UNKNOWN: &str = "unknown";
 
+/// A process as the resolver told it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Process {
+    /// Its name as `ps` shows it ([`process_name`]), else the writing
+    /// thread's when `/proc` no longer has it.
+    pub name: String,
+    pub runtime: ClientRuntime,
+}
+
 #[derive(Debug)]
 enum Entry {
     /// Queued for the resolver.
-    Pending {
-        comm: String,
-    },
+    Pending,
     Known {
         ino: u64,
-        comm: String,
-        runtime: ClientRuntime,
+        process: Process,
         checked: std::time::Instant,
     },
 }
 
 type Cache = std::sync::Arc<std::sync::Mutex<HashMap<u32, Entry>>>;
 
-/// Runtimes by process. Telling one may read its whole executable (a Go
-/// binary's function names), so a resolver thread does it: the event path
-/// only looks up the cache (no syscall), and a process is queued when it
-/// connects or first writes, long before its first reuse. Bounded: at most
-/// [`MAX_CACHED`] processes (a full cache starts over) and [`QUEUE`] waiting.
+/// Processes (name and runtime) by pid. Telling one may read its whole
+/// executable (a Go binary's function names), so a resolver thread does
+/// it: the event path only looks up the cache (no syscall), and a process
+/// is queued when it connects or first writes, long before its first
+/// reuse. Keyed by pid alone (every thread of a process writes under its
+/// own name); a reused pid is told anew at the next recheck, by its
+/// executable. Bounded: at most [`MAX_CACHED`] processes (a full cache
+/// starts over) and [`QUEUE`] waiting.
 #[derive(Debug)]
 pub struct Runtimes {
     cache: Cache,
@@ -237,55 +288,67 @@ impl Runtimes {
         Self { cache, queue }
     }
 
-    /// The runtime of `pid` (named `comm`) as far as it is known now:
-    /// `None` while it is being told (the process is queued), else what it
-    /// is ([`ClientRuntime::unknown`] when it cannot be told). A process
-    /// that exited keeps what it was; a reused pid (another executable or
-    /// name) is told anew.
-    pub fn of(&self, pid: u32, comm: &str) -> Option<ClientRuntime> {
+    /// Process `pid` (whose thread `comm` wrote) as far as it is known
+    /// now: `None` while it is being told (the process is queued), else
+    /// its name and runtime ([`ClientRuntime::unknown`] when that cannot be
+    /// told). A process that exited keeps what it was.
+    pub fn of(&self, pid: u32, comm: &str) -> Option<Process> {
         if pid == 0 {
             return None;
         }
         let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = std::time::Instant::now();
         match cache.get_mut(&pid) {
-            Some(Entry::Known { comm: c, runtime, checked, .. }) if c == comm => {
+            Some(Entry::Known { process, checked, .. }) => {
                 if now.duration_since(*checked) >= RECHECK {
                     // Recheck in the resolver; meanwhile the known answer.
                     *checked = now;
                     let _ = self.queue.try_send((pid, comm.to_owned()));
                 }
-                return Some(runtime.clone());
+                return Some(process.clone());
             }
-            Some(Entry::Pending { comm: c }) if c == comm => return None,
-            _ => {}
+            Some(Entry::Pending) => return None,
+            None => {}
         }
         if cache.len() >= MAX_CACHED {
             cache.clear();
         }
         if self.queue.try_send((pid, comm.to_owned())).is_ok() {
-            cache.insert(pid, Entry::Pending { comm: comm.to_owned() });
+            cache.insert(pid, Entry::Pending);
         }
         None
+    }
+
+    /// The name of `pid` if the resolver knows it (no queueing: for views
+    /// of sockets, whose processes the events queued already).
+    pub fn known_name(&self, pid: u32) -> Option<String> {
+        let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match cache.get(&pid) {
+            Some(Entry::Known { process, .. }) => Some(process.name.clone()),
+            _ => None,
+        }
     }
 }
 
 /// The resolver's step: tell `pid` unless the cache already knows it (the
-/// same executable, or the process has exited).
+/// same executable and name, or the process has exited). `comm` is the
+/// writing thread's name, used only when `/proc` has no name for it.
 fn resolve(cache: &Cache, pid: u32, comm: &str) {
     let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
+    let name = process_name(pid);
     {
         let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(Entry::Known { ino: i, comm: known, checked, .. }) = c.get_mut(&pid) {
-            if known == comm && (ino == 0 || ino == *i) {
+        if let Some(Entry::Known { ino: i, process, checked }) = c.get_mut(&pid) {
+            if (ino == 0 || ino == *i) && name.as_ref().is_none_or(|n| *n == process.name) {
                 *checked = std::time::Instant::now();
                 return;
             }
         }
     }
-    let runtime = of_process(pid, comm).unwrap_or_else(ClientRuntime::unknown);
+    let name = name.unwrap_or_else(|| comm.to_owned());
+    let runtime = of_process(pid, &name).unwrap_or_else(ClientRuntime::unknown);
     let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    c.insert(pid, Entry::Known { ino, comm: comm.to_owned(), runtime, checked: std::time::Instant::now() });
+    c.insert(pid, Entry::Known { ino, process: Process { name, runtime }, checked: std::time::Instant::now() });
 }
 
 #[cfg(test)]
@@ -363,8 +426,17 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
         };
-        assert!(wait(std::process::id(), "observer-test").is_unknown());
-        assert_eq!(wait(u32::MAX - 1, "python3"), ClientRuntime { runtime: "python".into(), libraries: vec![] });
+        // This test runs on a thread named after it; the process is named
+        // as `ps` shows it, whatever thread wrote.
+        let me = wait(std::process::id(), "wrk:worker_0");
+        assert!(me.runtime.is_unknown());
+        assert_eq!(Some(me.name.clone()), process_name(std::process::id()));
+        assert_ne!(me.name, "wrk:worker_0");
+        assert_eq!(rt.known_name(std::process::id()), Some(me.name));
+        // Gone from /proc: the writing thread's name is all there is.
+        let python = ClientRuntime { runtime: "python".into(), libraries: vec![] };
+        assert_eq!(wait(u32::MAX - 1, "python3"), Process { name: "python3".into(), runtime: python });
         assert_eq!(rt.of(0, "x"), None);
+        assert_eq!(rt.known_name(u32::MAX - 2), None);
     }
 }

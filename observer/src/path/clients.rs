@@ -1,21 +1,28 @@
 //! The client side of the catalog: for each client runtime observer can
 //! tell ([`crate::kernel::runtime`]), the setting that bounds its pool's
 //! idle time, and the default where one exists, each with its source.
-//! [`fix_settings`] turns a row's runtimes and its measured path timeout
-//! into the fix in the client's own words; a runtime's default above the
-//! path's timeout is a finding of its own.
+//! [`fix_settings`] turns a row's runtimes, the protocols its connections
+//! showed and its measured path timeout into the fix in the client's own
+//! words; a runtime's default above the path's timeout is a finding of its
+//! own. Never another library's knob: a library's setting is named only
+//! where that library was seen in the process, and only on a row whose
+//! protocol it speaks.
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::runtime::ClientRuntime;
+use crate::kernel::{hello::Protocol, runtime::ClientRuntime};
 
 /// One pool setting of one client runtime.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientKnob {
     /// `go`, `jvm`, `node`, `python`, `nginx`, `haproxy`, `envoy`.
     pub runtime: &'static str,
-    /// The library it belongs to (`None`: the runtime's own).
+    /// The library it belongs to (`None`: the runtime's own, named only
+    /// where no library of the runtime was seen).
     pub library: Option<&'static str>,
+    /// The protocol its connections speak (`None`: any); a row whose
+    /// connections showed other protocols only is not told this knob.
+    pub protocol: Option<Protocol>,
     /// How people name the client.
     pub client: &'static str,
     /// The setting, as its documentation spells it.
@@ -32,6 +39,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "go",
         library: Some("net/http"),
+        protocol: None,
         client: "Go net/http",
         setting: "http.Transport.IdleConnTimeout",
         default_seconds: Some(90.0),
@@ -41,6 +49,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "go",
         library: Some("database/sql"),
+        protocol: None,
         client: "Go database/sql",
         setting: "sql.DB.SetConnMaxIdleTime",
         default_seconds: None,
@@ -50,6 +59,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "go",
         library: Some("pgx"),
+        protocol: None,
         client: "Go pgx pool",
         setting: "pgxpool.Config.MaxConnIdleTime",
         default_seconds: Some(1800.0),
@@ -59,6 +69,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "jvm",
         library: Some("okhttp"),
+        protocol: None,
         client: "OkHttp",
         setting: "ConnectionPool keepAliveDuration",
         default_seconds: Some(300.0),
@@ -68,6 +79,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "jvm",
         library: Some("httpclient"),
+        protocol: None,
         client: "Apache HttpClient",
         setting: "HttpClientBuilder.evictIdleConnections",
         default_seconds: None,
@@ -77,6 +89,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "jvm",
         library: Some("hikaricp"),
+        protocol: None,
         client: "HikariCP",
         setting: "idleTimeout / keepaliveTime",
         default_seconds: Some(600.0),
@@ -86,6 +99,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "node",
         library: None,
+        protocol: Some(Protocol::Http1),
         client: "Node.js http.Agent",
         setting: "agentkeepalive freeSocketTimeout",
         default_seconds: None,
@@ -95,6 +109,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "python",
         library: None,
+        protocol: Some(Protocol::Http1),
         client: "Python urllib3 / requests",
         setting: "(none: urllib3 has no pool idle timeout)",
         default_seconds: None,
@@ -104,6 +119,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "nginx",
         library: None,
+        protocol: None,
         client: "nginx upstream",
         setting: "keepalive_timeout (in the upstream block)",
         default_seconds: Some(60.0),
@@ -113,6 +129,7 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "haproxy",
         library: None,
+        protocol: None,
         client: "HAProxy",
         setting: "timeout http-keep-alive / pool-purge-delay",
         default_seconds: Some(5.0),
@@ -122,11 +139,42 @@ pub const CLIENTS: &[ClientKnob] = &[
     ClientKnob {
         runtime: "envoy",
         library: None,
+        protocol: None,
         client: "Envoy cluster",
         setting: "common_http_protocol_options.idle_timeout",
         default_seconds: Some(3600.0),
         advice: "set the cluster's common_http_protocol_options.idle_timeout to at most {rec}",
         source: "envoyproxy.io HttpProtocolOptions.idle_timeout (default 1 h)",
+    },
+    ClientKnob {
+        runtime: "python",
+        library: Some("grpcio"),
+        protocol: Some(Protocol::H2),
+        client: "gRPC Python (grpcio)",
+        setting: "grpc.client_idle_timeout_ms (channel option)",
+        default_seconds: Some(1800.0),
+        advice: "set the channel option grpc.client_idle_timeout_ms to at most {rec}, so the channel drops an idle connection before the path does; grpc.keepalive_time_ms below the path's timeout keeps a NAT's or an L4 balancer's flow alive, not a proxy's own idle timeout",
+        source: "grpc.github.io/grpc/core/group__grpc__arg__keys.html (GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, default 30 min)",
+    },
+    ClientKnob {
+        runtime: "go",
+        library: Some("grpc-go"),
+        protocol: Some(Protocol::H2),
+        client: "grpc-go",
+        setting: "grpc.WithIdleTimeout",
+        default_seconds: Some(1800.0),
+        advice: "dial with grpc.WithIdleTimeout at most {rec}; keepalive.ClientParameters.Time below the path's timeout keeps a NAT's or an L4 balancer's flow alive, not a proxy's own idle timeout",
+        source: "pkg.go.dev/google.golang.org/grpc#WithIdleTimeout (default 30 min)",
+    },
+    ClientKnob {
+        runtime: "jvm",
+        library: Some("grpc-java"),
+        protocol: Some(Protocol::H2),
+        client: "grpc-java",
+        setting: "ManagedChannelBuilder.idleTimeout",
+        default_seconds: Some(1800.0),
+        advice: "build the channel with idleTimeout at most {rec}; keepAliveTime below the path's timeout keeps a NAT's or an L4 balancer's flow alive, not a proxy's own idle timeout",
+        source: "grpc.github.io/grpc-java/javadoc/io/grpc/ManagedChannelBuilder.html#idleTimeout (default 30 min)",
     },
 ];
 
@@ -152,27 +200,32 @@ fn secs(v: f64) -> String {
     crate::units::fmt_secs(v)
 }
 
-/// The fixes for a row's clients: one per catalog entry that fits a
-/// runtime seen (a Go binary without a library found gets net/http's, the
-/// pool Go programs use for HTTP), the generic rule for clients that could
-/// not be told. `path` is the path's timeout (point, else upper bound),
-/// `rec` the recommended pool idle timeout.
+/// The fixes for a row's clients: per runtime seen, the knobs of the
+/// libraries seen in it, else the runtime's own knob, each only where the
+/// row's protocols (`protocols`, empty: unknown) fit it; the generic rule
+/// for clients that could not be told or whose library was not seen.
+/// `path` is the path's timeout (point, else upper bound), `rec` the
+/// recommended pool idle timeout.
 #[must_use]
-pub fn fix_settings(runtimes: &[ClientRuntime], unknown: bool, path: Option<f64>, rec: Option<f64>) -> Vec<FixSetting> {
+pub fn fix_settings(
+    runtimes: &[ClientRuntime],
+    unknown: bool,
+    protocols: &[Protocol],
+    path: Option<f64>,
+    rec: Option<f64>,
+) -> Vec<FixSetting> {
     let Some(rec) = rec else { return Vec::new() };
+    let speaks = |k: &&ClientKnob| protocols.is_empty() || k.protocol.is_none_or(|p| protocols.contains(&p));
     let mut out: Vec<FixSetting> = Vec::new();
+    let mut untold = unknown;
     for rt in runtimes {
-        let fits: Vec<&ClientKnob> = CLIENTS
-            .iter()
-            .filter(|k| k.runtime == rt.runtime)
-            .filter(|k| k.library.is_none_or(|l| rt.libraries.iter().any(|x| x == l)))
-            .collect();
-        let fits = if fits.is_empty() {
-            // A runtime whose pool library was not named: every pool of it.
-            CLIENTS.iter().filter(|k| k.runtime == rt.runtime).collect()
-        } else {
-            fits
-        };
+        let of_runtime = || CLIENTS.iter().filter(|k| k.runtime == rt.runtime).filter(speaks);
+        let mut fits: Vec<&ClientKnob> =
+            of_runtime().filter(|k| k.library.is_some_and(|l| rt.libraries.iter().any(|x| x == l))).collect();
+        if fits.is_empty() {
+            fits = of_runtime().filter(|k| k.library.is_none()).collect();
+        }
+        untold |= fits.is_empty();
         for k in fits {
             if out.iter().any(|f| f.client == k.client) {
                 continue;
@@ -192,7 +245,7 @@ pub fn fix_settings(runtimes: &[ClientRuntime], unknown: bool, path: Option<f64>
             });
         }
     }
-    if unknown || out.is_empty() {
+    if untold || out.is_empty() {
         out.push(FixSetting {
             client: "unknown".to_owned(),
             setting: "the client pool's idle timeout".to_owned(),
@@ -217,26 +270,56 @@ mod tests {
 
     #[test]
     fn go_default_above_the_path_is_a_finding() {
-        let f = fix_settings(&[rt("go", &["net/http"])], false, Some(5.0), Some(4.0));
+        let f = fix_settings(&[rt("go", &["net/http"])], false, &[], Some(5.0), Some(4.0));
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].setting, "http.Transport.IdleConnTimeout");
         assert_eq!(f[0].default_seconds, Some(90.0));
         assert!(f[0].advice.contains("at most 4 s"), "{}", f[0].advice);
         assert_eq!(f[0].finding.as_deref(), Some("Go net/http's default 90 s > the path's 5 s"));
         // A path longer than the default: no finding.
-        let f = fix_settings(&[rt("go", &["net/http"])], false, Some(120.0), Some(96.0));
+        let f = fix_settings(&[rt("go", &["net/http"])], false, &[], Some(120.0), Some(96.0));
         assert_eq!(f[0].finding, None);
     }
 
     #[test]
     fn python_unknown_and_no_number() {
-        let f = fix_settings(&[rt("python", &[])], false, Some(5.0), Some(4.0));
+        let f = fix_settings(&[rt("python", &[])], false, &[], Some(5.0), Some(4.0));
         assert!(f[0].client.starts_with("Python") && f[0].advice.contains("Retry"), "{f:?}");
-        let f = fix_settings(&[], true, Some(5.0), Some(4.0));
+        let f = fix_settings(&[], true, &[], Some(5.0), Some(4.0));
         assert_eq!(f[0].client, "unknown");
         assert!(f[0].advice.contains("at most 4 s"), "{}", f[0].advice);
-        let f = fix_settings(&[rt("go", &[])], true, Some(5.0), Some(4.0));
-        assert_eq!(f.len(), 4, "every Go pool, then the generic rule: {f:?}");
-        assert!(fix_settings(&[rt("go", &[])], false, None, None).is_empty(), "no number, no fix");
+        let f = fix_settings(&[rt("go", &[])], false, &[], Some(5.0), Some(4.0));
+        assert_eq!(f.len(), 1, "a Go binary whose pool library was not seen: the generic rule only: {f:?}");
+        assert_eq!(f[0].client, "unknown");
+        assert!(fix_settings(&[rt("go", &[])], false, &[], None, None).is_empty(), "no number, no fix");
+    }
+
+    #[test]
+    fn never_another_librarys_knob() {
+        // A grpcio client on an h2 row: gRPC's knob, not urllib3's.
+        let f = fix_settings(&[rt("python", &["grpcio"])], false, &[Protocol::H2], Some(3.0), Some(2.4));
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].setting, "grpc.client_idle_timeout_ms (channel option)");
+        assert!(f[0].advice.contains("at most 2.4 s"), "{}", f[0].advice);
+        assert_eq!(f[0].finding.as_deref(), Some("gRPC Python (grpcio)'s default 1800 s > the path's 3 s"));
+        // The same process on an HTTP/1 row (it loaded grpcio, but this
+        // row's connections are not gRPC): Python's HTTP/1 rule, as for
+        // any Python HTTP client, never grpcio's.
+        let f = fix_settings(&[rt("python", &["grpcio"])], false, &[Protocol::Http1], Some(3.0), Some(2.4));
+        assert_eq!(f.iter().map(|k| k.client.as_str()).collect::<Vec<_>>(), vec!["Python urllib3 / requests"]);
+        // Python without grpcio on an h2 row (h2c from an unknown library):
+        // urllib3 speaks HTTP/1 only.
+        let f = fix_settings(&[rt("python", &[])], false, &[Protocol::H2], Some(3.0), Some(2.4));
+        assert_eq!(f[0].client, "unknown", "{f:?}");
+        // A JVM with no pool library on its class path (java.net.http):
+        // not OkHttp's, HttpClient's or HikariCP's.
+        let f = fix_settings(&[rt("jvm", &[])], false, &[], Some(2.0), Some(1.6));
+        assert_eq!(f.iter().map(|k| k.client.as_str()).collect::<Vec<_>>(), vec!["unknown"]);
+        for (runtime, lib, setting) in
+            [("go", "grpc-go", "grpc.WithIdleTimeout"), ("jvm", "grpc-java", "ManagedChannelBuilder.idleTimeout")]
+        {
+            let f = fix_settings(&[rt(runtime, &[lib])], false, &[Protocol::H2], Some(3.0), Some(2.4));
+            assert_eq!(f.iter().map(|k| k.setting.as_str()).collect::<Vec<_>>(), vec![setting]);
+        }
     }
 }

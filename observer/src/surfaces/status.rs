@@ -178,9 +178,12 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
 
 /// The notes under the table for one row: its findings, one per line.
 fn notes(out: &mut String, r: &DestinationRow) {
+    let mut tags = vec![r.id.role.as_str()];
+    tags.extend(r.protocols.iter().map(|p| p.as_str()));
+    let tags = tags.join(", ");
     let who = match r.server_names.first() {
-        Some(n) => format!("{} {} ({})", printable(&n.name), destination_cell(r), r.id.role.as_str()),
-        None => format!("{} ({})", destination_cell(r), r.id.role.as_str()),
+        Some(n) => format!("{} {} ({tags})", printable(&n.name), destination_cell(r)),
+        None => format!("{} ({tags})", destination_cell(r)),
     };
     if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
         let _ = writeln!(out, "{who}: {}", r.recommendation);

@@ -358,8 +358,9 @@ impl Store {
                         let ts = i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX);
                         // The aggregator's own classification: what it
                         // takes as evidence is what a restart rebuilds from,
-                        // and the names (each the first time its row saw it).
-                        if Observed::of(ev).is_some() || ev.server_name.is_some() {
+                        // and the names and protocols (each the first time
+                        // its row saw it).
+                        if Observed::of(ev).is_some() || ev.server_name.is_some() || ev.protocol.is_some() {
                             ev_stmt.execute(params![
                                 ts,
                                 addr.to_string(),

@@ -11,6 +11,9 @@
 //	                                      apart on the default transport's pool
 //	                                      (IdleConnTimeout 90 s), the URL's host
 //	                                      name resolved by the DNS server at DNS
+//	tlstool h2 URL GAPS                   the same on HTTP/2 (the default
+//	                                      transport negotiates h2 by ALPN);
+//	                                      one JSON line per GET: proto, error
 package main
 
 import (
@@ -102,6 +105,24 @@ func main() {
 			io.ReadAll(resp.Body)
 			resp.Body.Close()
 			fmt.Println("status", resp.StatusCode)
+		}
+	case "h2":
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		client := &http.Client{Transport: tr, Timeout: 5 * time.Second}
+		for _, g := range strings.Split(os.Args[3], ",") {
+			time.Sleep(dur(g + "s"))
+			rec := map[string]interface{}{"gap": g}
+			resp, err := client.Get(os.Args[2])
+			if err != nil {
+				rec["error"] = err.Error()
+			} else {
+				io.ReadAll(resp.Body)
+				resp.Body.Close()
+				rec["proto"] = resp.Proto
+			}
+			out, _ := json.Marshal(rec)
+			fmt.Println(string(out))
 		}
 	case "client":
 		var local string

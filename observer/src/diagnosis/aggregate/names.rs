@@ -1,6 +1,7 @@
 //! The names clients used for each destination (TLS SNI, HTTP `Host`),
-//! with how many connections used each: kept apart from the evidence, as
-//! a connection names its destination long before any evidence arrives.
+//! with how many connections used each, and the protocols their first
+//! bytes showed (`http1`, `h2`): kept apart from the evidence, as a
+//! connection names its destination long before any evidence arrives.
 //!
 //! Bounded: [`MAX_NAMES`] names per destination (a name past them is
 //! dropped, and counted in the row's `server_names_dropped`), and names
@@ -23,6 +24,8 @@ pub(crate) struct Names {
     pub(crate) seen: BTreeMap<String, (u64, u64)>,
     /// Connections whose name did not fit.
     pub(crate) dropped: u64,
+    /// Protocol -> (connections, last seen ns); two values at most.
+    pub(crate) protocols: BTreeMap<Protocol, (u64, u64)>,
     pub(crate) last_ns: u64,
 }
 
@@ -37,13 +40,14 @@ impl Names {
 }
 
 impl Aggregator {
-    /// Take a `server_name` event: true when the name is new for its row
-    /// (first sighting, or first since it was forgotten), which is what the
-    /// store keeps.
+    /// Take a `server_name` event: true when its name or protocol is new
+    /// for its row (first sighting, or first since it was forgotten), which
+    /// is what the store keeps.
     pub(crate) fn note_name(&mut self, ev: &SockEvent) -> bool {
-        let (Some((addr, role)), Some(name)) = (destination_of(ev), ev.server_name.as_deref()) else {
+        let Some((addr, role)) = destination_of(ev) else { return false };
+        if ev.server_name.is_none() && ev.protocol.is_none() {
             return false;
-        };
+        }
         let key = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
         let now = self.latest_ns;
         if !self.names.contains_key(&key) && self.names.len() >= 4 * self.config.max_destinations.max(1) {
@@ -53,14 +57,22 @@ impl Aggregator {
         }
         let names = self.names.entry(key).or_default();
         names.last_ns = now;
+        let mut fresh = false;
+        if let Some(p) = ev.protocol {
+            let (count, last) = names.protocols.entry(p).or_insert((0, now));
+            fresh = *count == 0;
+            *count += 1;
+            *last = now;
+        }
+        let Some(name) = ev.server_name.as_deref() else { return fresh };
         if let Some((count, last)) = names.seen.get_mut(name) {
             *count += 1;
             *last = now;
-            return false;
+            return fresh;
         }
         if names.seen.len() >= MAX_NAMES {
             names.dropped += 1;
-            return false;
+            return fresh;
         }
         names.seen.insert(name.to_owned(), (1, now));
         true
@@ -71,8 +83,17 @@ impl Aggregator {
         let window = self.config.window_ns;
         self.names.retain(|_, n| {
             n.seen.retain(|_, &mut (_, last)| now.saturating_sub(last) <= window);
-            !n.seen.is_empty()
+            n.protocols.retain(|_, &mut (_, last)| now.saturating_sub(last) <= window);
+            !n.seen.is_empty() || !n.protocols.is_empty()
         });
+    }
+
+    /// The protocols a row's connections showed, most used first.
+    pub(crate) fn protocols_of(&self, key: &DestKey) -> Vec<Protocol> {
+        let Some(n) = self.names.get(key) else { return Vec::new() };
+        let mut v: Vec<(Protocol, u64)> = n.protocols.iter().map(|(p, &(c, _))| (*p, c)).collect();
+        v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        v.into_iter().map(|(p, _)| p).collect()
     }
 
     /// The names of a row's destination, most used first.

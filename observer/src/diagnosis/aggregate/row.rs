@@ -9,7 +9,7 @@ use super::*;
 
 /// One row from a destination's evidence.
 #[allow(clippy::too_many_lines, reason = "one row, field by field")]
-pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
+pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Protocol>) -> DestinationRow {
     let ev = &st.ev;
     let counts = ev.counts();
     let (reuses, failures) = ev.last_hour(now_ns);
@@ -81,6 +81,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         evidence_bytes: ev.bytes() + st.held_bytes(),
         server_names: Vec::new(),
         server_names_dropped: 0,
+        protocols,
         fix_settings: Vec::new(),
     };
     let judgement = if key.role == Role::Server {
@@ -156,6 +157,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64) -> DestinationRow {
         r.fix_settings = crate::path::clients::fix_settings(
             &runtimes,
             st.unknown_runtime,
+            &r.protocols,
             r.path_idle_timeout_seconds.or(r.path_idle_timeout_upper_seconds),
             r.recommended_pool_idle_timeout_seconds,
         );

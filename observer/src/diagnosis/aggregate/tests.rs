@@ -886,3 +886,32 @@ fn names_are_counted_bounded_and_no_evidence() {
     let rows = table(&mut agg);
     assert!(row(&rows, "10.0.0.2:443").server_names.is_empty());
 }
+
+/// The protocols the first bytes showed are kept per row (fresh, so
+/// stored, the first time), and the fix speaks the row's protocol: a
+/// grpcio client on an h2 row is told gRPC's knob, never urllib3's.
+#[test]
+fn protocols_name_the_row_and_pick_the_fix() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.16:50051";
+    let mut hello = ev(0.0, EventKind::ServerName, d, 0.0);
+    hello.protocol = Some(Protocol::H2);
+    agg.ingest(&hello);
+    assert!(agg.take_fresh_name(), "a protocol new to its row is stored");
+    agg.ingest(&hello);
+    assert!(!agg.take_fresh_name(), "and only the first time");
+    let grpcio = ClientRuntime { runtime: "python".into(), libraries: vec!["grpcio".into()] };
+    let mut ts = 1.0;
+    for (idle, outcome) in [(1.0, Outcome::Ok), (2.0, Outcome::Ok), (4.0, Outcome::Stall), (4.5, Outcome::Stall)] {
+        let mut e = reuse(ts, d, idle, outcome);
+        e.client_runtime = Some(grpcio.clone());
+        agg.ingest(&e);
+        ts += 10.0;
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.protocols, vec![Protocol::H2]);
+    assert_eq!(r.verdict, Verdict::Mismatch);
+    let clients: Vec<&str> = r.fix_settings.iter().map(|f| f.client.as_str()).collect();
+    assert_eq!(clients, vec!["gRPC Python (grpcio)"], "{:?}", r.fix_settings);
+}

@@ -338,8 +338,9 @@ impl Probes {
         let mut n = 0;
         while let Some(item) = self.ring.next() {
             let ev = decode_bytes(&item, self.clock);
-            // First bytes that named nothing: parsed, dropped, no event.
-            if matches!(&ev, Ok(e) if e.kind == EventKind::ServerName && e.server_name.is_none()) {
+            // First bytes that told nothing: parsed, dropped, no event.
+            if matches!(&ev, Ok(e) if e.kind == EventKind::ServerName && e.server_name.is_none() && e.protocol.is_none())
+            {
                 continue;
             }
             f(ev);

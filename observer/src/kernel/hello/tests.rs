@@ -125,10 +125,42 @@ fn only_the_first_hello_bytes_count() {
     assert_eq!(server_name(&req), None, "a Host past the captured bytes is not read");
 }
 
+fn alpn_ext(protocols: &[&[u8]]) -> Vec<u8> {
+    let mut list = Vec::new();
+    for p in protocols {
+        list.push(u8::try_from(p.len()).unwrap());
+        list.extend_from_slice(p);
+    }
+    let mut body = u16::try_from(list.len()).unwrap().to_be_bytes().to_vec();
+    body.extend_from_slice(&list);
+    ext(16, &body)
+}
+
+#[test]
+fn the_protocol_from_the_preface_the_request_line_or_alpn() {
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\x24\x04\0\0\0\0\0";
+    assert_eq!(protocol(preface), Some(Protocol::H2));
+    assert_eq!(server_name(preface), None, "the preface names nothing");
+    assert_eq!(protocol(b"GET /x HTTP/1.1\r\nHost: a.example\r\n\r\n"), Some(Protocol::Http1));
+    assert_eq!(protocol(b"CONNECT a.example:443 HTTP/1.1\r\n\r\n"), None, "not a method of ours");
+    let grpc = client_hello(&[sni_ext(b"api.example"), alpn_ext(&[b"h2"])]);
+    assert_eq!(protocol(&grpc), Some(Protocol::H2));
+    assert_eq!(server_name(&grpc), Some(named("api.example", NameSource::Sni)));
+    let h1 = client_hello(&[alpn_ext(&[b"http/1.1"])]);
+    assert_eq!(protocol(&h1), Some(Protocol::Http1));
+    // Go's net/http offers both: the server chooses, so nothing is told.
+    assert_eq!(protocol(&client_hello(&[alpn_ext(&[b"h2", b"http/1.1"])])), None);
+    assert_eq!(protocol(&client_hello(&[sni_ext(b"a.example")])), None, "no ALPN");
+    let cut = &grpc[..grpc.len() - 2];
+    assert_eq!(protocol(cut), None, "an ALPN extension cut by the capture tells nothing");
+    assert_eq!(protocol(&[0, 0, 0, 8, 4, 210, 22, 47]), None);
+}
+
 proptest! {
     #[test]
     fn any_bytes_parse_without_panic(bytes in proptest::collection::vec(any::<u8>(), 0..700)) {
         let _ = server_name(&bytes);
+        let _ = protocol(&bytes);
     }
 
     #[test]
