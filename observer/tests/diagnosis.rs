@@ -227,12 +227,16 @@ fn check_path_observed(daemon: &Daemon, server: &str) -> Result<()> {
     };
     let (code, out) = run("60s")?;
     assert_eq!(code, 1, "{out}");
-    assert!(
-        out.contains("[observed]")
-            && out.contains("declared with an idle timeout of 60 s")
-            && out.contains("measured 2"),
-        "{out}"
-    );
+    assert!(out.contains("[observed]") && out.contains("declared with an idle timeout of 60 s"), "{out}");
+    // The measurement printed is the point, which lies inside the interval
+    // (under TCG nginx's earliest close came at 1.996 s).
+    let measured: f64 = out
+        .split("but observer measured ")
+        .nth(1)
+        .and_then(|r| r.split(" s").next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("a measured number: {out}"))?;
+    assert!((measured - 2.0).abs() <= 0.1, "measured {measured}: {out}");
     let (_, out) = run("2s")?;
     assert!(!out.contains("[observed]") && out.contains("agree"), "{out}");
     eprintln!("MEASURED path --observed: {}", out.lines().find(|l| l.contains("agree")).unwrap_or_default());

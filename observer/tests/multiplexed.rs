@@ -247,8 +247,12 @@ fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Resu
     ensure!((paths[0].0 - 2.0).abs() < common::tolerance(0.1), "nginx A's 2 s: {seen}");
     ensure!((paths[1].0 - 4.0).abs() < common::tolerance(0.1), "HAProxy's 4 s in front of B: {seen}");
     ensure!(failed > 0 && usize::try_from(r.failures)? == failed, "the {failed} failures the clients saw: {seen}");
+    // 0.8 x the smallest path as measured (nginx's 2 s timer fires a
+    // millisecond late under TCG: 2.0008 s gives 1.601 s), never the 4 s.
     let rec = r.recommended_pool_idle_timeout_seconds.context("a number")?;
-    ensure!(rec <= 1.6 + 1e-9, "recommended {rec}, above 0.8 x the smallest path's 2 s: {seen}");
+    let smallest = r.path_idle_timeout_seconds.context("the smallest path's point")?;
+    ensure!((smallest - paths[0].0).abs() <= 0.05 * paths[0].0, "the point is the smallest path's: {seen}");
+    ensure!(rec <= 0.8 * smallest + 0.0005, "recommended {rec}, above 0.8 x the smallest path's {smallest}: {seen}");
     ensure!(r.verdict == Verdict::Mismatch, "{seen}");
     Ok(())
 }
