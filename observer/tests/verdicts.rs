@@ -21,25 +21,35 @@ use observer::{
 /// `python3 HTTP_LOAD HOST PORT CONNS COUNT GAP`: CONNS keep-alive
 /// connections in parallel, COUNT requests each, GAP s apart; prints the
 /// number of answered requests.
+/// `python3 HTTP_LOAD HOST PORT CONNS COUNT GAP`: CONNS threads, each
+/// COUNT requests GAP apart on one keep-alive connection; prints `answered
+/// failed`. A request that fails (a thread starved past nginx's keep-alive
+/// under TCG finds the connection closed) is counted, and the thread goes
+/// on with a fresh connection.
 const HTTP_LOAD: &str = r#"
 import http.client, sys, threading, time
 host, port, conns, count, gap = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5])
 done = []
 def run():
     c = http.client.HTTPConnection(host, port, timeout=10)
-    n = 0
+    n = failed = 0
     for _ in range(count):
-        c.request("GET", "/")
-        r = c.getresponse()
-        r.read()
-        n += 1
+        try:
+            c.request("GET", "/")
+            r = c.getresponse()
+            r.read()
+            n += 1
+        except (OSError, http.client.HTTPException):
+            failed += 1
+            c.close()
+            c = http.client.HTTPConnection(host, port, timeout=10)
         time.sleep(gap)
     c.close()
-    done.append(n)
+    done.append((n, failed))
 ts = [threading.Thread(target=run) for _ in range(conns)]
 for t in ts: t.start()
 for t in ts: t.join()
-print(sum(done), flush=True)
+print(sum(d[0] for d in done), sum(d[1] for d in done), flush=True)
 "#;
 
 fn client_row(rows: &[DestinationRow], dest: &str) -> Result<DestinationRow> {
@@ -86,7 +96,10 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     // last requests, which is why `settle` waits for the last event.)
     let load = script(HTTP_LOAD)?;
     let out = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 40 300 0.06", load.display(), topo.server_v4))?;
-    ensure!(out.trim() == "12000", "answered: {out}");
+    let counts: Vec<u64> = out.split_whitespace().filter_map(|v| v.parse().ok()).collect();
+    let [answered, flood_failed] = counts[..] else { bail!("the load client: {out}") };
+    ensure!(answered + flood_failed == 12_000, "every request answered or failed: {out}");
+    ensure!(flood_failed <= 120, "the flood itself mostly succeeds: {out}");
     let after = client_row(&settle(&daemon)?, &dest)?;
     eprintln!(
         "MEASURED burst then flood: before [{}, {:?}] point {:?} failures {} verdict {}; after [{}, {:?}] point {:?} failures {} reuses {} verdict {} evidence_bytes {}",
@@ -141,8 +154,21 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
             before.reuses_window
         );
     }
-    assert_eq!(after.failures_window, before.failures_window, "no failure evicted");
-    assert_eq!(after.path_idle_timeout_upper_seconds, before.path_idle_timeout_upper_seconds);
+    // No failure evicted, and the flood's own failures (threads starved
+    // past nginx's keep-alive under TCG) counted, each of them.
+    assert_eq!(after.failures_window, before.failures_window + flood_failed, "no failure evicted");
+    // Exactly as before, unless the flood's own failures (more closes at
+    // nginx's 3 s) added evidence: then within 2 %.
+    let same = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if flood_failed > 0 => (a - b).abs() <= 0.02 * b,
+        _ => a == b,
+    };
+    assert!(
+        same(after.path_idle_timeout_upper_seconds, before.path_idle_timeout_upper_seconds),
+        "upper {:?} against {:?}",
+        after.path_idle_timeout_upper_seconds,
+        before.path_idle_timeout_upper_seconds
+    );
     // The lower bound is the longest idle answered: the flood's requests
     // idle 60 ms or a little more, but a thread starved for seconds on a
     // loaded 2-CPU guest under TCG once reused after 2.30 s, answered (the
@@ -155,9 +181,19 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
         "lower bound {lower} against [{}, {upper}]",
         before.path_idle_timeout_lower_seconds
     );
-    assert_eq!(after.path_idle_timeout_seconds, before.path_idle_timeout_seconds);
+    assert!(
+        same(after.path_idle_timeout_seconds, before.path_idle_timeout_seconds),
+        "point {:?} against {:?}",
+        after.path_idle_timeout_seconds,
+        before.path_idle_timeout_seconds
+    );
     assert_eq!(after.verdict, Verdict::Mismatch);
-    assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
+    assert!(
+        same(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds),
+        "recommended {:?} against {:?}",
+        after.recommended_pool_idle_timeout_seconds,
+        before.recommended_pool_idle_timeout_seconds
+    );
     assert!(after.evidence_bytes <= observer::diagnosis::evidence::MAX_BYTES, "{} bytes", after.evidence_bytes);
     Ok(())
 }
