@@ -69,6 +69,7 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+#[allow(clippy::too_many_lines, reason = "one scenario: the burst, the flood, and what must hold after it")]
 fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     let topo = Topology::pair("vburst")?;
     let dir = tempfile::tempdir()?;
