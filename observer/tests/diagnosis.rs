@@ -72,7 +72,7 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
 fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &std::path::Path) -> Result<()> {
     let status = daemon.terminate()?;
     ensure!(status.success(), "daemon exit {status}");
-    let out = Command::new(OBSERVER).args(["analyze", "--json"]).arg(recording).output()?;
+    let out = Command::new(*OBSERVER).args(["analyze", "--json"]).arg(recording).output()?;
     ensure!(out.status.success(), "analyze: {}", String::from_utf8_lossy(&out.stderr));
     let mut offline: Vec<DestinationRow> = serde_json::from_slice(&out.stdout)?;
     let mut live = live.to_vec();
@@ -219,7 +219,7 @@ fn check_path_observed(daemon: &Daemon, server: &str) -> Result<()> {
             &f,
             format!("[[hop]]\nname = \"client\"\nkind = \"urllib3\"\n\n[[hop]]\nname = \"backend nginx\"\nidle_timeout = \"{declared}\"\naddress = \"{server}:8080\"\n"),
         )?;
-        let out = Command::new(OBSERVER)
+        let out = Command::new(*OBSERVER)
             .args(["path", "check", "--observed", "--addr", &daemon.http_addr()?])
             .arg(&f)
             .output()?;
@@ -294,7 +294,7 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
 /// `observer report` from the store the daemon left behind states the
 /// failure mode and an interval containing the configured timeout.
 fn check_report(data: &std::path::Path, dest: &str, t: f64, mode: FailureMode) -> Result<()> {
-    let out = Command::new(OBSERVER)
+    let out = Command::new(*OBSERVER)
         .args(["report", "--destination", dest, "--format", "json", "--data-dir"])
         .arg(data)
         .output()?;
@@ -306,7 +306,7 @@ fn check_report(data: &std::path::Path, dest: &str, t: f64, mode: FailureMode) -
     let upper = s["path_idle_timeout_upper_seconds"].as_f64().context("upper")?;
     assert!(lower - PRECISION <= t && t <= upper + PRECISION, "report interval [{lower}, {upper}] excludes {t}");
     let text = s["failure_mode_text"].as_str().unwrap_or_default();
-    let html = Command::new(OBSERVER).args(["report", "--destination", dest, "--data-dir"]).arg(data).output()?;
+    let html = Command::new(*OBSERVER).args(["report", "--destination", dest, "--data-dir"]).arg(data).output()?;
     ensure!(html.status.success());
     eprintln!("MEASURED report {dest}: \"{text}\", [{lower:.3}, {upper:.3}] s, html {} bytes", html.stdout.len());
     Ok(())
@@ -533,7 +533,7 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     // Let the store's writer flush (every 500 ms), then report per namespace.
     std::thread::sleep(Duration::from_secs(2));
     let report = |extra: &[&str]| -> Result<std::process::Output> {
-        Ok(Command::new(OBSERVER)
+        Ok(Command::new(*OBSERVER)
             .args(["report", "--destination", dest, "--format", "json", "--data-dir"])
             .arg(data.path())
             .args(extra)
@@ -563,7 +563,7 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     )?;
     let addr = daemon.http_addr()?;
     let check = |extra: &[&str]| -> Result<serde_json::Value> {
-        let o = Command::new(OBSERVER)
+        let o = Command::new(*OBSERVER)
             .args(["path", "check", "--observed", "--output", "json", "--addr", &addr])
             .arg(&path)
             .args(extra)

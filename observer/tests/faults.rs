@@ -21,13 +21,11 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{script, sh, start_server_here, Daemon, ECHO_SERVER};
+use common::{script, sh, start_server_here, Daemon, ECHO_SERVER, OBSERVER};
 use observer::{
     kernel::event::{EventKind, Role, SockEvent},
     surfaces::store::Store,
 };
-
-const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
 
 /// A tmpfs mounted for one test, unmounted on drop (also on failure).
 struct Mount {
@@ -158,7 +156,7 @@ fn program_ids(stderr: &[String]) -> Vec<u32> {
 fn events_to_a_closed_pipe_end_the_run_cleanly() -> Result<()> {
     let data = tempfile::tempdir()?;
     let (_server, port, _py) = echo_server()?;
-    let mut child = Command::new(OBSERVER)
+    let mut child = Command::new(*OBSERVER)
         .args(["run", "--events=json", "--connections", "--metrics-addr", "127.0.0.1:0", "--data-dir"])
         .arg(data.path())
         .stdout(Stdio::piped())
@@ -346,7 +344,7 @@ fn unusable_data_dirs_are_one_line_errors() -> Result<()> {
         let file = dir.join("evidence.sqlite");
         let before = std::fs::read(&file).ok();
         let out =
-            Command::new(OBSERVER).args(["run", "--metrics-addr", "127.0.0.1:0", "--data-dir"]).arg(dir).output()?;
+            Command::new(*OBSERVER).args(["run", "--metrics-addr", "127.0.0.1:0", "--data-dir"]).arg(dir).output()?;
         let err = String::from_utf8_lossy(&out.stderr);
         let last = err.lines().last().unwrap_or_default();
         ensure!(out.status.code() == Some(1), "{want}: exit {:?}: {err}", out.status);
@@ -385,9 +383,10 @@ fn a_command_whose_reader_goes_away_ends_quietly() -> Result<()> {
     let out = Command::new("sh")
         .arg("-c")
         .arg(format!(
-            "{OBSERVER} analyze --json {} | head -c 1 >/dev/null; {OBSERVER} analyze --json {} | wc -c",
+            "{o} analyze --json {} | head -c 1 >/dev/null; {o} analyze --json {} | wc -c",
             rec.display(),
-            rec.display()
+            rec.display(),
+            o = *OBSERVER
         ))
         .output()?;
     let err = String::from_utf8_lossy(&out.stderr);

@@ -219,7 +219,7 @@ fn runs_as_an_unprivileged_user_with_capabilities() -> Result<()> {
     sh(&format!("chown 65534:65534 {}", empty.path().display()))?;
     let mut cmd = as_nobody_with("bpf,net_admin");
     cmd.extend([
-        common::OBSERVER.to_owned(),
+        (*common::OBSERVER).to_owned(),
         "run".into(),
         "--data-dir".into(),
         empty.path().display().to_string(),

@@ -163,7 +163,7 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
     assert!(finding.starts_with("Go net/http's default 90 s > the path's 5"), "{finding}");
     assert!(r.fix_settings.iter().all(|f| f.client != "unknown"), "every reuse was Go's: {:?}", r.fix_settings);
     // Status: the NAME column first, and the finding among the notes.
-    let status = Command::new(OBSERVER).args(["status", "--addr", &daemon.http_addr()?]).output()?;
+    let status = Command::new(*OBSERVER).args(["status", "--addr", &daemon.http_addr()?]).output()?;
     let text = String::from_utf8_lossy(&status.stdout);
     let line = text.lines().find(|l| l.contains(&dest)).with_context(|| format!("status: {text}"))?;
     assert!(line.starts_with(name), "{text}");
@@ -186,7 +186,7 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
         &path,
         format!("[[hop]]\nname = \"client\"\nclient = true\nidle_timeout = \"90s\"\n\n[[hop]]\nname = \"partner\"\nidle_timeout = \"60s\"\naddress = \"{name}:8443\"\n"),
     )?;
-    let check = Command::new(OBSERVER)
+    let check = Command::new(*OBSERVER)
         .args(["path", "check", "--observed", "--addr", &daemon.http_addr()?])
         .arg(&path)
         .output()?;
@@ -194,7 +194,7 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
     assert!(said.contains("[observed]") && said.contains(&format!("{name}:8443 ({dest})")), "{said}");
     // The report is headed by the name (the store's writer flushes every 500 ms).
     std::thread::sleep(Duration::from_secs(2));
-    let report = Command::new(OBSERVER)
+    let report = Command::new(*OBSERVER)
         .args(["report", "--destination", &dest, "--format", "md", "--data-dir"])
         .arg(data.path())
         .output()?;

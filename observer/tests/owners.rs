@@ -189,11 +189,11 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
 #[test]
 #[ignore = "needs root (the capability check comes first): run `cargo xtask test`"]
 fn bad_filters_are_named() -> Result<()> {
-    let out = Command::new(OBSERVER).args(["run", "--cgroup", "/no/such/cgroup"]).output()?;
+    let out = Command::new(*OBSERVER).args(["run", "--cgroup", "/no/such/cgroup"]).output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("--cgroup /no/such/cgroup"), "{err}");
-    let out = Command::new(OBSERVER).args(["run", "--netns", "/run/netns/no-such-namespace"]).output()?;
+    let out = Command::new(*OBSERVER).args(["run", "--netns", "/run/netns/no-such-namespace"]).output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(err.contains("--netns /run/netns/no-such-namespace") && err.contains("/proc/PID/ns/net"), "{err}");

@@ -272,7 +272,7 @@ fn observed_deadlines_and_the_staircase() -> Result<()> {
         &f,
         format!("[[hop]]\nname = \"client\"\nclient = true\ndeadline = \"30s\"\n\n[[hop]]\nname = \"partner\"\ndeadline = \"10s\"\naddress = \"{dest}\"\n"),
     )?;
-    let out = Command::new(OBSERVER)
+    let out = Command::new(*OBSERVER)
         .args(["path", "check", "--observed", "--addr", &daemon.http_addr()?])
         .arg(&f)
         .output()?;

@@ -379,36 +379,85 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
         "host" => Vec::new(),
         name => vec![vm::kernel(name)?],
     };
-    if kernel == "all" || kernel == "host" {
+    let daemon = release_daemon(&toolchain)?;
+    let host = kernel == "all" || kernel == "host";
+    let image = if host {
         check_kernel()?;
         // The shipped image, for tests/container.rs.
-        let image = package::image(&toolchain)?;
-        // Root tests are #[ignore]d for plain `cargo test`; include them here.
-        // One test at a time: the scenarios measure timing and share the kernel.
+        Some(package::image(&toolchain)?)
+    } else {
+        None
+    };
+    // Every build and download first (host suites, guests' suites, kernels,
+    // the arm64 userland): nothing compiles while a suite measures time.
+    if host {
         status(
             cargo()
-                .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
-                .args(args)
-                .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain)
-                .env("OBSERVER_TEST_IMAGE", &image),
+                .args(["test", "--workspace", "--all-targets", "--no-run"])
+                .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
         )?;
-        println!("test: host suite passed in {:.0}s", started.elapsed().as_secs_f64());
+    }
+    let t = Instant::now();
+    let guests = vms.into_iter().map(|k| vm::fetch(k, &toolchain)).collect::<Result<Vec<_>>>()?;
+    if !guests.is_empty() {
+        println!("test: guests' kernels and packages fetched in {:.0}s", t.elapsed().as_secs_f64());
+    }
+    // The guests build and boot beside the host suites, at the lowest CPU
+    // priority: the host suites mostly wait on idle timers, and their
+    // timing keeps the CPU it needs.
+    let lowest = host;
+    let (host_result, guest_result) = std::thread::scope(|scope| {
+        let guests = scope.spawn(|| {
+            if guests.is_empty() {
+                Ok(())
+            } else {
+                vm::run_all(guests, &toolchain, &daemon, args, lowest)
+            }
+        });
+        let host_result = match &image {
+            Some(image) => host_suites(&toolchain, image, &daemon, args, started),
+            None => Ok(()),
+        };
+        (host_result, guests.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the guests' thread panicked"))))
+    });
+    host_result.context("host suites")?;
+    guest_result.context("kernel matrix")?;
+    if host {
+        // Last, alone on the CPU: they load it.
         // A few seconds of every benchmark, so it cannot rot (no targets asserted).
         apt_install(BENCH_PACKAGES)?;
-        status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
         bench::run(true).context("benchmark smoke run")?;
         soak::run(2.0).context("the two-minute soak")?;
         // The fleet view at a small size: 20 hosts x 20 destinations on a
         // real Prometheus, the fleet interval checked exactly.
         fleet::run(20, 20).context("the fleet simulation (20 hosts x 20 destinations)")?;
     }
-    for k in vms {
-        let t = Instant::now();
-        vm::run(k, &toolchain, args)?;
-        println!("test: {} suite passed in {:.0}s", k.name, t.elapsed().as_secs_f64());
-    }
     println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// The host's suites: unit tests and every root suite against this kernel.
+fn host_suites(toolchain: &str, image: &str, daemon: &Path, args: &[String], started: Instant) -> Result<()> {
+    // Root tests are #[ignore]d for plain `cargo test`; include them here.
+    // One test at a time: the scenarios measure timing and share the kernel.
+    // The suites drive the release daemon, the binary that ships.
+    status(
+        cargo()
+            .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
+            .args(args)
+            .env("OBSERVER_EBPF_TOOLCHAIN", toolchain)
+            .env("OBSERVER_TEST_IMAGE", image)
+            .env("OBSERVER_BIN", daemon),
+    )?;
+    println!("test: host suite passed in {:.0}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Build the release daemon, the binary the root suites drive
+/// (`OBSERVER_BIN`); returns its path.
+fn release_daemon(toolchain: &str) -> Result<std::path::PathBuf> {
+    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", toolchain))?;
+    Ok(workspace_root().join("target/release/observer"))
 }
 
 fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) -> Result<()> {

@@ -98,6 +98,21 @@ pub struct OurSide {
     pub recommendation: String,
     /// The fix in the clients' own terms (see the row's `fix_settings`).
     pub fix_settings: Vec<crate::path::clients::FixSetting>,
+    /// The protocols the connections' first bytes showed (`h2`, `http1`),
+    /// most seen first; empty when none could be told.
+    pub protocols: Vec<crate::kernel::hello::Protocol>,
+}
+
+impl OurSide {
+    /// The protocols as the report prints them.
+    #[must_use]
+    pub fn protocols_text(&self) -> String {
+        if self.protocols.is_empty() {
+            "not told by the first bytes (binary, encrypted without ALPN, or not seen)".to_owned()
+        } else {
+            self.protocols.iter().map(|p| p.as_str()).collect::<Vec<_>>().join(", ")
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -535,6 +550,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             safe_retry_rule: row.safe_retry_rule,
             recommendation: row.recommendation.clone(),
             fix_settings: row.fix_settings.clone(),
+            protocols: row.protocols.clone(),
         },
         failure_probability: probability_bins(&reuses),
         timeline: timeline(&volume, &reuses),

@@ -7,14 +7,19 @@ use std::{
     io::{BufRead, BufReader},
     path::PathBuf,
     process::{Child, Command, Stdio},
-    sync::{mpsc, Arc, Mutex, OnceLock},
+    sync::{mpsc, Arc, LazyLock, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
 use anyhow::{bail, Context as _, Result};
 use observer::kernel::event::SockEvent;
 
-pub const OBSERVER: &str = env!("CARGO_BIN_EXE_observer");
+/// The observer binary under test: `OBSERVER_BIN` when set (`cargo xtask
+/// test` sets it to the release build, the binary that ships and the one
+/// that is fast enough under TCG), else this build's own.
+pub static OBSERVER: LazyLock<&'static str> = LazyLock::new(|| {
+    std::env::var("OBSERVER_BIN").map_or(env!("CARGO_BIN_EXE_observer"), |p| Box::leak(p.into_boxed_str()))
+});
 
 /// How far the kernel's idle age may be from the test client's own clock
 /// (started at the reply's arrival, see `arrived_fn!`): 20 ms, times
@@ -74,8 +79,8 @@ impl Daemon {
             args.extend(["--data-dir", p.as_str()]);
         }
         let (program, pre) = match wrapper.split_first() {
-            Some((p, rest)) => (*p, [rest, &[OBSERVER]].concat()),
-            None => (OBSERVER, Vec::new()),
+            Some((p, rest)) => (*p, [rest, &[*OBSERVER]].concat()),
+            None => (*OBSERVER, Vec::new()),
         };
         let mut child = Command::new(program)
             .args(&pre)
@@ -131,7 +136,7 @@ impl Daemon {
 
     /// `observer status --json` against this daemon.
     pub fn status(&self) -> Result<Vec<observer::diagnosis::aggregate::DestinationRow>> {
-        let out = Command::new(OBSERVER).args(["status", "--json", "--addr", &self.http_addr()?]).output()?;
+        let out = Command::new(*OBSERVER).args(["status", "--json", "--addr", &self.http_addr()?]).output()?;
         if !out.status.success() {
             bail!("observer status failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -241,14 +246,17 @@ impl Netns {
         let names: Vec<String> = (0..count).map(|i| format!("obs-{tag}-{pid}-{i}")).collect();
         let mut ns = Self { names: Vec::new() };
         for n in &names {
-            sh(&format!("ip netns add {n}"))?;
+            // One shell per namespace: under TCG each process costs a
+            // fraction of a second. No duplicate address detection:
+            // addresses (link-local too) are usable at once, so the first
+            // connection is not delayed.
+            let made = sh(&format!(
+                "ip netns add {n} && ip netns exec {n} sh -c 'sysctl -qw net.ipv6.conf.all.accept_dad=0 \
+                 net.ipv6.conf.default.accept_dad=0 && ip link set lo up'"
+            ));
+            // Pushed even on failure: a half-made namespace is removed too.
             ns.names.push(n.clone());
-            // No duplicate address detection: addresses (link-local too)
-            // are usable at once, so the first connection is not delayed.
-            sh(&format!(
-                "ip netns exec {n} sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0"
-            ))?;
-            sh(&format!("ip netns exec {n} ip link set lo up"))?;
+            made?;
         }
         Ok(ns)
     }
@@ -277,12 +285,7 @@ impl Drop for Netns {
     fn drop(&mut self) {
         for n in &self.names {
             // Kill whatever still runs inside, then remove the namespace.
-            if let Ok(pids) = sh(&format!("ip netns pids {n}")) {
-                for pid in pids.split_whitespace() {
-                    let _ = sh(&format!("kill -9 {pid}"));
-                }
-            }
-            let _ = sh(&format!("ip netns del {n}"));
+            let _ = sh(&format!("kill -9 $(ip netns pids {n}) 2>/dev/null; ip netns del {n}"));
         }
     }
 }
@@ -313,9 +316,11 @@ impl Topology {
     pub fn pair(tag: &str) -> Result<Self> {
         let ns = Netns::create(tag, 2)?;
         let (c, s) = (ns.name(0).to_owned(), ns.name(1).to_owned());
-        sh(&format!("ip -n {c} link add c0 type veth peer name s0 netns {s}"))?;
-        sh(&format!("ip -n {c} addr add 10.201.1.2/24 dev c0 && ip -n {c} addr add fd00:201:1::2/64 dev c0 nodad && ip -n {c} link set c0 up"))?;
-        sh(&format!("ip -n {s} addr add 10.201.1.1/24 dev s0 && ip -n {s} addr add fd00:201:1::1/64 dev s0 nodad && ip -n {s} link set s0 up"))?;
+        sh(&format!(
+            "ip -n {c} link add c0 type veth peer name s0 netns {s} && \
+             ip -n {c} addr add 10.201.1.2/24 dev c0 && ip -n {c} addr add fd00:201:1::2/64 dev c0 nodad && ip -n {c} link set c0 up && \
+             ip -n {s} addr add 10.201.1.1/24 dev s0 && ip -n {s} addr add fd00:201:1::1/64 dev s0 nodad && ip -n {s} link set s0 up"
+        ))?;
         Ok(Self {
             ns,
             client: 0,
@@ -334,22 +339,26 @@ impl Topology {
     pub fn routed(tag: &str, ct_timeout_s: u32, verdict: &str) -> Result<Self> {
         let ns = Netns::create(tag, 3)?;
         let (c, r, s) = (ns.name(0).to_owned(), ns.name(1).to_owned(), ns.name(2).to_owned());
-        sh(&format!("ip -n {c} link add c0 type veth peer name r0 netns {r}"))?;
-        sh(&format!("ip -n {s} link add s0 type veth peer name r1 netns {r}"))?;
-        sh(&format!("ip -n {c} addr add 10.201.1.2/24 dev c0 && ip -n {c} addr add fd00:201:1::2/64 dev c0 nodad && ip -n {c} link set c0 up"))?;
-        sh(&format!("ip -n {c} route add default via 10.201.1.1 && ip -n {c} -6 route add default via fd00:201:1::1"))?;
-        sh(&format!("ip -n {s} addr add 10.201.2.2/24 dev s0 && ip -n {s} addr add fd00:201:2::2/64 dev s0 nodad && ip -n {s} link set s0 up"))?;
-        sh(&format!("ip -n {s} route add default via 10.201.2.1 && ip -n {s} -6 route add default via fd00:201:2::1"))?;
-        sh(&format!("ip -n {r} addr add 10.201.1.1/24 dev r0 && ip -n {r} addr add fd00:201:1::1/64 dev r0 nodad && ip -n {r} link set r0 up"))?;
-        sh(&format!("ip -n {r} addr add 10.201.2.1/24 dev r1 && ip -n {r} addr add fd00:201:2::1/64 dev r1 nodad && ip -n {r} link set r1 up"))?;
-        ns.exec(1, "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1")?;
-        ns.exec(1, "nft add table inet observer_test")?;
-        ns.exec(1, "nft add chain inet observer_test forward_filter \"{ type filter hook forward priority 0; policy accept; }\"")?;
-        ns.exec(1, &format!("nft add rule inet observer_test forward_filter ct state invalid {verdict}"))?;
+        sh(&format!(
+            "ip -n {c} link add c0 type veth peer name r0 netns {r} && \
+             ip -n {s} link add s0 type veth peer name r1 netns {r} && \
+             ip -n {c} addr add 10.201.1.2/24 dev c0 && ip -n {c} addr add fd00:201:1::2/64 dev c0 nodad && ip -n {c} link set c0 up && \
+             ip -n {c} route add default via 10.201.1.1 && ip -n {c} -6 route add default via fd00:201:1::1 && \
+             ip -n {s} addr add 10.201.2.2/24 dev s0 && ip -n {s} addr add fd00:201:2::2/64 dev s0 nodad && ip -n {s} link set s0 up && \
+             ip -n {s} route add default via 10.201.2.1 && ip -n {s} -6 route add default via fd00:201:2::1 && \
+             ip -n {r} addr add 10.201.1.1/24 dev r0 && ip -n {r} addr add fd00:201:1::1/64 dev r0 nodad && ip -n {r} link set r0 up && \
+             ip -n {r} addr add 10.201.2.1/24 dev r1 && ip -n {r} addr add fd00:201:2::1/64 dev r1 nodad && ip -n {r} link set r1 up"
+        ))?;
         // The conntrack sysctls exist once the ct expression loaded nf_conntrack.
         ns.exec(
             1,
-            &format!("sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_established={ct_timeout_s} net.netfilter.nf_conntrack_tcp_loose=0"),
+            &format!(
+                "sysctl -qw net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1 && \
+                 nft add table inet observer_test && \
+                 nft add chain inet observer_test forward_filter \"{{ type filter hook forward priority 0; policy accept; }}\" && \
+                 nft add rule inet observer_test forward_filter ct state invalid {verdict} && \
+                 sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_established={ct_timeout_s} net.netfilter.nf_conntrack_tcp_loose=0"
+            ),
         )?;
         Ok(Self {
             ns,

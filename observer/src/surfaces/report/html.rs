@@ -59,6 +59,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
 <tr><th>Pool idle timeout observed</th><td>{pool}</td></tr>
 <tr><th>Longest idle age at which our pool reused a socket</th><td>{maxr}</td></tr>
 <tr><th>Processes talking to the destination</th><td>{procs}</td></tr>
+<tr><th>Protocol</th><td>{protocols}</td></tr>
 <tr><th>Verdict</th><td class="{cls}">{verdict}</td></tr>
 <tr><th>Recommended pool idle timeout</th><td>{rec} (0.8 x the path's idle timeout)</td></tr>
 <tr><th>Recommended maximum connection lifetime</th><td>{life}</td></tr>
@@ -68,6 +69,7 @@ th{{background:#f3f3f3}}.big{{font-size:1.3rem}}.bad{{color:#c0392b}}code{{backg
         pool = opt_secs(o.pool_idle_timeout_seconds),
         maxr = opt_secs(o.pool_max_reuse_idle_seconds),
         procs = esc(&o.process_labels().join(", ")),
+        protocols = esc(&o.protocols_text()),
         cls = if o.verdict.ends_with("mismatch") { "bad" } else { "" },
         verdict = esc(&o.verdict),
         rec = opt_secs(o.recommended_pool_idle_timeout_seconds),

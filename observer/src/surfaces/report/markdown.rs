@@ -58,6 +58,7 @@ pub fn markdown(r: &Report) -> String {
     );
     let procs: Vec<String> = o.process_labels().iter().map(|p| cell(p)).collect();
     let _ = writeln!(m, "| Processes talking to the destination | {} |", procs.join(", "));
+    let _ = writeln!(m, "| Protocol | {} |", o.protocols_text());
     let _ = writeln!(m, "| Verdict | {} |", o.verdict);
     let _ = writeln!(
         m,

@@ -213,3 +213,22 @@ fn a_name_heads_the_report() {
     assert!(markdown(&r).starts_with(&format!("# Idle timeout evidence for `api.partner.example ({DEST})`")));
     assert!(html(&r).contains(&format!("<h1>Idle timeout evidence for <code>api.partner.example ({DEST})</code></h1>")));
 }
+
+/// The protocol the first bytes showed is on the report's side of the
+/// client, in JSON, Markdown and HTML; without one, the report says it
+/// could not be told rather than leaving it out.
+#[test]
+fn the_protocol_is_on_our_side() {
+    let plain = fin_report();
+    assert!(plain.our_side.protocols.is_empty());
+    assert!(markdown(&plain).contains("| Protocol | not told by the first bytes"));
+    let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    let mut hello = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
+    hello.kind = EventKind::ServerName;
+    hello.protocol = Some(crate::kernel::hello::Protocol::H2);
+    events.insert(0, hello);
+    let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
+    assert_eq!(serde_json::to_value(&r).unwrap()["our_side"]["protocols"], serde_json::json!(["h2"]));
+    assert!(markdown(&r).contains("| Protocol | h2 |"));
+    assert!(html(&r).contains("<tr><th>Protocol</th><td>h2</td></tr>"));
+}
