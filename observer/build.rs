@@ -31,12 +31,34 @@ fn main() -> anyhow::Result<()> {
         // SAFETY: build scripts are single threaded here.
         unsafe { env::set_var("RUSTC_BOOTSTRAP", "1") };
     }
-    aya_build::build_ebpf(
+    // One eBPF build for every profile of this workspace (check, debug,
+    // release): the object depends only on the target's architecture
+    // (aya-build always builds it in release), and each build of it takes
+    // minutes. aya-build builds under `OUT_DIR`, so point that at a shared
+    // directory per architecture for the call; its nested cargo locks it.
+    let arch = env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
+    let shared = shared_dir(&out_dir).map_or_else(|| out_dir.clone(), |t| t.join("ebpf").join(&arch));
+    fs::create_dir_all(&shared).with_context(|| format!("creating {}", shared.display()))?;
+    // SAFETY: build scripts are single threaded here.
+    unsafe { env::set_var("OUT_DIR", &shared) };
+    let built = aya_build::build_ebpf(
         [aya_build::Package { name: "observer-ebpf", root_dir: ebpf_dir, ..Default::default() }],
         aya_build::Toolchain::Custom(&toolchain),
-    )
-    .with_context(|| {
+    );
+    // SAFETY: as above.
+    unsafe { env::set_var("OUT_DIR", &out_dir) };
+    built.with_context(|| {
         format!("building the eBPF object with toolchain `{toolchain}` failed; run `cargo xtask setup`, or set AYA_BUILD_SKIP=1 to build without it")
     })?;
+    if shared != out_dir {
+        fs::copy(shared.join("observer"), &object)
+            .with_context(|| format!("copying the eBPF object from {}", shared.display()))?;
+    }
     Ok(())
+}
+
+/// The target directory of this build: the nearest ancestor of `OUT_DIR`
+/// that cargo marked with `CACHEDIR.TAG`.
+fn shared_dir(out_dir: &std::path::Path) -> Option<PathBuf> {
+    out_dir.ancestors().find(|d| d.join("CACHEDIR.TAG").is_file()).map(std::path::Path::to_path_buf)
 }

@@ -604,10 +604,15 @@ fn evidence_behind_a_quiet_establish_is_read_at_once() -> Result<()> {
     let _child = common::Killed(child);
     let mut delays = Vec::new();
     for _ in 0..6 {
-        let line = lines.recv_timeout(Duration::from_secs(10)).context("the client's next connection")?;
+        // Waits for the client, not measurements: scaled for TCG.
+        let line = lines
+            .recv_timeout(Duration::from_secs_f64(common::tolerance(10.0)))
+            .context("the client's next connection")?;
         let seen_from = Instant::now();
         let local: SocketAddr = line.replace(' ', ":").parse()?;
-        daemon.wait_for("the reuse", Duration::from_secs(5), |evs| !reuses_from(evs, local).is_empty())?;
+        daemon.wait_for("the reuse", Duration::from_secs_f64(common::tolerance(5.0)), |evs| {
+            !reuses_from(evs, local).is_empty()
+        })?;
         delays.push(seen_from.elapsed().as_secs_f64());
         writeln!(stdin, "next")?;
     }
