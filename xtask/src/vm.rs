@@ -69,7 +69,7 @@ pub const HOST_ONLY: &[(&str, &str, &str)] = &[
 const SUITE_TIMEOUT_S: u64 = 1200;
 /// The whole VM run, boot included; past it the VM is killed and the run
 /// fails with a message.
-const VM_TIMEOUT: std::time::Duration = std::time::Duration::from_mins(60);
+const VM_TIMEOUT: std::time::Duration = std::time::Duration::from_hours(1);
 const VIRTME_NG: &str = "virtme-ng==1.42";
 
 /// Which guest runs what. Every guest runs `foundation` (attach, detach,
