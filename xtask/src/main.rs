@@ -404,22 +404,22 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
     }
     // The guests build and boot beside the host suites, at the lowest CPU
     // priority: the host suites mostly wait on idle timers, and their
-    // timing keeps the CPU it needs.
-    let lowest = host;
-    let (host_result, guest_result) = std::thread::scope(|scope| {
-        let guests = scope.spawn(|| {
-            if guests.is_empty() {
-                Ok(())
-            } else {
-                vm::run_all(guests, &toolchain, &daemon, args, lowest)
-            }
+    // timing keeps the CPU it needs (alone, a guest keeps the CPU too).
+    let (host_result, guest_result) =
+        std::thread::scope(|scope| {
+            let guests = scope.spawn(|| {
+                if guests.is_empty() {
+                    Ok(())
+                } else {
+                    vm::run_all(guests, &toolchain, &daemon, args, host)
+                }
+            });
+            let host_result = match &image {
+                Some(image) => host_suites(&toolchain, image, &daemon, args, started),
+                None => Ok(()),
+            };
+            (host_result, guests.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the guests' thread panicked"))))
         });
-        let host_result = match &image {
-            Some(image) => host_suites(&toolchain, image, &daemon, args, started),
-            None => Ok(()),
-        };
-        (host_result, guests.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the guests' thread panicked"))))
-    });
     host_result.context("host suites")?;
     guest_result.context("kernel matrix")?;
     if host {
