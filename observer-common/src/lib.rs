@@ -14,6 +14,14 @@ pub const AF_INET6: u16 = 10;
 /// `IPPROTO_TCP`.
 pub const IPPROTO_TCP: u16 = 6;
 
+/// A write of at most this many bytes is a control frame, not a request:
+/// an HTTP/2 `RST_STREAM` or `WINDOW_UPDATE` (13 bytes), a `PING` (17),
+/// alone or in one TLS record (up to 29 bytes more). gRPC writes one of
+/// those at every deadline, and a `PING` at every keep-alive time. On a
+/// stalled connection such a write is no new call; an answered one is a
+/// ping (the `pings` basis of a lower bound).
+pub const CONTROL_FRAME_BYTES: u32 = 48;
+
 /// Kernel TCP states (`include/net/tcp_states.h`), stable ABI.
 pub mod tcp_state {
     pub const ESTABLISHED: i32 = 1;

@@ -36,7 +36,8 @@ const _: () = assert!(core::mem::size_of::<SockRecord>() == SOCK_RECORD_SIZE);
 /// probes keep it in the `DOOMED` map (keyed by socket id): the peer closed
 /// it (`CLOSE_WAIT`) or reset it, or the kernel timed it out (`CLOSE`, the
 /// error pending), with nothing outstanding, and the application has
-/// neither written on it nor closed it since.
+/// neither written on it nor closed it since; or a reuse on it stalled and
+/// the application has neither closed it nor seen the path come back.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DoomedRecord {
@@ -55,7 +56,8 @@ pub struct DoomedRecord {
     pub dport: u16,
     pub family: u16,
     pub role: u8,
-    /// How it died: `dead::FIN`, `dead::RST` or `dead::TIMEOUT`.
+    /// How it died: `dead::FIN`, `dead::RST` or `dead::TIMEOUT`; or
+    /// `dead::STALLED`: a reuse on it stalled and the application keeps it.
     pub how: u8,
     /// Command name of `tgid`, NUL padded.
     pub comm: [u8; 16],

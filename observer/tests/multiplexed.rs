@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use common::{client_records, script, server_port, start_nginx_with, Daemon, Killed, Topology, HTTP_RECONNECTING};
 use observer::{
-    diagnosis::aggregate::{DestinationRow, FailureMode, Verdict},
+    diagnosis::aggregate::{DestinationRow, FailureMode, LowerBasis, Verdict},
     kernel::{event::Role, hello::Protocol},
 };
 
@@ -113,12 +113,13 @@ fn row<'a>(rows: &'a [DestinationRow], dest: &str) -> Result<&'a DestinationRow>
 fn measured(name: &str, ok: usize, failed: usize, r: &DestinationRow) {
     let mixed: Vec<(f64, f64)> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
     eprintln!(
-        "MEASURED {name}: client {ok} ok, {failed} failed; row: reuses {}, failures {}, mode {}, interval [{:.3}, {:?}], point {:?}, mixed {mixed:?}, verdict {}, recommended {:?}, protocols {:?}, processes {:?}",
+        "MEASURED {name}: client {ok} ok, {failed} failed; row: reuses {}, failures {}, mode {}, interval [{:.3}, {:?}], basis {:?}, point {:?}, mixed {mixed:?}, verdict {}, recommended {:?}, protocols {:?}, processes {:?}",
         r.reuses,
         r.failures,
         r.failure_mode.as_str(),
         r.path_idle_timeout_lower_seconds,
         r.path_idle_timeout_upper_seconds,
+        r.path_lower_basis.map(LowerBasis::as_str),
         r.path_idle_timeout_seconds,
         r.verdict.as_str(),
         r.recommended_pool_idle_timeout_seconds,
@@ -142,21 +143,44 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
     let scenarios = vec![
         scenario("reopen", "mxre", "reopen", 0.0, &[1.0, 4.0, 2.0, 4.5, 1.5, 3.8, 2.5, 4.2])?,
         scenario("keep", "mxkp", "keep", 0.0, &[1.0, 2.0, 2.5, 4.0, 1.5, 4.5, 2.0])?,
-        scenario("pinged", "mxpg", "keep", 1.0, &[1.0, 4.0, 2.0, 4.5, 3.5])?,
+        // Gaps half a ping apart from the pings: each call comes about
+        // 0.5 s after a ping, so the longest silences are the pings'.
+        scenario("pinged", "mxpg", "keep", 1.0, &[1.5, 4.5, 2.5, 4.5, 3.5])?,
     ];
-    let mut results = Vec::new();
-    for s in scenarios {
-        let out = s.client.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        ensure!(out.status.success(), "{} client failed: {stdout}{}", s.name, String::from_utf8_lossy(&out.stderr));
-        results.push((s.name, s.dest, calls(&stdout), stdout, s.topo));
-    }
+    // While the clients run, the most dead sockets each destination's
+    // row counted at once (the kernel's table, read every 5 s).
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (results, doomed) = std::thread::scope(|scope| -> Result<_> {
+        let watcher = scope.spawn(|| {
+            let mut most = std::collections::BTreeMap::<String, u64>::new();
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                for r in daemon.status().unwrap_or_default() {
+                    let n = most.entry(r.id.destination.clone()).or_default();
+                    *n = (*n).max(r.doomed_idle_sockets);
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            most
+        });
+        let mut results = Vec::new();
+        for s in scenarios {
+            let out = s.client.wait_with_output()?;
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            ensure!(out.status.success(), "{} client failed: {stdout}{}", s.name, String::from_utf8_lossy(&out.stderr));
+            results.push((s.name, s.dest, calls(&stdout), stdout, s.topo));
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        let doomed = watcher.join().map_err(|_| anyhow::anyhow!("the status watcher panicked"))?;
+        Ok((results, doomed))
+    })?;
     daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
     let rows = daemon.status()?;
     for (name, dest, (ok, failed), stdout, _) in &results {
         let r = row(&rows, dest)?;
         measured(&format!("grpc {name}"), *ok, *failed, r);
-        let client = format!("client said:\n{stdout}\nrow: {r:#?}");
+        let held = doomed.get(dest).copied().unwrap_or(0);
+        eprintln!("MEASURED grpc {name}: most doomed_idle_sockets seen at once: {held}");
+        let client = format!("client said:\n{stdout}\nmost doomed at once: {held}\nrow: {r:#?}");
         // The connection preface told HTTP/2; the process is named as `ps`
         // shows it, not by grpcio's writing threads.
         ensure!(r.protocols == vec![Protocol::H2], "h2 from the preface: {client}");
@@ -165,7 +189,15 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
             ensure!(*failed == 0, "pings every second keep the NAT's flow: {client}");
             ensure!(r.failures == 0 && r.verdict != Verdict::Mismatch, "no failure, no mismatch: {client}");
             ensure!(r.recommended_pool_idle_timeout_seconds.is_none(), "no timeout shown, no number: {client}");
+            ensure!(held == 0, "a pinged connection is never doomed: {client}");
+            ensure!(r.path_lower_basis == Some(LowerBasis::Pings), "the lower bound rests on the pings: {client}");
+            ensure!(r.recommendation.contains("while pinged about every"), "says it was pinged: {client}");
             continue;
+        }
+        if *name == "keep" {
+            // After its stall the channel holds the connection for seconds
+            // (the next gaps), and every call on it fails.
+            ensure!(held >= 1, "the stalled connection the channel holds is doomed: {client}");
         }
         ensure!(*failed >= 3, "the NAT made calls fail: {client}");
         ensure!(usize::try_from(r.failures)? == *failed, "every failed call counted ({failed}): {client}");

@@ -20,31 +20,42 @@ pub(crate) fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
         d |= dead::IDLE;
     }
     st.dead = d;
-    if unused_death(st) != dead::NONE && st.id != 0 {
-        let mut rec = core::mem::MaybeUninit::<DoomedRecord>::uninit();
-        let p = rec.as_mut_ptr();
-        // SAFETY: every field is written before the record is read.
-        let rec = unsafe {
-            (&raw mut (*p).id).write(st.id);
-            (&raw mut (*p).last_ns).write(last_activity(st));
-            (&raw mut (*p).cgroup_id).write(st.cgroup_id);
-            copy16(&raw mut (*p).saddr, &raw const st.saddr);
-            copy16(&raw mut (*p).daddr, &raw const st.daddr);
-            (&raw mut (*p).netns).write(st.netns);
-            (&raw mut (*p).tgid).write(st.tgid);
-            (&raw mut (*p).sport).write(st.sport);
-            (&raw mut (*p).dport).write(st.dport);
-            (&raw mut (*p).family).write(st.family);
-            (&raw mut (*p).role).write(st.role);
-            (&raw mut (*p).how).write(kind);
-            copy16(&raw mut (*p).comm, &raw const st.comm);
-            rec.assume_init()
-        };
-        if DOOMED.insert(st.id, rec, 0).is_ok() {
-            st.dead |= dead::LISTED;
-        } else {
-            count(counter::DOOMED_FULL);
-        }
+    if unused_death(st) != dead::NONE {
+        list_doomed(st, kind);
+    }
+}
+
+/// Enter the socket in the `DOOMED` table of dead sockets a process still
+/// holds (`how`: `dead::FIN`, `RST`, `TIMEOUT`, or `dead::STALLED` for a
+/// connection whose reuse stalled and that the application keeps).
+#[inline(always)]
+pub(crate) fn list_doomed(st: &mut SockState, how: u8) {
+    if st.id == 0 {
+        return;
+    }
+    let mut rec = core::mem::MaybeUninit::<DoomedRecord>::uninit();
+    let p = rec.as_mut_ptr();
+    // SAFETY: every field is written before the record is read.
+    let rec = unsafe {
+        (&raw mut (*p).id).write(st.id);
+        (&raw mut (*p).last_ns).write(last_activity(st));
+        (&raw mut (*p).cgroup_id).write(st.cgroup_id);
+        copy16(&raw mut (*p).saddr, &raw const st.saddr);
+        copy16(&raw mut (*p).daddr, &raw const st.daddr);
+        (&raw mut (*p).netns).write(st.netns);
+        (&raw mut (*p).tgid).write(st.tgid);
+        (&raw mut (*p).sport).write(st.sport);
+        (&raw mut (*p).dport).write(st.dport);
+        (&raw mut (*p).family).write(st.family);
+        (&raw mut (*p).role).write(st.role);
+        (&raw mut (*p).how).write(how);
+        copy16(&raw mut (*p).comm, &raw const st.comm);
+        rec.assume_init()
+    };
+    if DOOMED.insert(st.id, rec, 0).is_ok() {
+        st.dead |= dead::LISTED;
+    } else {
+        count(counter::DOOMED_FULL);
     }
 }
 

@@ -122,12 +122,16 @@ pub(crate) fn reuse_outcome(sk: *const c_void, st: &SockState, now: u64, result:
     }
     let (req_ns, idle, retrans) = (st.req_ns, st.req_idle_ns, st.retransmits);
     let fin_before = st.flags & st::FIN_BEFORE_REQ != 0;
+    // Read once per reuse, not per write: a control-frame-sized exchange
+    // answered is a ping (userspace names the lower bound's basis by it).
+    let bytes = request_bytes(sk, st);
     emit(sk, st, kind::REUSE, now, |e| {
         e.idle_ns = idle;
         e.elapsed_ns = now.saturating_sub(req_ns);
         e.outcome = result;
         e.how = how;
         e.retransmits = retrans;
+        e.bytes = bytes;
         if fin_before {
             e.flags |= flags::FIN_BEFORE_WRITE;
         }

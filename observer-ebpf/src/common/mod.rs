@@ -46,7 +46,7 @@ use aya_ebpf::{
 };
 use observer_common::{
     busy, counter, dead, flags, how, kind, outcome, role, ClosedIdle, DoomedRecord, Event, Hello, Offsets, SockState,
-    TupleKey, AF_INET, AF_INET6, HELLO_BYTES,
+    TupleKey, AF_INET, AF_INET6, CONTROL_FRAME_BYTES, HELLO_BYTES,
 };
 
 mod bytes;

@@ -17,11 +17,6 @@ pub const CONTROL_NS: u64 = 100_000_000;
 /// A peer FIN/RST this soon after a reuse write crossed it in flight (the
 /// peer closed before it saw the request), even if the request was acked.
 pub const RACE_NS: u64 = 100_000_000;
-/// On a stalled connection, a write of at most this many bytes is a
-/// control frame, not a new request: an HTTP/2 `RST_STREAM` or
-/// `WINDOW_UPDATE` (13 bytes), a `PING` (17), alone or in one TLS record
-/// (up to 29 bytes more). gRPC writes one of those at every deadline.
-pub const CONTROL_FRAME_BYTES: u64 = 48;
 
 /// Probes' own `SockState::flags` bits (never on the wire).
 pub mod st {
@@ -356,6 +351,7 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
         // Closing a connection whose reuse stalled is the application
         // giving up on it (its stall was reported), never a pool idle close.
         clear_request(st);
+        undoom(st);
         return;
     }
     if st.dead & dead::KIND == dead::FIN {
@@ -489,6 +485,9 @@ pub(crate) fn mark_stalled(st: &mut SockState) {
     clear_request(st);
     st.req_snd_seq = seq;
     st.dead |= dead::STALLED;
+    // Every call on it fails until the application drops it: it counts in
+    // `doomed_idle_sockets` like a socket the peer closed.
+    list_doomed(st, dead::STALLED);
 }
 
 /// A write on a stalled connection. While the stalled bytes are still
@@ -501,11 +500,12 @@ pub(crate) fn mark_stalled(st: &mut SockState) {
 pub(crate) fn on_stalled_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64, idle: u64) -> bool {
     if after(snd_una(sk), st.req_snd_seq) {
         st.dead &= !dead::STALLED;
+        undoom(st);
         return false;
     }
     if idle >= min_idle_ns() {
         let len = write_len(msg);
-        if len > CONTROL_FRAME_BYTES {
+        if len > u64::from(CONTROL_FRAME_BYTES) {
             set_process(st);
             emit(sk, st, kind::REUSE, now, |e| {
                 e.idle_ns = idle;

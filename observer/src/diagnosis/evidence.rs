@@ -22,6 +22,8 @@
 
 use std::collections::VecDeque;
 
+use observer_common::CONTROL_FRAME_BYTES;
+
 use crate::{
     diagnosis::table::FailureMode,
     kernel::event::{EventKind, How, Outcome, SockEvent},
@@ -65,8 +67,12 @@ pub enum Observation {
     /// A reuse after `idle` s; `refreshed` when TCP keep-alive probes ran
     /// during the idle time; `after_stall` for a request written on a
     /// connection whose earlier reuse had stalled (a failure counted, but
-    /// that first stall dates the death: no timeout evidence).
-    Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool, after_stall: bool },
+    /// that first stall dates the death: no timeout evidence); `ping` for
+    /// an answered exchange of at most `CONTROL_FRAME_BYTES` request bytes
+    /// (an HTTP/2 `PING`, a health check): it proves the path held that
+    /// long like any reuse, and says the connection was kept alive by
+    /// messages rather than used.
+    Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool, after_stall: bool, ping: bool },
     /// The peer closed an idle socket.
     PeerIdleClose { idle: f64, mode: FailureMode },
     /// The kernel killed an idle socket whose keep-alive probes went
@@ -135,6 +141,7 @@ impl Observed {
                 // Unknown keep-alive time counts as refreshed: the weaker claim.
                 refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
                 after_stall: ev.how == Some(How::AfterStall),
+                ping: ev.outcome == Some(Outcome::Ok) && (1..=CONTROL_FRAME_BYTES).contains(&ev.bytes),
             },
             EventKind::PeerCloseWhileIdle if ev.how == Some(How::Timeout) => Observation::KeepaliveDeath {
                 // The first unanswered probe went out one keep-alive idle

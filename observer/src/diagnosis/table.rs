@@ -141,6 +141,11 @@ named! {
         /// refresh L4 middleboxes (conntrack, NAT, L4 balancers), so the bound
         /// holds for L7 hops only.
         Keepalive => "keepalive",
+        /// Silent sockets, but the longest survivals were pings (answered
+        /// exchanges of at most a control frame: HTTP/2 `PING`s, health
+        /// checks): valid for every hop, and the connections never went
+        /// longer without one, so nothing longer is known.
+        Pings => "pings",
     }
 }
 

@@ -43,6 +43,8 @@ pub const RECOMMENDED_MAX_LIFETIME_SECONDS: f64 = 300.0;
 pub struct ClientFindings {
     pub interval: Interval,
     pub lower_basis: Option<LowerBasis>,
+    /// The mean idle age of the pings answered (see `LowerBasis::Pings`).
+    pub ping_every: Option<f64>,
     /// Point estimate (the smallest cluster with mixed paths).
     pub point: Option<f64>,
     pub point_evidence: usize,
@@ -127,6 +129,10 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
         }
         (Some(_), _) => format!(", measured by {} peer idle closes", f.point_evidence),
         (None, Some(LowerBasis::Keepalive)) => ", the largest idle age proven to survive, but only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for a NAT, firewall or L4 balancer the probes kept fresh".to_owned(),
+        (None, Some(LowerBasis::Pings)) => format!(
+            ", the largest idle age proven to survive, by pings only{}: the connections never went longer without one",
+            every(f.ping_every)
+        ),
         (None, _) => ", the largest idle age proven to survive".to_owned(),
     };
     let recommendation = match (verdict, recommended, path) {
@@ -148,7 +154,11 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
         _ if !timeout_seen && i.lower.is_some() => format!(
             "none: no idle timeout has shown on this path (no failed reuse, no peer idle close, no pool idle close); reuses survived up to {:.3} s idle{}",
             i.lower.unwrap_or_default(),
-            if f.lower_basis == Some(LowerBasis::Keepalive) { " while TCP keep-alive probes ran" } else { "" }
+            match f.lower_basis {
+                Some(LowerBasis::Keepalive) => " while TCP keep-alive probes ran".to_owned(),
+                Some(LowerBasis::Pings) => format!(" while pinged{}, so nothing longer is known", every(f.ping_every)),
+                _ => String::new(),
+            }
         ),
         _ => "not enough evidence yet".to_owned(),
     };
@@ -161,6 +171,11 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
         safe_retry_rule,
         recommendation,
     }
+}
+
+/// " about every N s" for a ping cadence, when known.
+fn every(ping_every: Option<f64>) -> String {
+    ping_every.map(|p| format!(" about every {p:.1} s")).unwrap_or_default()
 }
 
 /// The rule for server rows.

@@ -127,6 +127,9 @@ named! {
         /// stalled; a failure the client saw, dated by that first stall
         /// (no evidence of the path's timeout).
         AfterStall => "after_stall",
+        /// Doomed sockets only: a reuse on it stalled and the application
+        /// still holds it (every call on it fails).
+        Stalled => "stalled",
     }
 }
 
@@ -197,7 +200,8 @@ pub struct SockEvent {
     /// The request of a `request_aborted`/`request_timeout` was a reuse.
     #[serde(default)]
     pub reuse: bool,
-    /// Request bytes written (`request_aborted`/`request_timeout`).
+    /// Request bytes written (reuses, `request_aborted`/`request_timeout`;
+    /// 0 = not measured).
     #[serde(default)]
     pub bytes: u32,
     /// Per-boot socket number (never a kernel address).

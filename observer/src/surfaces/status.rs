@@ -215,10 +215,10 @@ fn notes(out: &mut String, r: &DestinationRow) {
         );
     }
     if r.doomed_idle_sockets > 0 {
-        let holders: Vec<String> = r.doomed_owners.iter().map(crate::diagnosis::table::ProcessOwner::label).collect();
+        let holders: Vec<String> = r.doomed_owners.iter().map(|o| printable(&o.label())).collect();
         let _ = writeln!(
             out,
-            "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle) and will fail on first use; held by {}",
+            "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle, or stalled) and will fail on first use; held by {}",
             r.doomed_idle_sockets,
             if holders.is_empty() { "?".to_owned() } else { holders.join(", ") }
         );

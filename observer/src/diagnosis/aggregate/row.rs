@@ -116,6 +116,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
         let f = ClientFindings {
             interval,
             lower_basis: basis,
+            ping_every: ev.ping_every(),
             point: point.map(|c| c.value),
             point_evidence: point.map_or(0, |c| c.count),
             paths: if interval.spread.is_some() { 1 } else { peer_clusters.len() },

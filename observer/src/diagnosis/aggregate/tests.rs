@@ -814,7 +814,13 @@ fn held_contradictions_are_capped_and_counted() {
             sock_id: 7,
             keepalive: false,
             keepalive_idle: 0.0,
-            obs: Observation::Reuse { idle: 2.0, failed: Some(FailureMode::Fin), refreshed: false, after_stall: false },
+            obs: Observation::Reuse {
+                idle: 2.0,
+                failed: Some(FailureMode::Fin),
+                refreshed: false,
+                after_stall: false,
+                ping: false,
+            },
         };
         st.note_contradiction(&death, &before);
     }
@@ -914,4 +920,45 @@ fn protocols_name_the_row_and_pick_the_fix() {
     assert_eq!(r.verdict, Verdict::Mismatch);
     let clients: Vec<&str> = r.fix_settings.iter().map(|f| f.client.as_str()).collect();
     assert_eq!(clients, vec!["gRPC Python (grpcio)"], "{:?}", r.fix_settings);
+}
+
+/// An answered reuse of `bytes` request bytes.
+fn sized(ts: f64, remote: &str, idle: f64, bytes: u32) -> SockEvent {
+    let mut e = reuse(ts, remote, idle, Outcome::Ok);
+    e.bytes = bytes;
+    e
+}
+
+#[test]
+fn a_connection_kept_by_pings_says_so_and_gives_no_number() {
+    let d = "10.0.0.9:50051";
+    let mut agg = Aggregator::new(Config::default());
+    // HTTP/2 PINGs (17 bytes) every second; the calls between them come
+    // sooner after a ping than the pings' interval.
+    let mut ts = 0.0;
+    for k in 0..20 {
+        ts += 1.0;
+        agg.ingest(&sized(ts, d, 1.0 + f64::from(k % 3) * 0.001, 17));
+        agg.ingest(&sized(ts + 0.4, d, 0.4, 180));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.path_lower_basis, Some(LowerBasis::Pings), "{r:#?}");
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, None);
+    assert!(
+        r.recommendation.contains("reuses survived up to 1.002 s idle while pinged about every 1.0 s"),
+        "{}",
+        r.recommendation
+    );
+    // A call that survived longer than any ping: the bound is the call's.
+    ts += 2.5;
+    agg.ingest(&sized(ts, d, 2.5, 180));
+    let rows = table(&mut agg);
+    assert_eq!(row(&rows, d).path_lower_basis, Some(LowerBasis::Silent));
+    // Without a measured size (old recordings, busy exchanges) nothing is
+    // taken for a ping.
+    let e = "10.0.0.10:50051";
+    let mut agg = Aggregator::new(Config::default());
+    agg.ingest(&sized(1.0, e, 1.0, 0));
+    assert_eq!(row(&table(&mut agg), e).path_lower_basis, Some(LowerBasis::Silent));
 }

@@ -7,7 +7,7 @@ fn at(ts_s: u64, sock: u64, obs: Observation) -> Observed {
 }
 
 fn ok(idle: f64) -> Observation {
-    Observation::Reuse { idle, failed: None, refreshed: false, after_stall: false }
+    Observation::Reuse { idle, failed: None, refreshed: false, after_stall: false, ping: false }
 }
 
 #[test]
@@ -32,7 +32,13 @@ fn successes_never_evict_a_failure() {
             &at(
                 k,
                 k,
-                Observation::Reuse { idle: 3.0, failed: Some(FailureMode::Rst), refreshed: false, after_stall: false },
+                Observation::Reuse {
+                    idle: 3.0,
+                    failed: Some(FailureMode::Rst),
+                    refreshed: false,
+                    after_stall: false,
+                    ping: false,
+                },
             ),
             false,
         );
@@ -66,7 +72,13 @@ fn the_last_hour_counts_by_minute() {
         &at(
             4010,
             3,
-            Observation::Reuse { idle: 70.0, failed: Some(FailureMode::Fin), refreshed: false, after_stall: false },
+            Observation::Reuse {
+                idle: 70.0,
+                failed: Some(FailureMode::Fin),
+                refreshed: false,
+                after_stall: false,
+                ping: false,
+            },
         ),
         false,
     );
@@ -92,7 +104,13 @@ fn full_slices_merge_and_stay_bounded() {
 #[test]
 fn restart_failures_are_counted_not_kept() {
     let mut e = Evidence::new(3600 * S);
-    let fail = |idle| Observation::Reuse { idle, failed: Some(FailureMode::Fin), refreshed: false, after_stall: false };
+    let fail = |idle| Observation::Reuse {
+        idle,
+        failed: Some(FailureMode::Fin),
+        refreshed: false,
+        after_stall: false,
+        ping: false,
+    };
     e.add(&at(100, 1, fail(30.0)), false);
     e.add(&at(101, 2, fail(2.0)), false);
     // A restart at 100.5 s: socket 1 was idle since 70 s (across it).

@@ -88,6 +88,12 @@ pub(crate) struct Slice {
     pub(crate) min_keepalive_idle: f32,
     /// Longest idle age of any reuse (ok or failed, or a late reuse's write).
     pub(crate) max_reuse_idle: Option<f64>,
+    /// Longest idle age survived by silent evidence that was no ping (a
+    /// reuse of more than a control frame, or a keep-alive probe's age).
+    pub(crate) max_unpinged_alive: Option<f64>,
+    /// Pings answered (reuses of at most a control frame) and the sum of
+    /// their idle ages: how often the connections were pinged.
+    pub(crate) pings: (u32, f64),
     pub(crate) buckets: [(u32, u32); N_BUCKETS],
 }
 
@@ -101,6 +107,8 @@ impl Slice {
             counts: Counts::default(),
             min_keepalive_idle: 0.0,
             max_reuse_idle: None,
+            max_unpinged_alive: None,
+            pings: (0, 0.0),
             buckets: [(0, 0); N_BUCKETS],
         }
     }
@@ -153,6 +161,8 @@ impl Slice {
         self.counts.add(&other.counts);
         self.min_keepalive_idle = min_positive(self.min_keepalive_idle, other.min_keepalive_idle);
         self.max_reuse_idle = max_opt(self.max_reuse_idle, other.max_reuse_idle);
+        self.max_unpinged_alive = max_opt(self.max_unpinged_alive, other.max_unpinged_alive);
+        self.pings = (self.pings.0.saturating_add(other.pings.0), self.pings.1 + other.pings.1);
         for (a, b) in self.buckets.iter_mut().zip(other.buckets.iter()) {
             a.0 += b.0;
             a.1 += b.1;
@@ -268,7 +278,7 @@ impl Evidence {
             s.min_keepalive_idle = min_positive(s.min_keepalive_idle, o.keepalive_idle);
         }
         match o.obs {
-            Observation::Reuse { idle, failed, refreshed, after_stall } => {
+            Observation::Reuse { idle, failed, refreshed, after_stall, ping } => {
                 s.counts.reuses += 1;
                 s.max_reuse_idle = max_opt(s.max_reuse_idle, Some(idle));
                 let b = bucket_of(idle);
@@ -281,12 +291,18 @@ impl Evidence {
                     }
                 } else {
                     s.add_alive(idle, refreshed);
+                    if ping && !refreshed {
+                        s.pings = (s.pings.0.saturating_add(1), s.pings.1 + idle);
+                    } else if !refreshed {
+                        s.max_unpinged_alive = max_opt(s.max_unpinged_alive, Some(idle));
+                    }
                     // Its first keep-alive probe was answered: the flow was
                     // alive after that long without a packet, which holds
                     // for every hop (silent evidence).
                     let probe = f64::from(o.keepalive_idle);
                     if refreshed && probe > 0.0 && probe < idle {
                         s.add_alive(probe, false);
+                        s.max_unpinged_alive = max_opt(s.max_unpinged_alive, Some(probe));
                     }
                 }
                 let m = self.minute(o.ts_ns);
@@ -486,6 +502,26 @@ impl Evidence {
     #[must_use]
     pub fn max_reuse_idle(&self) -> Option<f64> {
         self.slices.iter().filter(|s| s.epoch == self.epoch).filter_map(|s| s.max_reuse_idle).reduce(f64::max)
+    }
+
+    /// Longest idle age survived by silent evidence that was no ping
+    /// (current epoch).
+    #[must_use]
+    pub fn max_unpinged_alive(&self) -> Option<f64> {
+        self.slices.iter().filter(|s| s.epoch == self.epoch).filter_map(|s| s.max_unpinged_alive).reduce(f64::max)
+    }
+
+    /// The mean idle age at which the connections were pinged (current
+    /// epoch), when any ping was answered.
+    #[must_use]
+    pub fn ping_every(&self) -> Option<f64> {
+        let (n, sum) = self
+            .slices
+            .iter()
+            .filter(|s| s.epoch == self.epoch)
+            .fold((0u64, 0.0), |(n, sum), s| (n + u64::from(s.pings.0), sum + s.pings.1));
+        #[allow(clippy::cast_precision_loss, reason = "a count of pings, far below 2^52")]
+        (n > 0).then(|| sum / n as f64)
     }
 
     /// Smallest keep-alive idle time among keep-alive evidence (window).

@@ -54,7 +54,8 @@ pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
 pub struct DoomedView {
     pub local: SocketAddr,
     pub remote: SocketAddr,
-    /// How it died: `fin`, `rst` or `timeout`.
+    /// How it died: `fin`, `rst` or `timeout`; `stalled`: a reuse on it
+    /// stalled and the application keeps it.
     pub how: How,
     /// Seconds since the last payload either way.
     pub idle_seconds: f64,
@@ -71,6 +72,7 @@ pub fn doomed_of(rec: &DoomedRecord, now_ns: u64) -> Option<DoomedView> {
         dead::FIN => How::Fin,
         dead::RST => How::Rst,
         dead::TIMEOUT => How::Timeout,
+        dead::STALLED => How::Stalled,
         _ => return None,
     };
     let comm_len = rec.comm.iter().position(|&b| b == 0).unwrap_or(rec.comm.len());

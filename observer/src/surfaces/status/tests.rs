@@ -105,3 +105,14 @@ fn the_name_column_comes_first_and_notes_carry_the_name() {
     let plain = render_table(&analyze(&read_recording(RECORDING.as_bytes()).unwrap(), Config::default()));
     assert!(plain.lines().nth(1).unwrap().starts_with("- "), "{plain}");
 }
+
+#[test]
+fn doomed_owners_reach_the_terminal_escaped() {
+    use crate::diagnosis::table::ProcessOwner;
+    let mut rows = analyze(&read_recording(RECORDING.as_bytes()).unwrap(), Config::default());
+    rows[0].doomed_idle_sockets = 1;
+    rows[0].doomed_owners = vec![ProcessOwner { process: "evil\u{1b}[2J".to_owned(), owner: None }];
+    let out = render_table(&rows);
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(out.contains("held by evil\\u{1b}[2J"), "{out}");
+}
