@@ -54,3 +54,22 @@ fn a_report_file_is_private() -> Result<()> {
     ensure!(mode == 0o600, "report written with mode {mode:o}");
     Ok(())
 }
+
+/// `report` reads: on a directory with no store it says where the store
+/// is, and leaves the directory as it was (once it made it 0700 and
+/// created a database in it).
+#[test]
+fn report_on_a_directory_without_a_store_changes_nothing() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    let out = Command::new(OBSERVER)
+        .args(["report", "--destination", "10.0.0.2:443", "--data-dir"])
+        .arg(dir.path())
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success() && err.contains("no evidence store at"), "{err}");
+    ensure!(std::fs::metadata(dir.path())?.permissions().mode() & 0o777 == 0o755, "mode changed");
+    ensure!(std::fs::read_dir(dir.path())?.count() == 0, "something was created");
+    Ok(())
+}

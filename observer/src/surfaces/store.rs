@@ -20,7 +20,8 @@
 //!   written as one record per destination and minute, so a storm of new
 //!   connections never pushes evidence out of the writer's queue.
 //! - One stored row that does not decode is skipped with a warning.
-//! - The directory is created 0700 and the database files 0600.
+//! - A directory it creates is 0700, a database it creates 0600; what
+//!   exists keeps its mode. Readers open it read-only (`open.rs`).
 //! - Every row carries its destination, role and network namespace (the
 //!   row identity of [`crate::diagnosis::table::RowId`]); schema 1 had no
 //!   namespace and is migrated in place on open: evidence and changes take
@@ -28,7 +29,6 @@
 
 use std::{
     collections::HashMap,
-    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
@@ -40,7 +40,7 @@ use std::{
 };
 
 use log::{debug, warn};
-use rusqlite::{params, Connection, OptionalExtension};
+use rusqlite::{params, Connection};
 
 use crate::{
     diagnosis::aggregate::{destination_of, Change},
@@ -49,6 +49,7 @@ use crate::{
 };
 
 mod debug;
+mod open;
 mod writer;
 
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
@@ -78,6 +79,10 @@ pub enum StoreError {
     Corrupt { path: PathBuf, error: rusqlite::Error },
     #[error("{path} is a database of another program (it has tables but no observer schema); observer leaves it untouched: choose another --data-dir")]
     Foreign { path: PathBuf },
+    #[error("no evidence store at {path}: give the daemon's --data-dir (default /var/lib/observer), or a recording with --recording FILE")]
+    Missing { path: PathBuf },
+    #[error("the evidence store {path} has schema 1, which only the daemon migrates (a reader never changes a store): run `observer run --data-dir` on it once, then read it")]
+    NotMigrated { path: PathBuf },
     #[error("evidence store: {0}")]
     Sql(rusqlite::Error),
     #[error("evidence store: a stored record is not valid: {0}")]
@@ -216,119 +221,7 @@ pub struct Store {
     path: PathBuf,
 }
 
-/// Schema 2, as a fresh store creates it.
-const SCHEMA: &str = "CREATE TABLE evidence (
-         id INTEGER PRIMARY KEY,
-         ts_unix_ns INTEGER NOT NULL,
-         destination TEXT NOT NULL,
-         role TEXT NOT NULL,
-         netns INTEGER,
-         kind TEXT NOT NULL,
-         event TEXT NOT NULL);
-     CREATE INDEX evidence_ts ON evidence(ts_unix_ns);
-     CREATE INDEX evidence_dest ON evidence(destination, ts_unix_ns);
-     CREATE TABLE changes (
-         id INTEGER PRIMARY KEY,
-         ts_unix_ns INTEGER NOT NULL,
-         destination TEXT NOT NULL,
-         role TEXT,
-         netns INTEGER,
-         change TEXT NOT NULL);
-     CREATE TABLE volume (
-         minute INTEGER NOT NULL,
-         destination TEXT NOT NULL,
-         role TEXT NOT NULL,
-         netns INTEGER NOT NULL,
-         connections INTEGER NOT NULL,
-         PRIMARY KEY (minute, destination, role, netns));";
-
-/// Schema 1 to 2 in one transaction: evidence and changes take their
-/// namespace (and a change its role) from their stored JSON; connection
-/// counts, which never had one, get -1 (read back as unknown).
-fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "BEGIN IMMEDIATE;
-         ALTER TABLE evidence ADD COLUMN netns INTEGER;
-         UPDATE evidence SET netns = json_extract(event, '$.netns') WHERE json_valid(event);
-         ALTER TABLE changes ADD COLUMN role TEXT;
-         ALTER TABLE changes ADD COLUMN netns INTEGER;
-         UPDATE changes SET role = json_extract(change, '$.role'), netns = json_extract(change, '$.netns')
-             WHERE json_valid(change);
-         CREATE TABLE volume2 (
-             minute INTEGER NOT NULL,
-             destination TEXT NOT NULL,
-             role TEXT NOT NULL,
-             netns INTEGER NOT NULL,
-             connections INTEGER NOT NULL,
-             PRIMARY KEY (minute, destination, role, netns));
-         INSERT INTO volume2 SELECT minute, destination, role, -1, connections FROM volume;
-         DROP TABLE volume;
-         ALTER TABLE volume2 RENAME TO volume;
-         UPDATE meta SET value = 2 WHERE key = 'schema';
-         COMMIT;",
-    )
-    .inspect_err(|_| {
-        let _ = conn.execute_batch("ROLLBACK");
-    })
-}
-
 impl Store {
-    /// Open (or create) the store in `dir`.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let dir_err = |error| StoreError::CreateDir { path: dir.to_path_buf(), error };
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
-        // Evidence names peers and processes: private to the daemon's user.
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
-        let path = dir.join(DB_FILE);
-        let open_err = |error: std::io::Error| StoreError::Open {
-            path: path.clone(),
-            error: rusqlite::Error::ToSqlConversionFailure(Box::new(error)),
-        };
-        // SQLite gives its -wal and -shm files the database file's mode.
-        std::fs::OpenOptions::new().create(true).append(true).mode(0o600).open(&path).map_err(open_err)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(open_err)?;
-        let conn = Connection::open(&path).map_err(|error| StoreError::Open { path: path.clone(), error })?;
-        let fail = |source| StoreError::of(&path, source);
-        // Read before anything is written: a foreign or damaged file is
-        // refused unchanged, never given a schema or a journal mode.
-        let tables: Vec<String> = (|| {
-            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
-            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
-            names
-        })()
-        .map_err(fail)?;
-        let ours = tables.iter().any(|t| t == "meta");
-        if !tables.is_empty() && !ours {
-            return Err(StoreError::Foreign { path });
-        }
-        let setup = || -> rusqlite::Result<()> {
-            conn.busy_timeout(Duration::from_secs(5))?;
-            if tables.is_empty() {
-                // auto_vacuum must be set before the first table exists.
-                conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
-                conn.execute_batch("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);")?;
-            }
-            // Both are no-ops on a store that has them: an existing file
-            // is not written before its schema was checked.
-            conn.pragma_update(None, "journal_mode", "WAL")?;
-            conn.pragma_update(None, "synchronous", "NORMAL")
-        };
-        setup().map_err(fail)?;
-        let version: Option<i64> =
-            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
-        let fresh = !tables.iter().any(|t| t == "evidence");
-        match version {
-            None if fresh => {
-                conn.execute_batch(SCHEMA).map_err(fail)?;
-                conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
-            }
-            Some(v) if v == SCHEMA_VERSION => {}
-            Some(1) => migrate_1_to_2(&conn).map_err(|error| StoreError::Migrate { path: path.clone(), error })?,
-            found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
-        }
-        Ok(Self { conn, path })
-    }
-
     /// The database file.
     #[must_use]
     pub fn path(&self) -> &Path {

@@ -25,7 +25,7 @@ pub fn command(args: &ReportArgs) -> Result<()> {
         input.select = args.select.select();
         input
     } else {
-        let store = Store::open(&args.data_dir).context("opening the evidence store")?;
+        let store = Store::open_read_only(&args.data_dir).context("opening the evidence store")?;
         super::Input {
             events: store.events(Some(&destination), since_ns)?,
             volume: store.volume(&destination, since_ns)?,

@@ -62,7 +62,7 @@ pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option
         }
     }
     if let Some(dir) = data_dir {
-        let store = Store::open(dir)?;
+        let store = Store::open_read_only(dir)?;
         let mut failed = None;
         store.each_event(None, 0, |e| {
             // Names are stored beside the evidence; they are no evidence.

@@ -197,13 +197,17 @@ fn a_bad_row_is_skipped_not_fatal() {
     assert!(store.changes("10.0.0.2:443", 0).unwrap().is_empty());
 }
 
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
 #[test]
 fn files_are_private() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut store = Store::open(&data).unwrap();
     store.insert(&scenario()).unwrap();
-    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode(&data), 0o700);
     assert_eq!(mode(&data.join(DB_FILE)), 0o600);
     let wal = data.join(DB_FILE).with_extension("sqlite-wal");
@@ -412,4 +416,66 @@ fn a_refusing_store_at_shutdown_counts_what_it_gives_up() {
     let started = Instant::now();
     assert_eq!(w.finish(), 300, "every queued record is counted");
     assert!(started.elapsed() < Duration::from_secs(10), "shutdown waited {:?}", started.elapsed());
+}
+
+#[test]
+fn what_exists_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // The daemon in an existing directory: it creates its database 0600
+    // and leaves the directory as the operator made it.
+    let mut store = Store::open(dir.path()).unwrap();
+    store.insert(&scenario()).unwrap();
+    drop(store);
+    assert_eq!(mode(dir.path()), 0o755);
+    assert_eq!(mode(&dir.path().join(DB_FILE)), 0o600);
+    // An existing database of ours keeps the mode its operator gave it.
+    std::fs::set_permissions(dir.path().join(DB_FILE), std::fs::Permissions::from_mode(0o640)).unwrap();
+    drop(Store::open(dir.path()).unwrap());
+    assert_eq!(mode(&dir.path().join(DB_FILE)), 0o640);
+    // A foreign database is refused with its mode and bytes unchanged.
+    let other = tempfile::tempdir().unwrap();
+    let foreign = other.path().join(DB_FILE);
+    Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE t (x);").unwrap();
+    std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let bytes = std::fs::read(&foreign).unwrap();
+    assert!(matches!(Store::open(other.path()), Err(StoreError::Foreign { .. })));
+    assert!(matches!(Store::open_read_only(other.path()), Err(StoreError::Foreign { .. })));
+    assert_eq!((mode(&foreign), std::fs::read(&foreign).unwrap()), (0o644, bytes));
+}
+
+#[test]
+fn a_reader_changes_nothing() {
+    use std::os::unix::fs::PermissionsExt as _;
+    // An empty directory: no store, a clear error, nothing created.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let Err(e) = Store::open_read_only(dir.path()) else { panic!("an empty directory has no store") };
+    assert!(matches!(e, StoreError::Missing { .. }), "{e}");
+    assert!(e.to_string().contains("--data-dir"), "{e}");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing created");
+    assert_eq!(mode(dir.path()), 0o755);
+    // A store no daemon holds open (its WAL folded in at close) reads.
+    let mut store = Store::open(dir.path()).unwrap();
+    store.insert(&scenario()).unwrap();
+    let written = store.events(None, 0).unwrap().len();
+    drop(store);
+    let db = dir.path().join(DB_FILE);
+    let before = std::fs::read(&db).unwrap();
+    let mut reader = Store::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.events(None, 0).unwrap().len(), written);
+    assert!(reader.insert(&scenario()).is_err(), "read-only");
+    drop(reader);
+    assert_eq!(std::fs::read(&db).unwrap(), before, "the database's bytes are unchanged");
+    // Beside a live writer it reads what was committed.
+    let mut writer = Store::open(dir.path()).unwrap();
+    writer.insert(&scenario()).unwrap();
+    assert_eq!(Store::open_read_only(dir.path()).unwrap().events(None, 0).unwrap().len(), 2 * written);
+    // Schema 1 is the daemon's to migrate: a reader says so and leaves it.
+    let old = tempfile::tempdir().unwrap();
+    std::fs::write(old.path().join(DB_FILE), SCHEMA1).unwrap();
+    let Err(e) = Store::open_read_only(old.path()) else { panic!("schema 1 is not read as 2") };
+    assert!(matches!(e, StoreError::NotMigrated { .. }), "{e}");
+    assert_eq!(std::fs::read(old.path().join(DB_FILE)).unwrap(), SCHEMA1);
 }

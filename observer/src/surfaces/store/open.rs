@@ -1,0 +1,174 @@
+//! Opening the evidence store. The daemon opens it read-write: it creates
+//! the directory (0700) and the database (0600) when they are missing,
+//! checks the schema before it writes anything, and migrates schema 1.
+//! Readers (`report`, `debug evidence-keys`) open it read-only: they never
+//! create, chmod, migrate or switch the journal mode of what they are
+//! given (`SQLite` may add its own `-wal`/`-shm` side files to read a WAL
+//! store that no daemon holds open).
+
+use std::{
+    os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
+    path::Path,
+    time::Duration,
+};
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension as _};
+
+use super::{Store, StoreError, DB_FILE, SCHEMA_VERSION};
+
+/// Schema 2, as a fresh store creates it.
+const SCHEMA: &str = "CREATE TABLE evidence (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER,
+         kind TEXT NOT NULL,
+         event TEXT NOT NULL);
+     CREATE INDEX evidence_ts ON evidence(ts_unix_ns);
+     CREATE INDEX evidence_dest ON evidence(destination, ts_unix_ns);
+     CREATE TABLE changes (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT,
+         netns INTEGER,
+         change TEXT NOT NULL);
+     CREATE TABLE volume (
+         minute INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER NOT NULL,
+         connections INTEGER NOT NULL,
+         PRIMARY KEY (minute, destination, role, netns));";
+
+/// Schema 1 to 2 in one transaction: evidence and changes take their
+/// namespace (and a change its role) from their stored JSON; connection
+/// counts, which never had one, get -1 (read back as unknown).
+fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         ALTER TABLE evidence ADD COLUMN netns INTEGER;
+         UPDATE evidence SET netns = json_extract(event, '$.netns') WHERE json_valid(event);
+         ALTER TABLE changes ADD COLUMN role TEXT;
+         ALTER TABLE changes ADD COLUMN netns INTEGER;
+         UPDATE changes SET role = json_extract(change, '$.role'), netns = json_extract(change, '$.netns')
+             WHERE json_valid(change);
+         CREATE TABLE volume2 (
+             minute INTEGER NOT NULL,
+             destination TEXT NOT NULL,
+             role TEXT NOT NULL,
+             netns INTEGER NOT NULL,
+             connections INTEGER NOT NULL,
+             PRIMARY KEY (minute, destination, role, netns));
+         INSERT INTO volume2 SELECT minute, destination, role, -1, connections FROM volume;
+         DROP TABLE volume;
+         ALTER TABLE volume2 RENAME TO volume;
+         UPDATE meta SET value = 2 WHERE key = 'schema';
+         COMMIT;",
+    )
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })
+}
+
+impl Store {
+    /// Open (or create) the store in `dir`, read-write: the daemon's and
+    /// the crash tests' writer.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let dir_err = |error| StoreError::CreateDir { path: dir.to_path_buf(), error };
+        // Evidence names peers and processes: what observer creates is
+        // private to the daemon's user. A directory or file that exists is
+        // the operator's, and its mode is theirs.
+        if !dir.is_dir() {
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(dir_err)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(dir_err)?;
+        }
+        let path = dir.join(DB_FILE);
+        let open_err = |error: std::io::Error| StoreError::Open {
+            path: path.clone(),
+            error: rusqlite::Error::ToSqlConversionFailure(Box::new(error)),
+        };
+        // SQLite gives its -wal and -shm files the database file's mode.
+        match std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path) {
+            Ok(_) => std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(open_err)?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(open_err(e)),
+        }
+        let conn = Connection::open(&path).map_err(|error| StoreError::Open { path: path.clone(), error })?;
+        let fail = |source| StoreError::of(&path, source);
+        // Read before anything is written: a foreign or damaged file is
+        // refused unchanged, never given a schema or a journal mode.
+        let tables: Vec<String> = (|| {
+            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
+            names
+        })()
+        .map_err(fail)?;
+        let ours = tables.iter().any(|t| t == "meta");
+        if !tables.is_empty() && !ours {
+            return Err(StoreError::Foreign { path });
+        }
+        let setup = || -> rusqlite::Result<()> {
+            conn.busy_timeout(Duration::from_secs(5))?;
+            if tables.is_empty() {
+                // auto_vacuum must be set before the first table exists.
+                conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
+                conn.execute_batch("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);")?;
+            }
+            // Both are no-ops on a store that has them: an existing file
+            // is not written before its schema was checked.
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")
+        };
+        setup().map_err(fail)?;
+        let version: Option<i64> =
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
+        let fresh = !tables.iter().any(|t| t == "evidence");
+        match version {
+            None if fresh => {
+                conn.execute_batch(SCHEMA).map_err(fail)?;
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
+            }
+            Some(v) if v == SCHEMA_VERSION => {}
+            Some(1) => migrate_1_to_2(&conn).map_err(|error| StoreError::Migrate { path: path.clone(), error })?,
+            found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
+        }
+        Ok(Self { conn, path })
+    }
+
+    /// Open the store in `dir` read-only, as it is: a missing store, a
+    /// foreign database or another schema is an error, and nothing is
+    /// written.
+    pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.join(DB_FILE);
+        if !path.is_file() {
+            return Err(StoreError::Missing { path });
+        }
+        let conn =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(|error| StoreError::Open { path: path.clone(), error })?;
+        let fail = |source| StoreError::of(&path, source);
+        conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
+        let tables: Vec<String> = (|| {
+            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
+            names
+        })()
+        .map_err(fail)?;
+        if !tables.iter().any(|t| t == "meta") {
+            return Err(if tables.is_empty() {
+                StoreError::Schema { path, found: 0 }
+            } else {
+                StoreError::Foreign { path }
+            });
+        }
+        let version: Option<i64> =
+            conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
+        match version {
+            Some(v) if v == SCHEMA_VERSION => Ok(Self { conn, path }),
+            Some(1) => Err(StoreError::NotMigrated { path }),
+            found => Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
+        }
+    }
+}
