@@ -63,7 +63,8 @@ pub fn expand(argv: Vec<OsString>) -> Result<Vec<OsString>, ConfigError> {
         return Ok(argv);
     }
     let Some(path) = config_path(&argv[2..]) else { return Ok(argv) };
-    let src = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+    let src = crate::files::read_text(&path, crate::files::MAX_TEXT_BYTES)
+        .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
     let table: toml::Table =
         src.parse().map_err(|e: toml::de::Error| ConfigError::Parse { path: path.clone(), message: e.to_string() })?;
     let cli = Cli::command();

@@ -24,6 +24,7 @@ pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod diagnosis;
+pub mod files;
 pub mod kernel;
 mod names;
 pub mod path;

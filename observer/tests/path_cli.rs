@@ -77,3 +77,19 @@ fn defaults_prints_the_catalog() {
     assert_eq!(code, 2);
     assert!(err.contains("known kinds"), "{err}");
 }
+
+/// What a path names is read at most 1 MiB: `/dev/zero` is refused at
+/// once, exit 2, instead of growing until memory runs out; so is a
+/// `--config` of it.
+#[test]
+fn an_endless_file_is_refused_not_read() {
+    let (code, _, err) = run(&["path", "check", "/dev/zero"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("/dev/zero") && err.contains("larger than 1048576 bytes"), "{err}");
+    let (code, _, err) = run(&["run", "--config", "/dev/zero", "--print-config"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("larger than 1048576 bytes"), "{err}");
+    let (code, _, err) = run(&["analyze", "/dev/zero"]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains("longer than 65536 bytes"), "{err}");
+}

@@ -25,8 +25,13 @@ use serde::{Deserialize, Serialize};
 
 /// Processes remembered at most (each costs one executable read).
 pub const MAX_CACHED: usize = 1024;
-/// A function table larger than this is not read (no Go binary's is).
+/// A function table larger than this is not searched (no Go binary's is).
 const MAX_EXE_BYTES: u64 = 512 << 20;
+/// Bytes of another process's executable held at once: the function table
+/// is searched a chunk at a time, whatever size its headers claim, so a
+/// crafted or odd executable costs the daemon at most this (plus the
+/// section headers, at most 4,096 x 64 bytes, and 1 MiB of their names).
+pub const EXE_CHUNK_BYTES: usize = 1 << 20;
 
 /// A client runtime and the pool libraries found in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -158,7 +163,11 @@ fn elf_sections(f: &std::fs::File) -> Option<HashMap<String, (u64, u64)>> {
         usize::from(u16_at(&eh, 0x3C)),
         usize::from(u16_at(&eh, 0x3E)),
     );
-    if shentsize < 64 || shnum == 0 || shnum > 4096 || shstrndx >= shnum {
+    // An ELF64 section header is 64 bytes; anything else, or a table or
+    // section past the end of the file, is no executable we read further.
+    let len = f.metadata().ok()?.len();
+    let within = |off: u64, size: u64| off.checked_add(size).is_some_and(|end| end <= len);
+    if shentsize != 64 || shnum == 0 || shnum > 4096 || shstrndx >= shnum || !within(shoff, (64 * shnum) as u64) {
         return None;
     }
     let mut sh = vec![0u8; shentsize * shnum];
@@ -166,7 +175,7 @@ fn elf_sections(f: &std::fs::File) -> Option<HashMap<String, (u64, u64)>> {
     let entry = |i: usize| &sh[i * shentsize..(i + 1) * shentsize];
     let strtab = entry(shstrndx);
     let (str_off, str_size) = (u64_at(strtab, 0x18), u64_at(strtab, 0x20));
-    if str_size > 1 << 20 {
+    if str_size > 1 << 20 || !within(str_off, str_size) {
         return None;
     }
     let mut names = vec![0u8; usize::try_from(str_size).ok()?];
@@ -176,7 +185,12 @@ fn elf_sections(f: &std::fs::File) -> Option<HashMap<String, (u64, u64)>> {
         let e = entry(i);
         let at = usize::try_from(u32_at(e, 0)).ok()?;
         let name = names.get(at..)?.split(|&b| b == 0).next()?;
-        out.insert(String::from_utf8_lossy(name).into_owned(), (u64_at(e, 0x18), u64_at(e, 0x20)));
+        let (off, size) = (u64_at(e, 0x18), u64_at(e, 0x20));
+        // SHT_NOBITS (.bss) occupies no file bytes; any other section must
+        // lie within the file.
+        if u32_at(e, 4) == 8 || within(off, size) {
+            out.insert(String::from_utf8_lossy(name).into_owned(), (off, size));
+        }
     }
     Some(out)
 }
@@ -189,6 +203,36 @@ fn section(f: &std::fs::File, (off, size): (u64, u64), max: u64) -> Option<Vec<u
     Some(b)
 }
 
+/// Which of `needles` occur in a section (its first `MAX_EXE_BYTES`),
+/// read `EXE_CHUNK_BYTES` at a time; consecutive chunks overlap by the
+/// longest needle, so a name across a chunk boundary is found.
+fn find_in_section<'a>(
+    f: &std::fs::File,
+    (off, size): (u64, u64),
+    needles: &[(&'a str, &[u8])],
+) -> Option<Vec<&'a str>> {
+    use std::os::unix::fs::FileExt as _;
+    let overlap = needles.iter().map(|(_, n)| n.len()).max().unwrap_or(0).saturating_sub(1);
+    let end = off.checked_add(size.min(MAX_EXE_BYTES))?;
+    let mut found = vec![false; needles.len()];
+    let mut buf = vec![0u8; EXE_CHUNK_BYTES + overlap];
+    let (mut at, mut kept) = (off, 0usize);
+    while at < end && !found.iter().all(|&x| x) {
+        let want = usize::try_from((end - at).min(EXE_CHUNK_BYTES as u64)).ok()?;
+        f.read_exact_at(&mut buf[kept..kept + want], at).ok()?;
+        let chunk = &buf[..kept + want];
+        for (hit, (_, needle)) in found.iter_mut().zip(needles) {
+            *hit = *hit || memchr::memmem::find(chunk, needle).is_some();
+        }
+        // Keep the chunk's tail: a name may continue in the next one.
+        kept = overlap.min(chunk.len());
+        let tail = chunk.len() - kept;
+        buf.copy_within(tail..tail + kept, 0);
+        at += want as u64;
+    }
+    Some(needles.iter().zip(found).filter(|(_, hit)| *hit).map(|((name, _), _)| *name).collect())
+}
+
 /// A Go executable by its sections: the build info (`.go.buildinfo`, read
 /// whole, small), then the pool functions' names in its function table
 /// (`.gopclntab`, or `.data.rel.ro` where a position-independent build
@@ -198,12 +242,7 @@ fn of_elf(f: &std::fs::File) -> Option<ClientRuntime> {
     let info = section(f, *sections.get(".go.buildinfo")?, 1 << 16)?;
     go_version(&info, 0)?;
     let table = sections.get(".gopclntab").or_else(|| sections.get(".data.rel.ro"))?;
-    let names = section(f, *table, MAX_EXE_BYTES)?;
-    let libraries = GO_LIBRARIES
-        .iter()
-        .filter(|(_, needle)| memchr::memmem::find(&names, needle).is_some())
-        .map(|(name, _)| (*name).to_owned())
-        .collect();
+    let libraries = find_in_section(f, *table, GO_LIBRARIES)?.into_iter().map(str::to_owned).collect();
     Some(ClientRuntime { runtime: "go".into(), libraries })
 }
 
@@ -381,6 +420,72 @@ mod tests {
         assert_eq!(go_version(&old, 0), None, "before Go 1.18's inline strings");
         info[33..37].copy_from_slice(b"rust");
         assert_eq!(go_version(&info, 0), None);
+    }
+
+    /// A crafted ELF64: a header, the section names, a Go build info, and
+    /// a function table of `table_len` bytes (sparse: a hole in the file)
+    /// holding `name` at `name_at`; its headers may lie (`claimed` is the
+    /// table's size as the headers say it, `shentsize` their entry size).
+    fn crafted(table_len: u64, name_at: u64, name: &[u8], claimed: u64, shentsize: u16) -> std::fs::File {
+        use std::os::unix::fs::FileExt as _;
+        let strtab = b"\0.shstrtab\0.go.buildinfo\0.gopclntab\0";
+        let mut info = b"\xff Go buildinf:\x08\x02".to_vec();
+        info.extend_from_slice(&[0; 16]);
+        info.push(8);
+        info.extend_from_slice(b"go1.19.8");
+        let (str_off, info_off, table_off) = (0x40u64, 0x100u64, 0x1000u64);
+        let shoff = table_off + table_len;
+        let f = tempfile::tempfile().unwrap();
+        let mut eh = [0u8; 64];
+        eh[..6].copy_from_slice(b"\x7fELF\x02\x01");
+        eh[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
+        eh[0x3A..0x3C].copy_from_slice(&shentsize.to_le_bytes());
+        eh[0x3C..0x3E].copy_from_slice(&4u16.to_le_bytes());
+        eh[0x3E..0x40].copy_from_slice(&1u16.to_le_bytes());
+        f.write_all_at(&eh, 0).unwrap();
+        f.write_all_at(strtab, str_off).unwrap();
+        f.write_all_at(&info, info_off).unwrap();
+        f.write_all_at(name, table_off + name_at).unwrap();
+        let header = |name: u32, off: u64, size: u64| {
+            let mut h = [0u8; 64];
+            h[..4].copy_from_slice(&name.to_le_bytes());
+            h[4..8].copy_from_slice(&1u32.to_le_bytes());
+            h[0x18..0x20].copy_from_slice(&off.to_le_bytes());
+            h[0x20..0x28].copy_from_slice(&size.to_le_bytes());
+            h
+        };
+        let headers = [
+            [0u8; 64],
+            header(1, str_off, strtab.len() as u64),
+            header(11, info_off, info.len() as u64),
+            header(25, table_off, claimed),
+        ];
+        f.write_all_at(&headers.concat(), shoff).unwrap();
+        f
+    }
+
+    /// Another process's executable is read a chunk at a time, and what
+    /// its headers claim is checked against the file: a 64 MiB function
+    /// table (sparse) is searched whole, a name across a chunk boundary is
+    /// found, and a table, header size or section past the file is refused.
+    #[test]
+    fn executables_are_read_in_bounded_chunks_and_lying_headers_refused() {
+        let name = b"google.golang.org/grpc.(*ClientConn).Invoke";
+        let mib = 1u64 << 20;
+        let grpc = ClientRuntime { runtime: "go".into(), libraries: vec!["grpc-go".into()] };
+        let at_end = crafted(64 * mib, 64 * mib - 100, name, 64 * mib, 64);
+        assert_eq!(of_elf(&at_end), Some(grpc.clone()), "the whole table is searched");
+        let across = crafted(4 * mib, 2 * mib - 10, name, 4 * mib, 64);
+        assert_eq!(of_elf(&across), Some(grpc), "a name across a chunk boundary");
+        let none = crafted(4 * mib, 0, b"nothing", 4 * mib, 64);
+        assert_eq!(of_elf(&none), Some(ClientRuntime { runtime: "go".into(), libraries: vec![] }));
+        // Headers that lie: a 512 MiB table in a 4 MiB file, a header size
+        // that is not ELF64's.
+        let lying = crafted(4 * mib, 0, name, 512 * mib, 64);
+        assert!(!elf_sections(&lying).unwrap().contains_key(".gopclntab"), "a section past the file");
+        assert_eq!(of_elf(&lying), None);
+        assert_eq!(elf_sections(&crafted(mib, 0, name, mib, 0xFFFF)), None, "shentsize 65535");
+        assert_eq!(elf_sections(&crafted(mib, 0, name, mib, 128)), None, "shentsize 128");
     }
 
     /// A real Go binary (built by the test with Debian's go, when present)

@@ -22,18 +22,49 @@ pub enum RecordingError {
     Io(#[from] std::io::Error),
     #[error("line {line}: {problem}; each line must be one JSON event as written by `observer run --record`")]
     Line { line: usize, problem: String },
+    #[error("line {line} is longer than {MAX_LINE_BYTES} bytes: not a recording (an event is one JSON line of well under 4 KiB)")]
+    LongLine { line: usize },
+    #[error("the recording has more than {max} events, more than one read holds in memory: cut it to the time or destination you need (e.g. `grep '\"remote\":\"10.0.0.2:443\"'`, or `tail -n`)")]
+    TooLarge { max: usize },
 }
 
-/// Parse a JSON-lines recording (blank lines are skipped).
+/// A recording line longer than this is refused (an event is well under
+/// 4 KiB; `/dev/zero` is not a recording).
+pub const MAX_LINE_BYTES: usize = 64 * 1024;
+/// Events one recording read holds at most (a few hundred bytes each in
+/// memory: about 1.5 GB at the cap).
+pub const MAX_RECORDING_EVENTS: usize = 4_000_000;
+
+/// Parse a JSON-lines recording (blank lines are skipped), bounded: a line
+/// longer than [`MAX_LINE_BYTES`] or more than [`MAX_RECORDING_EVENTS`]
+/// events is an error naming the problem, never unbounded memory.
 pub fn read_recording(r: impl Read) -> Result<Vec<SockEvent>, RecordingError> {
+    read_events(r, MAX_RECORDING_EVENTS)
+}
+
+fn read_events(r: impl Read, max: usize) -> Result<Vec<SockEvent>, RecordingError> {
     let mut out = Vec::new();
-    for (i, line) in BufReader::new(r).lines().enumerate() {
-        let line = line?;
+    let mut reader = BufReader::new(r);
+    let mut buf = Vec::new();
+    for i in 0.. {
+        buf.clear();
+        let limit = u64::try_from(MAX_LINE_BYTES).unwrap_or(u64::MAX) + 1;
+        if (&mut reader).take(limit).read_until(b'\n', &mut buf)? == 0 {
+            break;
+        }
+        if buf.len() > MAX_LINE_BYTES {
+            return Err(RecordingError::LongLine { line: i + 1 });
+        }
+        let line = std::str::from_utf8(&buf)
+            .map_err(|e| RecordingError::Line { line: i + 1, problem: format!("not UTF-8 ({e})") })?;
         if line.trim().is_empty() {
             continue;
         }
+        if out.len() == max {
+            return Err(RecordingError::TooLarge { max });
+        }
         let ev =
-            serde_json::from_str(&line).map_err(|e| RecordingError::Line { line: i + 1, problem: e.to_string() })?;
+            serde_json::from_str(line).map_err(|e| RecordingError::Line { line: i + 1, problem: e.to_string() })?;
         out.push(ev);
     }
     Ok(out)

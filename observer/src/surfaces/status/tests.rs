@@ -116,3 +116,16 @@ fn doomed_owners_reach_the_terminal_escaped() {
     assert!(!out.contains('\u{1b}'), "{out:?}");
     assert!(out.contains("held by evil\\u{1b}[2J"), "{out}");
 }
+
+#[test]
+fn a_recording_is_read_bounded() {
+    use std::io::Read as _;
+    // /dev/zero as a recording: one endless line, refused at 64 KiB.
+    let Err(e) = read_recording(std::io::repeat(0).take(1 << 30)) else { panic!("zeros are no recording") };
+    assert!(matches!(e, RecordingError::LongLine { line: 1 }), "{e}");
+    assert!(e.to_string().contains("longer than 65536 bytes"), "{e}");
+    // More events than a read holds: the error says how to cut it.
+    assert_eq!(read_events(RECORDING.as_bytes(), 3).unwrap().len(), 3);
+    let Err(e) = read_events(RECORDING.as_bytes(), 2) else { panic!("3 events over a cap of 2") };
+    assert!(matches!(e, RecordingError::TooLarge { max: 2 }) && e.to_string().contains("cut it"), "{e}");
+}
