@@ -188,8 +188,14 @@ pub mod counter {
     /// A listening port could not be entered in `LISTENERS` (full): roles
     /// of sockets first seen on it fall back to the ports.
     pub const LISTENERS_FULL: u32 = 4;
+    /// A server's idle close entered in `CLOSED_IDLE` (a new key).
+    pub const CLOSED_IDLE_ADDED: u32 = 5;
+    /// An entry removed from `CLOSED_IDLE` (a late reuse seen, or its
+    /// 4-tuple reused). Added - removed - the entries left = the ones the
+    /// LRU map evicted: idle closes whose late reuse could no longer be seen.
+    pub const CLOSED_IDLE_REMOVED: u32 = 6;
     /// Number of counters.
-    pub const COUNT: u32 = 5;
+    pub const COUNT: u32 = 7;
 }
 
 /// Names of the load-time globals in the eBPF object. Every `OFF_*` is a
@@ -270,6 +276,9 @@ pub mod maps {
     /// walked with the iterator since the probes were attached: there
     /// [`LISTENERS`] holds every listener.
     pub const WALKED_NETNS: &str = "WALKED_NETNS";
+    /// A server's idle closes (`TupleKey` -> `ClosedIdle`), an LRU map:
+    /// userspace counts its entries to tell what it evicted.
+    pub const CLOSED_IDLE: &str = "CLOSED_IDLE";
     /// Three `u64`: `CLOCK_BOOTTIME - CLOCK_MONOTONIC` in ns (time suspended),
     /// kept current by userspace and by the probes off the hot path; the
     /// probes' own jiffies epoch; and when the probes last refreshed them.
@@ -563,6 +572,8 @@ mod pod {
     unsafe impl aya::Pod for super::SockState {}
     unsafe impl aya::Pod for super::SockRecord {}
     unsafe impl aya::Pod for super::DoomedRecord {}
+    unsafe impl aya::Pod for super::TupleKey {}
+    unsafe impl aya::Pod for super::ClosedIdle {}
     unsafe impl aya::Pod for super::Offsets {}
 }
 

@@ -220,6 +220,118 @@ fn events_to_a_closed_pipe_end_the_run_cleanly() -> Result<()> {
     Ok(())
 }
 
+/// `observer run --events > /dev/full`: every line lost to an error other
+/// than a closed pipe is counted (`events_output_error`), and the daemon
+/// goes on (standard output is a view; the store holds the evidence).
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn events_lines_lost_to_a_full_device_are_counted() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let (_server, port, _py) = echo_server()?;
+    let addr = format!("127.0.0.1:{}", common::server_port()?);
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full")?;
+    let child = Command::new(*OBSERVER)
+        .args(["run", "--events=json", "--connections", "--metrics-addr", &addr, "--data-dir"])
+        .arg(data.path())
+        .stdout(full)
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _guard = scopeguard(child.id());
+    wait_until("the daemon's /healthz", 60, || Ok(observer::surfaces::http::get(&addr, "/healthz").is_ok()))?;
+    let traffic = Traffic::start(port, 2, Duration::from_millis(1100));
+    let took = wait_until("events_output_error > 0", 30, || Ok(lost(&addr, "events_output_error").unwrap_or(0) > 0))?;
+    let reuses = traffic.finish();
+    let n = lost(&addr, "events_output_error")?;
+    ensure!(observer::surfaces::http::get(&addr, "/healthz").is_ok(), "the daemon goes on");
+    eprintln!(
+        "MEASURED /dev/full: {n} --events lines counted lost after {:.1} s ({reuses} reuses made)",
+        took.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// More server idle closes than the kernel's `CLOSED_IDLE` LRU table holds
+/// (16,384): a server here closes 18,000 connections idle, and the ones
+/// the table evicted (whose late reuses could no longer be seen) are
+/// counted as `closed_idle_evicted`: the closes beyond it, and at most the
+/// LRU's free-list batches more.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn server_idle_closes_past_the_kernels_table_are_counted() -> Result<()> {
+    const WAVE: usize = 2_000;
+    const WAVES: usize = 9;
+    let daemon = Daemon::start(&[])?;
+    let addr = daemon.http_addr()?;
+    // One listener per wave: each wave's 4-tuples are new (one port's
+    // tuples recur as the clients' ports are reused, and a reused tuple
+    // rightly removes its old entry).
+    let listeners: Vec<std::net::TcpListener> =
+        (0..WAVES).map(|_| std::net::TcpListener::bind("127.0.0.1:0")).collect::<std::io::Result<_>>()?;
+    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().map(|a| a.port())).collect::<std::io::Result<_>>()?;
+    // The server: each accepted connection is closed after 1.2 s idle.
+    let server = std::thread::spawn(move || -> u64 {
+        let mut held = std::collections::VecDeque::new();
+        let mut closed = 0u64;
+        for l in &listeners {
+            l.set_nonblocking(true).ok();
+        }
+        let started = Instant::now();
+        while closed < (WAVE * WAVES) as u64 && started.elapsed() < Duration::from_mins(3) {
+            let mut accepted = false;
+            for l in &listeners {
+                while let Ok((c, _)) = l.accept() {
+                    held.push_back((Instant::now(), c));
+                    accepted = true;
+                }
+            }
+            if !accepted {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            while held.front().is_some_and(|(t, _)| t.elapsed() >= Duration::from_millis(1200)) {
+                held.pop_front();
+                closed += 1;
+            }
+        }
+        closed
+    });
+    for port in &ports {
+        let wave: Vec<TcpStream> = (0..WAVE).filter_map(|_| TcpStream::connect(("127.0.0.1", *port)).ok()).collect();
+        ensure!(wave.len() == WAVE, "{} of {WAVE} connected", wave.len());
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(wave);
+    }
+    let closed = server.join().map_err(|_| anyhow::anyhow!("the server thread panicked"))?;
+    let beyond = closed.saturating_sub(16_384);
+    ensure!(beyond > 0, "the server closed {closed}, not past the table");
+    let took = wait_until("closed_idle_evicted > 0", 30, || Ok(lost(&addr, "closed_idle_evicted").unwrap_or(0) > 0))
+        .with_context(|| {
+            let idle_closes = daemon
+                .events()
+                .iter()
+                .filter(|e| {
+                    e.kind == EventKind::LocalClose && e.role == Role::Server && ports.contains(&e.local.port())
+                })
+                .count();
+            let counters = sh("bpftool map dump name COUNTERS").unwrap_or_default();
+            format!("{closed} closed; {idle_closes} server local_close events; COUNTERS {counters}")
+        })?;
+    std::thread::sleep(Duration::from_secs(6));
+    let evicted = lost(&addr, "closed_idle_evicted")?;
+    // The kernel's LRU frees entries in batches of up to 128 per CPU
+    // (LOCAL_FREE_TARGET) when its free list runs dry, so it may evict a
+    // little more than the overflow, never more than that.
+    let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as u64;
+    ensure!(
+        evicted <= beyond + 128 * cpus,
+        "{evicted} evictions counted, more than the {beyond} closes beyond the table and the LRU's batches"
+    );
+    eprintln!(
+        "MEASURED CLOSED_IDLE: {closed} server idle closes, {evicted} evictions counted ({beyond} beyond 16,384; first seen after {:.1} s)",
+        took.as_secs_f64()
+    );
+    Ok(())
+}
+
 /// Kills the process on drop, for a child the test waits on itself.
 struct Guard(u32);
 fn scopeguard(pid: u32) -> Guard {

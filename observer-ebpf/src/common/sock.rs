@@ -199,7 +199,13 @@ pub(crate) fn tuple_key(st: &SockState) -> TupleKey {
 /// later is seen (`late_reuse`).
 #[inline(always)]
 pub(crate) fn remember_idle_close(st: &SockState, now: u64, idle: u64) {
-    let _ = CLOSED_IDLE.insert(tuple_key(st), ClosedIdle { close_ns: now, idle_ns: idle }, 0);
+    let key = tuple_key(st);
+    // Counted so userspace can tell what the LRU map evicted (a server's
+    // idle close, off the hot path).
+    let new = CLOSED_IDLE.get_ptr(key).is_none();
+    if CLOSED_IDLE.insert(key, ClosedIdle { close_ns: now, idle_ns: idle }, 0).is_ok() && new {
+        count(counter::CLOSED_IDLE_ADDED);
+    }
     if let Some(p) = CLOSED_IDLE_USED.get_ptr_mut(0) {
         // SAFETY: one aligned u64 store of a constant.
         unsafe {
@@ -213,8 +219,8 @@ pub(crate) fn remember_idle_close(st: &SockState, now: u64, idle: u64) {
 /// A new connection reuses a 4-tuple: forget an old idle close on it.
 #[inline(always)]
 pub fn forget_idle_close(st: &SockState) {
-    if CLOSED_IDLE_USED.get(0).copied().unwrap_or(1) != 0 {
-        let _ = CLOSED_IDLE.remove(tuple_key(st));
+    if CLOSED_IDLE_USED.get(0).copied().unwrap_or(1) != 0 && CLOSED_IDLE.remove(tuple_key(st)).is_ok() {
+        count(counter::CLOSED_IDLE_REMOVED);
     }
 }
 
@@ -230,7 +236,9 @@ pub fn on_send_reset(sk: *const c_void, now: u64) {
     let Some(p) = CLOSED_IDLE.get_ptr(key) else { return };
     // SAFETY: pointer from a successful lookup; copied before the removal.
     let closed = unsafe { *p };
-    let _ = CLOSED_IDLE.remove(key);
+    if CLOSED_IDLE.remove(key).is_ok() {
+        count(counter::CLOSED_IDLE_REMOVED);
+    }
     probe.role = role::SERVER;
     probe.id = 0;
     emit(core::ptr::null(), &probe, kind::LATE_REUSE, now, |e| {

@@ -190,6 +190,8 @@ pub(crate) enum Stdout {
     Open,
     /// The reader went away (`EPIPE`): the run ends.
     Closed,
+    /// The line could not be written (another error): lost, counted.
+    Lost,
 }
 
 /// Print one line of `--events`. A closed pipe ends the run; any other
@@ -206,7 +208,7 @@ pub(crate) fn print_line(line: &str, last_warn: &mut Option<Instant>) -> Stdout 
                 warn!("writing --events to standard output: {e}; lines are lost until it can be written");
                 *last_warn = Some(Instant::now());
             }
-            Stdout::Open
+            Stdout::Lost
         }
     }
 }

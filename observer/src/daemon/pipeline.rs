@@ -120,8 +120,10 @@ impl Sinks {
             Some(EventsFormat::Json) => ev.to_json_line(),
             None => return,
         };
-        if print_line(&line, &mut self.print_warned) == Stdout::Closed {
-            self.close_stdout();
+        match print_line(&line, &mut self.print_warned) {
+            Stdout::Open => {}
+            Stdout::Closed => self.close_stdout(),
+            Stdout::Lost => self.shared.metrics.lost(metrics::reason::EVENTS_OUTPUT_ERROR, 1),
         }
     }
 
@@ -251,6 +253,29 @@ pub(crate) fn report_losses(probes: &Probes, reported: &mut KernelCounters, metr
             metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
             metrics.lost(metrics::reason::SOCKET_STORAGE_FULL, now.map_full.saturating_sub(reported.map_full));
             metrics.lost(metrics::reason::DOOMED_TABLE_FULL, now.doomed_full.saturating_sub(reported.doomed_full));
+            metrics.lost(
+                metrics::reason::LISTENERS_TABLE_FULL,
+                now.listeners_full.saturating_sub(reported.listeners_full),
+            );
+            metrics.lost(
+                metrics::reason::NETNS_TABLE_FULL,
+                now.walked_netns_full.saturating_sub(reported.walked_netns_full),
+            );
+            metrics.lost(
+                metrics::reason::CLOSED_IDLE_EVICTED,
+                now.closed_idle_evicted.saturating_sub(reported.closed_idle_evicted),
+            );
+            metrics.lost(
+                metrics::reason::PROGRAM_RUN_SKIPPED,
+                now.recursion_misses.saturating_sub(reported.recursion_misses),
+            );
+            if now.recursion_misses > reported.recursion_misses {
+                warn!(
+                    "the kernel skipped {} runs of observer's programs (already running on that CPU; {} in total): what they would have seen is lost",
+                    now.recursion_misses - reported.recursion_misses,
+                    now.recursion_misses
+                );
+            }
             metrics.reuses_unresolved(now.reuse_unresolved.saturating_sub(reported.reuse_unresolved));
             if now.doomed_full > reported.doomed_full {
                 warn!(

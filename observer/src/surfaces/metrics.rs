@@ -137,8 +137,34 @@ pub mod reason {
     /// The kernel's table of dead sockets held was full: a dead socket is
     /// missing from `observer_doomed_idle_sockets`.
     pub const DOOMED_TABLE_FULL: &str = "doomed_table_full";
-    pub const ALL: &[&str] =
-        &[RING_BUFFER_FULL, SOCKET_STORAGE_FULL, STORE_BACKLOG, STORE_ERROR, RECORD_ERROR, DOOMED_TABLE_FULL];
+    /// The kernel's table of listening ports was full: a socket older
+    /// than observer on a port not in it took its role from the ports.
+    pub const LISTENERS_TABLE_FULL: &str = "listeners_table_full";
+    /// The kernel's table of walked network namespaces was full: sockets
+    /// older than observer there took their role from the ports.
+    pub const NETNS_TABLE_FULL: &str = "netns_table_full";
+    /// The kernel's LRU table of a server's idle closes evicted one: a
+    /// client writing on that connection late would not be seen.
+    pub const CLOSED_IDLE_EVICTED: &str = "closed_idle_evicted";
+    /// A probe's run the kernel skipped (`recursion_misses`: the program
+    /// was already running on that CPU): whatever it would have seen.
+    pub const PROGRAM_RUN_SKIPPED: &str = "program_run_skipped";
+    /// `--events` could not write a line (an error other than the reader
+    /// closing the pipe, which ends the printing).
+    pub const EVENTS_OUTPUT_ERROR: &str = "events_output_error";
+    pub const ALL: &[&str] = &[
+        RING_BUFFER_FULL,
+        SOCKET_STORAGE_FULL,
+        STORE_BACKLOG,
+        STORE_ERROR,
+        RECORD_ERROR,
+        DOOMED_TABLE_FULL,
+        LISTENERS_TABLE_FULL,
+        NETNS_TABLE_FULL,
+        CLOSED_IDLE_EVICTED,
+        PROGRAM_RUN_SKIPPED,
+        EVENTS_OUTPUT_ERROR,
+    ];
 }
 
 /// Series fed event by event, per row: the evidence counters, and the

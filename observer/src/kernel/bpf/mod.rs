@@ -28,11 +28,20 @@ use crate::{
 mod hooks;
 mod iter;
 mod kernel;
+mod losses;
 
 #[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
 pub use hooks::*;
 #[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
 pub use kernel::*;
+
+/// Take map `name` out of the loaded object as its typed handle.
+fn take_map<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
+    ebpf: &mut Ebpf,
+    name: &'static str,
+) -> Result<T, BpfError> {
+    T::try_from(ebpf.take_map(name).ok_or(BpfError::MissingMap(name))?).map_err(|source| BpfError::Map { name, source })
+}
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
@@ -121,6 +130,13 @@ pub struct KernelCounters {
     pub doomed_full: u64,
     /// Listening ports not entered in the listeners table (full).
     pub listeners_full: u64,
+    /// Network namespaces not entered in the walked table (full).
+    pub walked_netns_full: u64,
+    /// Server idle closes the `CLOSED_IDLE` LRU map evicted before a late
+    /// reuse could be seen on them.
+    pub closed_idle_evicted: u64,
+    /// Program runs the kernel skipped (`recursion_misses`).
+    pub recursion_misses: u64,
 }
 
 /// One attached probe, for logs and tests.
@@ -141,8 +157,10 @@ pub struct Probes {
     netns_refused: std::sync::atomic::AtomicBool,
     /// Network namespaces whose listeners were walked (`WALKED_NETNS`).
     walked_netns: HashMap<MapData, u32, u8>,
-    /// Whether entering one there failed (logged once).
-    walked_full: std::sync::atomic::AtomicBool,
+    /// Namespaces that could not be entered there (the first is logged).
+    walked_full: u64,
+    /// What the `CLOSED_IDLE` LRU map evicted.
+    evictions: std::sync::Mutex<losses::Evictions>,
     /// Owns the programs and their links: dropping it detaches everything.
     ebpf: Ebpf,
     /// The send and receive probes' links, kept only for
@@ -190,9 +208,7 @@ impl Probes {
         let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
         // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
         // this offset.
-        let mut clock_offset: Array<MapData, u64> =
-            Array::try_from(ebpf.take_map(maps::CLOCK_OFFSET).ok_or(BpfError::MissingMap(maps::CLOCK_OFFSET))?)
-                .map_err(|source| BpfError::Map { name: maps::CLOCK_OFFSET, source })?;
+        let mut clock_offset: Array<MapData, u64> = take_map(&mut ebpf, maps::CLOCK_OFFSET)?;
         set_clock_offset(&mut clock_offset)?;
         let mut attached = Vec::new();
         let mut hot = Vec::new();
@@ -240,22 +256,18 @@ impl Probes {
         }
         let iter_link =
             iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
-        let doomed = HashMap::try_from(ebpf.take_map(maps::DOOMED).ok_or(BpfError::MissingMap(maps::DOOMED))?)
-            .map_err(|source| BpfError::Map { name: maps::DOOMED, source })?;
-        let walked_netns =
-            HashMap::try_from(ebpf.take_map(maps::WALKED_NETNS).ok_or(BpfError::MissingMap(maps::WALKED_NETNS))?)
-                .map_err(|source| BpfError::Map { name: maps::WALKED_NETNS, source })?;
-        let ring = RingBuf::try_from(ebpf.take_map(maps::EVENTS).ok_or(BpfError::MissingMap(maps::EVENTS))?)
-            .map_err(|source| BpfError::Map { name: maps::EVENTS, source })?;
-        let counters =
-            PerCpuArray::try_from(ebpf.take_map(maps::COUNTERS).ok_or(BpfError::MissingMap(maps::COUNTERS))?)
-                .map_err(|source| BpfError::Map { name: maps::COUNTERS, source })?;
+        let doomed = take_map(&mut ebpf, maps::DOOMED)?;
+        let walked_netns = take_map(&mut ebpf, maps::WALKED_NETNS)?;
+        let closed_idle = take_map(&mut ebpf, maps::CLOSED_IDLE)?;
+        let ring = take_map(&mut ebpf, maps::EVENTS)?;
+        let counters = take_map(&mut ebpf, maps::COUNTERS)?;
         Ok(Self {
             iter_link,
             doomed,
             netns_refused: std::sync::atomic::AtomicBool::new(false),
             walked_netns,
-            walked_full: std::sync::atomic::AtomicBool::new(false),
+            walked_full: 0,
+            evictions: std::sync::Mutex::new(losses::Evictions::new(closed_idle)),
             ebpf,
             hot,
             ring,
@@ -355,12 +367,23 @@ impl Probes {
             let v = self.counters.get(&i, 0).map_err(|source| BpfError::Map { name: maps::COUNTERS, source })?;
             Ok(v.iter().sum())
         };
+        let added = sum(counter::CLOSED_IDLE_ADDED)?;
+        let mut removed = Ok(0);
+        let closed_idle_evicted =
+            self.evictions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).update(added, || {
+                removed = sum(counter::CLOSED_IDLE_REMOVED);
+                *removed.as_ref().unwrap_or(&u64::MAX)
+            });
+        removed?;
         Ok(KernelCounters {
             ringbuf_full: sum(counter::RINGBUF_FULL)?,
             map_full: sum(counter::MAP_FULL)?,
             reuse_unresolved: sum(counter::REUSE_UNRESOLVED)?,
             doomed_full: sum(counter::DOOMED_FULL)?,
             listeners_full: sum(counter::LISTENERS_FULL)?,
+            walked_netns_full: self.walked_full,
+            closed_idle_evicted,
+            recursion_misses: losses::recursion_misses(&self.ebpf),
         })
     }
 
@@ -376,7 +399,9 @@ impl Probes {
         let mut n =
             iter::stream(iter::create(&self.iter_link).map_err(BpfError::Iter)?, &mut f).map_err(BpfError::Iter)?;
         self.walked(iter::own_netns());
-        for (ns, inode) in iter::other_netns() {
+        let others = iter::other_netns();
+        self.forget_gone_netns(&others);
+        for (ns, inode) in others {
             match iter::create_in(&ns, &self.iter_link) {
                 Ok(file) => {
                     n += iter::stream(file, &mut f).map_err(BpfError::Iter)?;
@@ -405,9 +430,22 @@ impl Probes {
             return;
         }
         if let Err(e) = self.walked_netns.insert(inode, 1, 0) {
-            if !self.walked_full.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            if self.walked_full == 0 {
                 log::warn!("network namespace {inode}: not entered in the walked table ({e}); its sockets older than observer take their role from the ports");
             }
+            self.walked_full += 1;
+        }
+    }
+
+    /// Namespaces no process uses any more leave the walked table, so it
+    /// holds the namespaces in use, not every one ever seen.
+    fn forget_gone_netns(&mut self, others: &[(std::path::PathBuf, u64)]) {
+        let present: std::collections::HashSet<u64> =
+            others.iter().map(|(_, inode)| *inode).chain([iter::own_netns()]).collect();
+        let gone: Vec<u32> =
+            self.walked_netns.keys().filter_map(Result::ok).filter(|k| !present.contains(&u64::from(*k))).collect();
+        for k in gone {
+            let _ = self.walked_netns.remove(&k);
         }
     }
 
