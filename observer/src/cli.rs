@@ -277,6 +277,9 @@ impl RunArgs {
         if let Some(r) = &self.record {
             lines.push(("record", q(&r.display().to_string())));
         }
+        if let Some(a) = &self.scrape_addr {
+            lines.push(("scrape-addr", q(a)));
+        }
         if let Some(c) = &self.cgroup {
             lines.push(("cgroup", q(&c.display().to_string())));
         }
@@ -375,6 +378,11 @@ pub struct RunArgs {
     /// Serve `GET /api/v1/destinations`, `GET /metrics` and `GET /healthz` here.
     #[arg(long, default_value = DEFAULT_METRICS_ADDR, env = "OBSERVER_METRICS_ADDR")]
     pub metrics_addr: String,
+    /// Also serve `GET /metrics` and `GET /healthz`, and nothing else, here:
+    /// the port for Prometheus and probes on a shared network, while the
+    /// destination table stays on `--metrics-addr` (loopback by default).
+    #[arg(long, env = "OBSERVER_SCRAPE_ADDR")]
+    pub scrape_addr: Option<String>,
     /// A host name the HTTP endpoint answers to besides IP addresses,
     /// `localhost` and this machine's name (repeatable); other `Host`
     /// headers get 421.

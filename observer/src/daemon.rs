@@ -38,7 +38,7 @@ mod pipeline;
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 pub use api::*;
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-use outputs::{flush_stdout, print_line, Recording, Stdout};
+use outputs::{EventsOut, Recording, Stdout};
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 use pipeline::*;
 
@@ -139,6 +139,38 @@ fn scope(args: &RunArgs) -> Result<(Filter, Option<std::path::PathBuf>, Aggregat
     Ok((filter, cgroup_root, aggregator))
 }
 
+/// Listen on `--metrics-addr` and serve the table, metrics and health.
+fn serve_http(args: &RunArgs, shared: &Arc<Shared>) -> Result<()> {
+    let listener = std::net::TcpListener::bind(&args.metrics_addr)
+        .with_context(|| format!("listening on --metrics-addr {}; pick a free address", args.metrics_addr))?;
+    listener.set_nonblocking(true).context("the HTTP listener")?;
+    info!(
+        "serving http://{}/api/v1/destinations, /metrics and /healthz",
+        listener.local_addr().context("local address")?
+    );
+    spawn_http(
+        listener,
+        Arc::clone(shared),
+        http::Limits { allowed_hosts: args.allowed_hosts.clone(), ..http::Limits::default() },
+    )?;
+    if let Some(addr) = &args.scrape_addr {
+        let listener = std::net::TcpListener::bind(addr)
+            .with_context(|| format!("listening on --scrape-addr {addr}; pick a free address"))?;
+        listener.set_nonblocking(true).context("the scrape listener")?;
+        info!("scrape port {}: /metrics and /healthz only", listener.local_addr().context("local address")?);
+        spawn_http(
+            listener,
+            Arc::clone(shared),
+            http::Limits {
+                allowed_hosts: args.allowed_hosts.clone(),
+                only: Some(http::SCRAPE_PATHS),
+                ..http::Limits::default()
+            },
+        )?;
+    }
+    Ok(())
+}
+
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     // Before the store or the listen socket: a missing capability is named
@@ -157,25 +189,19 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let _ = shared.health.store.set(writer.state());
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);
-    let listener = std::net::TcpListener::bind(&args.metrics_addr)
-        .with_context(|| format!("listening on --metrics-addr {}; pick a free address", args.metrics_addr))?;
-    listener.set_nonblocking(true).context("the HTTP listener")?;
-    info!(
-        "serving http://{}/api/v1/destinations, /metrics and /healthz",
-        listener.local_addr().context("local address")?
-    );
-    spawn_http(
-        listener,
-        Arc::clone(&shared),
-        http::Limits { allowed_hosts: args.allowed_hosts.clone(), ..http::Limits::default() },
-    )?;
+    serve_http(&args, &shared)?;
     let mut sinks = Sinks {
         print: args.events,
         connections: args.connections,
         record,
         record_lost: 0,
+        events_out: if args.events.is_some() {
+            Some(EventsOut::start().context("starting the --events writer thread")?)
+        } else {
+            None
+        },
         stop: false,
-        print_warned: None,
+        more: false,
         decode_errors: 0,
         shared: Arc::clone(&shared),
         store: Some(writer),
@@ -240,6 +266,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 sinks.flush_volume();
             }
             _ = refresh.tick() => refresh_sockets(&mut probes, &mut sinks),
+            // The last drain stopped at its cap: read on, after whatever
+            // else is ready (the branches are polled in random order).
+            () = std::future::ready(()), if sinks.more => {
+                drain(&mut probes, &mut sinks);
+                if sinks.stop { break; }
+            }
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
                 // A failed toggle must not end the daemon before its evidence is stored.
                 match probes.toggle_hot_path() {
@@ -276,6 +308,9 @@ fn shut_down(
         if given_up > 0 {
             warn!("{given_up} records could not be stored in this run (counted as store_error while it ran)");
         }
+    }
+    if let Some(out) = sinks.events_out.take() {
+        out.finish(Duration::from_secs(1));
     }
     info!("probes detached, evidence stored; exiting");
 }

@@ -86,17 +86,24 @@ fn kubernetes_validate() -> Result<PathBuf> {
     Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()).join("kubernetes-validate"))
 }
 
-/// The `DaemonSet` validates against the Kubernetes schemas (strict: no
-/// unknown fields), runs with capabilities rather than privileged, and a
-/// broken copy is rejected by the same check.
+/// The `DaemonSet` and its `NetworkPolicy` validate against the
+/// Kubernetes schemas (strict: no unknown fields), it runs with
+/// capabilities rather than privileged, keeps the table on loopback, and
+/// a broken copy is rejected by the same check.
 #[test]
 fn the_daemonset_validates_strictly() -> Result<()> {
     let manifest = deploy().join("kubernetes/daemonset.yaml");
     let tool = kubernetes_validate()?;
     let said = run(Command::new(&tool).arg("--strict").arg(&manifest))?;
     ensure!(said.contains("passed for resource daemonset/observer"), "{said}");
+    ensure!(said.contains("passed for resource networkpolicy/observer-scrape-only"), "{said}");
     let text = std::fs::read_to_string(&manifest)?;
     for needle in [
+        // The table on loopback, the scrape port (metrics and health only)
+        // on the pod network for the scraper alone.
+        "--metrics-addr=127.0.0.1:9477",
+        "--scrape-addr=0.0.0.0:9479",
+        "port: 9479",
         "privileged: false",
         "add: [\"BPF\", \"PERFMON\"]",
         "drop: [\"ALL\"]",

@@ -250,6 +250,67 @@ fn events_lines_lost_to_a_full_device_are_counted() -> Result<()> {
     Ok(())
 }
 
+/// `observer run --events` into a pipe nobody reads: the loop never waits
+/// on it. `/healthz` stays 200, the lines past the queue are dropped and
+/// counted (`events_output_backlog`), and SIGTERM ends the run within 2 s
+/// (before, the blocked write held the loop: 503, and SIGTERM unanswered).
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_stalled_events_reader_holds_nothing() -> Result<()> {
+    let data = tempfile::tempdir()?;
+    let addr = format!("127.0.0.1:{}", common::server_port()?);
+    let mut child = Command::new(*OBSERVER)
+        .args(["run", "--events=json", "--connections", "--metrics-addr", &addr, "--data-dir"])
+        .arg(data.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let _guard = scopeguard(child.id());
+    // Held, never read.
+    let _stalled = child.stdout.take().context("stdout")?;
+    wait_until("the daemon's /healthz", 60, || Ok(observer::surfaces::http::get(&addr, "/healthz").is_ok()))?;
+    // Churn: 6,000 connections, four events each with --connections, far
+    // more than the pipe (64 KiB) and the queue (16,384 lines) hold.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let acceptor = std::thread::spawn(move || {
+        for _ in 0..6_000 {
+            if listener.accept().is_err() {
+                break;
+            }
+        }
+    });
+    for _ in 0..6_000 {
+        drop(TcpStream::connect(("127.0.0.1", port))?);
+    }
+    let _ = acceptor.join();
+    wait_until("events_output_backlog > 0", 30, || Ok(lost(&addr, "events_output_backlog").unwrap_or(0) > 0))?;
+    // Longer than /healthz allows the loop to miss its beat (3 s).
+    std::thread::sleep(Duration::from_secs(4));
+    let started = Instant::now();
+    let health = observer::surfaces::http::get(&addr, "/healthz").map_err(anyhow::Error::msg)?;
+    let answered = started.elapsed();
+    let health = String::from_utf8_lossy(&health).into_owned();
+    ensure!(health.contains("\"status\":\"ok\""), "healthy while the reader stalls: {health}");
+    let dropped = lost(&addr, "events_output_backlog")?;
+    sh(&format!("kill -TERM {}", child.id()))?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        ensure!(started.elapsed() < Duration::from_secs(2), "SIGTERM not handled within 2 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    ensure!(status.success(), "exit {status:?}");
+    eprintln!(
+        "MEASURED stalled --events reader: /healthz in {:.0} ms, {dropped} lines dropped and counted, exit 0 {:.2} s after SIGTERM",
+        answered.as_secs_f64() * 1000.0,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 /// More server idle closes than the kernel's `CLOSED_IDLE` LRU table holds
 /// (16,384): a server here closes 18,000 connections idle, and the ones
 /// the table evicted (whose late reuses could no longer be seen) are

@@ -32,7 +32,7 @@ fn connection_events(probes: &mut Probes, client: SocketAddr, server: SocketAddr
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut seen = Vec::new();
     loop {
-        probes.drain(|ev| {
+        probes.drain(usize::MAX, |ev| {
             if let Ok(ev) = ev {
                 let ours = (ev.local == client && ev.remote == server) || (ev.local == server && ev.remote == client);
                 if ours && matches!(ev.kind, EventKind::Established | EventKind::Closed) {

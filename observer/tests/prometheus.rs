@@ -439,3 +439,23 @@ fn fleet_interval_is_the_intersection_of_two_hosts() -> Result<()> {
     );
     Ok(())
 }
+
+/// `--scrape-addr`: a second listener that serves `/metrics` and
+/// `/healthz` and nothing else; the destination table stays on
+/// `--metrics-addr` (the `DaemonSet` puts the scrape port on the pod
+/// network and the table on loopback).
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn the_scrape_port_serves_metrics_and_health_only() -> Result<()> {
+    let scrape = format!("127.0.0.1:{}", free_port()?);
+    let daemon = Daemon::start(&["--scrape-addr", &scrape])?;
+    let get = |addr: &str, path: &str| observer::surfaces::http::get(addr, path).map_err(anyhow::Error::msg);
+    let metrics = String::from_utf8(get(&scrape, "/metrics")?)?;
+    ensure!(metrics.contains("observer_build_info"), "metrics on the scrape port: {metrics}");
+    ensure!(String::from_utf8(get(&scrape, "/healthz")?)?.contains("\"status\":\"ok\""), "health on the scrape port");
+    let refused = get(&scrape, "/api/v1/destinations").err().context("the table must not be on the scrape port")?;
+    ensure!(refused.to_string().contains("404"), "{refused}");
+    let table: Value = serde_json::from_slice(&get(&daemon.http_addr()?, "/api/v1/destinations")?)?;
+    ensure!(table.is_array(), "the table on --metrics-addr: {table}");
+    Ok(())
+}

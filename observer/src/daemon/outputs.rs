@@ -8,7 +8,8 @@
 //!   recording removed while the daemon runs is created again.
 //! - Standard output closed (`observer run --events | head`) ends the run
 //!   as Unix tools end: no panic, the probes detached, the store flushed,
-//!   exit 0.
+//!   exit 0. `--events` is written by its own thread ([`EventsOut`]): a
+//!   reader that stalls costs dropped lines, counted, never the loop.
 
 use std::{
     fs::File,
@@ -184,38 +185,106 @@ impl Recording {
     }
 }
 
-/// What writing to standard output found.
+/// What handing a line to `--events` found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stdout {
     Open,
     /// The reader went away (`EPIPE`): the run ends.
     Closed,
-    /// The line could not be written (another error): lost, counted.
-    Lost,
+    /// The reader is too slow: its queue is full and the line is dropped,
+    /// counted (`events_output_backlog`).
+    Backlog,
 }
 
-/// Print one line of `--events`. A closed pipe ends the run; any other
-/// error (a full disk behind a redirect) loses the line, logged once a
-/// minute: standard output is a view, the store and `--record` hold the
-/// evidence.
-pub(crate) fn print_line(line: &str, last_warn: &mut Option<Instant>) -> Stdout {
-    let mut out = std::io::stdout().lock();
-    match writeln!(out, "{line}") {
-        Ok(()) => Stdout::Open,
-        Err(e) if e.kind() == ErrorKind::BrokenPipe => Stdout::Closed,
-        Err(e) => {
-            if last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
-                warn!("writing --events to standard output: {e}; lines are lost until it can be written");
-                *last_warn = Some(Instant::now());
+/// Lines `--events` holds for a slow reader before it drops them.
+pub(crate) const EVENTS_QUEUE: usize = 16_384;
+
+/// `--events` on its own thread: the daemon's loop hands it lines and
+/// never waits on standard output, so a reader that stalls cannot hold
+/// the loop (signals, `/healthz`'s heartbeat, the store). A closed pipe
+/// ends the run; any other write error (a full disk behind a redirect)
+/// loses the lines of that write, counted (`events_output_error`) and
+/// logged once a minute: standard output is a view, the store and
+/// `--record` hold the evidence.
+pub(crate) struct EventsOut {
+    tx: Option<std::sync::mpsc::SyncSender<String>>,
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    errors: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    done: std::sync::mpsc::Receiver<()>,
+}
+
+impl EventsOut {
+    pub(crate) fn start() -> std::io::Result<Self> {
+        use std::sync::{atomic::Ordering, Arc};
+        let (tx, rx) = std::sync::mpsc::sync_channel::<String>(EVENTS_QUEUE);
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (c, e) = (Arc::clone(&closed), Arc::clone(&errors));
+        std::thread::Builder::new().name("events-out".into()).spawn(move || {
+            let mut out = std::io::stdout();
+            let mut last_warn: Option<Instant> = None;
+            let mut batch = String::new();
+            while let Ok(line) = rx.recv() {
+                // What waits is written in one go.
+                batch.clear();
+                let mut lines = 1u64;
+                batch.push_str(&line);
+                batch.push('\n');
+                while batch.len() < BUFFER {
+                    let Ok(more) = rx.try_recv() else { break };
+                    batch.push_str(&more);
+                    batch.push('\n');
+                    lines += 1;
+                }
+                match out.write_all(batch.as_bytes()).and_then(|()| out.flush()) {
+                    Ok(()) => {}
+                    Err(err) if err.kind() == ErrorKind::BrokenPipe => {
+                        c.store(true, Ordering::Relaxed);
+                        break;
+                    }
+                    Err(err) => {
+                        e.fetch_add(lines, Ordering::Relaxed);
+                        if last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) {
+                            warn!("writing --events to standard output: {err}; lines are lost until it can be written");
+                            last_warn = Some(Instant::now());
+                        }
+                    }
+                }
             }
-            Stdout::Lost
+            let _ = done_tx.send(());
+        })?;
+        Ok(Self { tx: Some(tx), closed, errors, done })
+    }
+
+    /// Hand one line over; never blocks.
+    pub(crate) fn print(&self, line: String) -> Stdout {
+        if self.is_closed() {
+            return Stdout::Closed;
+        }
+        match self.tx.as_ref().map(|tx| tx.try_send(line)) {
+            Some(Ok(())) => Stdout::Open,
+            Some(Err(std::sync::mpsc::TrySendError::Full(_))) => Stdout::Backlog,
+            _ => Stdout::Closed,
         }
     }
-}
 
-/// Flush standard output; false when the reader went away.
-pub(crate) fn flush_stdout() -> bool {
-    !matches!(std::io::stdout().flush(), Err(e) if e.kind() == ErrorKind::BrokenPipe)
+    /// The reader went away.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Lines lost to write errors since the last call.
+    pub(crate) fn take_errors(&self) -> u64 {
+        self.errors.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// No more lines: what is queued is written within `wait`, or left to
+    /// a reader that does not read (the run ends either way).
+    pub(crate) fn finish(mut self, wait: Duration) {
+        self.tx = None;
+        let _ = self.done.recv_timeout(wait);
+    }
 }
 
 #[cfg(test)]

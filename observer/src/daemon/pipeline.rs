@@ -16,9 +16,12 @@ pub(crate) struct Sinks {
     pub(crate) record: Option<Recording>,
     /// Events not recorded, as last exported.
     pub(crate) record_lost: u64,
+    /// `--events`' writer thread.
+    pub(crate) events_out: Option<EventsOut>,
     /// Standard output closed under `--events`: the run ends.
     pub(crate) stop: bool,
-    pub(crate) print_warned: Option<std::time::Instant>,
+    /// The last drain stopped at its cap with records left in the ring.
+    pub(crate) more: bool,
     pub(crate) decode_errors: u64,
     pub(crate) shared: Arc<Shared>,
     pub(crate) store: Option<Writer>,
@@ -120,10 +123,11 @@ impl Sinks {
             Some(EventsFormat::Json) => ev.to_json_line(),
             None => return,
         };
-        match print_line(&line, &mut self.print_warned) {
+        let Some(out) = self.events_out.as_ref() else { return };
+        match out.print(line) {
             Stdout::Open => {}
             Stdout::Closed => self.close_stdout(),
-            Stdout::Lost => self.shared.metrics.lost(metrics::reason::EVENTS_OUTPUT_ERROR, 1),
+            Stdout::Backlog => self.shared.metrics.lost(metrics::reason::EVENTS_OUTPUT_BACKLOG, 1),
         }
     }
 
@@ -229,9 +233,13 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
     }
 }
 
+/// Records read per drain at most: past it the loop turns to its signals
+/// and ticks before it reads on (`Sinks::more`).
+pub(crate) const DRAIN_CAP: usize = 65_536;
+
 pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) {
     sinks.shared.health.heartbeat_ns.store(clock_ns(libc::CLOCK_BOOTTIME), Ordering::Relaxed);
-    probes.drain(|ev| match ev {
+    let read = probes.drain(DRAIN_CAP, |ev| match ev {
         Ok(ev) => sinks.handle(ev),
         Err(e) => {
             sinks.decode_errors += 1;
@@ -239,8 +247,12 @@ pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) {
             error!("undecodable event ({} so far): {e}", sinks.decode_errors);
         }
     });
-    if sinks.print.is_some() && !flush_stdout() {
-        sinks.close_stdout();
+    sinks.more = read == DRAIN_CAP;
+    if let Some(out) = sinks.events_out.as_ref() {
+        sinks.shared.metrics.lost(metrics::reason::EVENTS_OUTPUT_ERROR, out.take_errors());
+        if out.is_closed() {
+            sinks.close_stdout();
+        }
     }
     if let Some(rec) = sinks.record.as_mut() {
         rec.flush_due();

@@ -37,7 +37,13 @@ pub struct Limits {
     /// Host names accepted besides IP literals, `localhost` and this
     /// machine's name (lower case, without port).
     pub allowed_hosts: Vec<String>,
+    /// The only paths this listener serves (`None`: every path). The
+    /// scrape port serves [`SCRAPE_PATHS`]: the table stays off it.
+    pub only: Option<&'static [&'static str]>,
 }
+
+/// What the scrape port (`--scrape-addr`) serves.
+pub const SCRAPE_PATHS: &[&str] = &["/metrics", "/healthz"];
 
 impl Default for Limits {
     fn default() -> Self {
@@ -46,6 +52,7 @@ impl Default for Limits {
             head_deadline: Duration::from_secs(5),
             request_deadline: Duration::from_secs(30),
             allowed_hosts: Vec::new(),
+            only: None,
         }
     }
 }
@@ -105,6 +112,11 @@ fn respond<B>(handler: &dyn Handler, limits: &Limits, req: &hyper::Request<B>) -
     let host = req.headers().get(header::HOST).map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
     let r = if host.as_deref().is_some_and(|h| !host_allowed(h, &limits.allowed_hosts)) {
         Response::text(421, "unknown Host; use an IP address, localhost, or run with --allowed-host NAME\n")
+    } else if limits.only.is_some_and(|only| !only.contains(&req.uri().path())) {
+        Response::text(
+            404,
+            "this port serves /metrics and /healthz only; the destination table is on --metrics-addr (loopback by default)\n",
+        )
     } else if req.method() == Method::GET {
         handler.get(req.uri().path())
     } else {

@@ -152,6 +152,9 @@ pub mod reason {
     /// `--events` could not write a line (an error other than the reader
     /// closing the pipe, which ends the printing).
     pub const EVENTS_OUTPUT_ERROR: &str = "events_output_error";
+    /// `--events`' reader was too slow: its queue of lines was full, and
+    /// the line was dropped (the loop never waits on it).
+    pub const EVENTS_OUTPUT_BACKLOG: &str = "events_output_backlog";
     pub const ALL: &[&str] = &[
         RING_BUFFER_FULL,
         SOCKET_STORAGE_FULL,
@@ -164,6 +167,7 @@ pub mod reason {
         CLOSED_IDLE_EVICTED,
         PROGRAM_RUN_SKIPPED,
         EVENTS_OUTPUT_ERROR,
+        EVENTS_OUTPUT_BACKLOG,
     ];
 }
 

@@ -337,7 +337,7 @@ impl Probes {
     /// Decode every event waiting in the ring buffer, in order. The wall
     /// clock offset is resampled every second, so an NTP step moves later
     /// events with it.
-    pub fn drain(&mut self, mut f: impl FnMut(Result<SockEvent, DecodeError>)) -> usize {
+    pub fn drain(&mut self, max: usize, mut f: impl FnMut(Result<SockEvent, DecodeError>)) -> usize {
         if self.clock_sampled.elapsed() >= Duration::from_secs(1) {
             self.clock = Clock::now();
             self.clock_sampled = Instant::now();
@@ -348,7 +348,8 @@ impl Probes {
             }
         }
         let mut n = 0;
-        while let Some(item) = self.ring.next() {
+        while n < max {
+            let Some(item) = self.ring.next() else { break };
             let ev = decode_bytes(&item, self.clock);
             // First bytes that told nothing: parsed, dropped, no event.
             if matches!(&ev, Ok(e) if e.kind == EventKind::ServerName && e.server_name.is_none() && e.protocol.is_none())

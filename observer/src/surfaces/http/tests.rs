@@ -217,3 +217,14 @@ async fn the_connection_cap_holds_at_1024() {
     let r = raw(&addr, "GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
     assert!(r.starts_with("HTTP/1.1 200"), "a freed slot serves again: {r}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_limited_to_some_paths_serves_only_those() {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    tokio::spawn(serve(l, Arc::new(Fixed), Limits { only: Some(&["/x"]), ..Limits::default() }));
+    let r = raw(&addr, "GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    let r = raw(&addr, "GET /api/v1/destinations HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
+    assert!(r.starts_with("HTTP/1.1 404") && r.contains("--metrics-addr"), "{r}");
+}
