@@ -97,6 +97,13 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
         verdict::judge_server(&f)
     } else {
         let (mut interval, basis) = interval_of(ev);
+        // A small answered exchange is a ping only where the connections
+        // speak HTTP/2 (its PING frame); elsewhere it is a small request
+        // (a Redis PING, a memcached get) and the connection was used.
+        let basis = match basis {
+            Some(LowerBasis::Pings) if !r.protocols.contains(&Protocol::H2) => Some(LowerBasis::Silent),
+            b => b,
+        };
         if interval.spread.is_none() && peer_clusters.len() > 1 {
             // Mixed paths: every estimate is the smallest path's.
             let alive = ev.alive(basis == Some(LowerBasis::Keepalive));

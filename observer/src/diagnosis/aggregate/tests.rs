@@ -931,17 +931,24 @@ fn sized(ts: f64, remote: &str, idle: f64, bytes: u32) -> SockEvent {
 
 #[test]
 fn a_connection_kept_by_pings_says_so_and_gives_no_number() {
-    let d = "10.0.0.9:50051";
+    let (d, plain) = ("10.0.0.9:50051", "10.0.0.11:6379");
     let mut agg = Aggregator::new(Config::default());
+    let mut hello = ev(0.0, EventKind::ServerName, d, 0.0);
+    hello.protocol = Some(Protocol::H2);
+    agg.ingest(&hello);
     // HTTP/2 PINGs (17 bytes) every second; the calls between them come
-    // sooner after a ping than the pings' interval.
+    // sooner after a ping than the pings' interval. The same sizes to a
+    // destination that does not speak HTTP/2 are small requests.
     let mut ts = 0.0;
     for k in 0..20 {
         ts += 1.0;
-        agg.ingest(&sized(ts, d, 1.0 + f64::from(k % 3) * 0.001, 17));
-        agg.ingest(&sized(ts + 0.4, d, 0.4, 180));
+        for dest in [d, plain] {
+            agg.ingest(&sized(ts, dest, 1.0 + f64::from(k % 3) * 0.001, 17));
+            agg.ingest(&sized(ts + 0.4, dest, 0.4, 180));
+        }
     }
     let rows = table(&mut agg);
+    assert_eq!(row(&rows, plain).path_lower_basis, Some(LowerBasis::Silent), "a small request is no ping");
     let r = row(&rows, d);
     assert_eq!(r.path_lower_basis, Some(LowerBasis::Pings), "{r:#?}");
     assert_eq!(r.recommended_pool_idle_timeout_seconds, None);
