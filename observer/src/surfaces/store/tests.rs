@@ -479,3 +479,36 @@ fn a_reader_changes_nothing() {
     assert!(matches!(e, StoreError::NotMigrated { .. }), "{e}");
     assert_eq!(std::fs::read(old.path().join(DB_FILE)).unwrap(), SCHEMA1);
 }
+
+/// A reader holding a snapshot (`observer report` on the live store) keeps
+/// the WAL from being folded back; the size prune must not count that WAL
+/// and go on deleting: it deletes down to the limit in live pages, and the
+/// file shrinks once the reader lets go.
+#[test]
+fn a_reader_does_not_make_the_size_prune_delete_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    let batch: Vec<Record> = (0..20_000u64)
+        .map(|k| Record::Event(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok))))
+        .collect();
+    store.insert(&batch).unwrap();
+    store.compact().unwrap();
+    let before = store.size_bytes().unwrap();
+    let limit = before / 2;
+    let reader = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let seen: i64 = reader.query_row("SELECT COUNT(*) FROM evidence", [], |r| r.get(0)).unwrap();
+    assert_eq!(seen, 20_000);
+    let p = store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    let left = store.events(None, 0).unwrap().len();
+    eprintln!(
+        "MEASURED prune beside a reader: {before} bytes to a {limit}-byte limit: {left} of 20000 records kept, {} deleted",
+        p.by_size
+    );
+    assert!(left >= 8_000, "a reader's snapshot made the prune delete {} of 20000 records", p.by_size);
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    assert!(store.size_bytes().unwrap() <= limit, "the file shrinks once the reader lets go");
+    assert_eq!(store.events(None, 0).unwrap().len(), left, "and nothing more is deleted for it");
+}
