@@ -156,8 +156,8 @@ fn unescape_mountinfo(s: &str) -> String {
 pub struct Resolver {
     root: Option<PathBuf>,
     cache: HashMap<u64, Arc<Owner>>,
-    /// Ids the last walk did not find (a cgroup removed while its sockets
-    /// live on): they do not start another walk.
+    /// Ids a walk did not find (a cgroup removed while its sockets live
+    /// on): they never start another walk (at most `MAX_CACHED`).
     missed: std::collections::HashSet<u64>,
     last_scan: Option<Instant>,
     scans: u64,
@@ -196,7 +196,12 @@ impl Resolver {
         }
         self.scan();
         let found = self.cache.get(&id).cloned();
-        if found.is_none() && self.missed.len() < MAX_CACHED {
+        if found.is_none() {
+            // A cgroup id is never reused within a boot: one the walk did
+            // not find is gone for good (kept across walks, bounded).
+            if self.missed.len() >= MAX_CACHED {
+                self.missed.clear();
+            }
             self.missed.insert(id);
         }
         found
@@ -205,7 +210,6 @@ impl Resolver {
     fn scan(&mut self) {
         self.last_scan = Some(Instant::now());
         self.scans += 1;
-        self.missed.clear();
         let Some(root) = self.root.clone() else { return };
         let mut found = HashMap::new();
         let mut stack = vec![(root.clone(), String::from("/"))];

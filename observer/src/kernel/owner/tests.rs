@@ -157,5 +157,10 @@ fn an_id_the_walk_did_not_find_starts_no_more_walks() {
     std::fs::create_dir(&new).unwrap();
     assert_eq!(r.resolve(std::fs::metadata(&new).unwrap().ino()).unwrap().cgroup, "/new");
     assert_eq!(r.scans(), 2);
+    // The gone cgroup's sockets keep writing: still no walk for it, also
+    // after another id's walk (ids are never reused within a boot).
+    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
+    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert_eq!(r.scans(), 2, "a gone cgroup walks the tree once, not every 2 s");
     std::fs::remove_dir_all(&dir).unwrap();
 }
