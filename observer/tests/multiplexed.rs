@@ -231,12 +231,18 @@ fn start_l4_balancer(topo: &Topology, dir: &std::path::Path, idle_s: u32, backen
         ),
     )?;
     let haproxy = Killed(topo.ns.spawn(topo.server, &format!("haproxy -db -f {}", conf.display()))?);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8080") {
-        ensure!(std::time::Instant::now() < deadline, "haproxy did not start listening");
+    wait_listening(topo, topo.server, 8080, "haproxy", Duration::from_secs(10))?;
+    Ok(haproxy)
+}
+
+/// Wait until something listens on `port` in namespace `i` of `topo`.
+fn wait_listening(topo: &Topology, i: usize, port: u16, what: &str, within: Duration) -> Result<()> {
+    let deadline = std::time::Instant::now() + within;
+    while !topo.ns.exec(i, "ss -ltn")?.contains(&format!(":{port} ")) {
+        ensure!(std::time::Instant::now() < deadline, "{what} did not start listening on {port}");
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(haproxy)
+    Ok(())
 }
 
 #[test]
@@ -387,11 +393,7 @@ fn start_envoy(topo: &Topology, dir: &std::path::Path, listen: &str, upstream: (
         topo.client,
         &format!("{} -c {} --concurrency 1 --disable-hot-restart --log-level warn", envoy_bin()?, conf.display()),
     )?);
-    let deadline = std::time::Instant::now() + Duration::from_mins(1);
-    while !topo.ns.exec(topo.client, "ss -ltn")?.contains(":10000") {
-        ensure!(std::time::Instant::now() < deadline, "envoy did not start listening");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_listening(topo, topo.client, 10_000, "envoy", Duration::from_mins(1))?;
     Ok(envoy)
 }
 

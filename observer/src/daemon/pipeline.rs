@@ -262,25 +262,18 @@ pub(crate) fn drain(probes: &mut Probes, sinks: &mut Sinks) {
 pub(crate) fn report_losses(probes: &Probes, reported: &mut KernelCounters, metrics: &Metrics) {
     match probes.counters() {
         Ok(now) => {
-            metrics.lost(metrics::reason::RING_BUFFER_FULL, now.ringbuf_full.saturating_sub(reported.ringbuf_full));
-            metrics.lost(metrics::reason::SOCKET_STORAGE_FULL, now.map_full.saturating_sub(reported.map_full));
-            metrics.lost(metrics::reason::DOOMED_TABLE_FULL, now.doomed_full.saturating_sub(reported.doomed_full));
-            metrics.lost(
-                metrics::reason::LISTENERS_TABLE_FULL,
-                now.listeners_full.saturating_sub(reported.listeners_full),
-            );
-            metrics.lost(
-                metrics::reason::NETNS_TABLE_FULL,
-                now.walked_netns_full.saturating_sub(reported.walked_netns_full),
-            );
-            metrics.lost(
-                metrics::reason::CLOSED_IDLE_EVICTED,
-                now.closed_idle_evicted.saturating_sub(reported.closed_idle_evicted),
-            );
-            metrics.lost(
-                metrics::reason::PROGRAM_RUN_SKIPPED,
-                now.recursion_misses.saturating_sub(reported.recursion_misses),
-            );
+            use metrics::reason;
+            for (why, at, before) in [
+                (reason::RING_BUFFER_FULL, now.ringbuf_full, reported.ringbuf_full),
+                (reason::SOCKET_STORAGE_FULL, now.map_full, reported.map_full),
+                (reason::DOOMED_TABLE_FULL, now.doomed_full, reported.doomed_full),
+                (reason::LISTENERS_TABLE_FULL, now.listeners_full, reported.listeners_full),
+                (reason::NETNS_TABLE_FULL, now.walked_netns_full, reported.walked_netns_full),
+                (reason::CLOSED_IDLE_EVICTED, now.closed_idle_evicted, reported.closed_idle_evicted),
+                (reason::PROGRAM_RUN_SKIPPED, now.recursion_misses, reported.recursion_misses),
+            ] {
+                metrics.lost(why, at.saturating_sub(before));
+            }
             if now.recursion_misses > reported.recursion_misses {
                 warn!(
                     "the kernel skipped {} runs of observer's programs (already running on that CPU; {} in total): what they would have seen is lost",

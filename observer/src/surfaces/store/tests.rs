@@ -92,13 +92,7 @@ fn retention_by_age() {
 
 #[test]
 fn retention_by_size_keeps_the_newest() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
-    let batch: Vec<Record> = (0..20_000u64)
-        .map(|k| Record::Event(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok))))
-        .collect();
-    store.insert(&batch).unwrap();
-    store.compact().unwrap();
+    let (_dir, mut store) = twenty_thousand_reuses();
     let before = store.size_bytes().unwrap();
     let limit = 1024 * 1024;
     assert!(before > limit, "the test needs more than 1 MiB ({before})");
@@ -195,6 +189,19 @@ fn a_bad_row_is_skipped_not_fatal() {
     let events = store.events(None, 0).unwrap();
     assert_eq!(events.len(), 45, "every good row, the bad one skipped");
     assert!(store.changes("10.0.0.2:443", 0).unwrap().is_empty());
+}
+
+/// A store in a fresh directory holding 20,000 reuse records, one a
+/// second from `T0`, checkpointed.
+fn twenty_thousand_reuses() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = Store::open(dir.path()).unwrap();
+    let batch: Vec<Record> = (0..20_000u64)
+        .map(|k| Record::Event(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok))))
+        .collect();
+    store.insert(&batch).unwrap();
+    store.compact().unwrap();
+    (dir, store)
 }
 
 fn mode(p: &Path) -> u32 {
@@ -486,13 +493,7 @@ fn a_reader_changes_nothing() {
 /// file shrinks once the reader lets go.
 #[test]
 fn a_reader_does_not_make_the_size_prune_delete_everything() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
-    let batch: Vec<Record> = (0..20_000u64)
-        .map(|k| Record::Event(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok))))
-        .collect();
-    store.insert(&batch).unwrap();
-    store.compact().unwrap();
+    let (dir, mut store) = twenty_thousand_reuses();
     let before = store.size_bytes().unwrap();
     let limit = before / 2;
     let reader = Connection::open(dir.path().join(DB_FILE)).unwrap();
