@@ -180,6 +180,9 @@ fn arm64_root() -> Result<PathBuf> {
         "binfmt_misc has no qemu-aarch64 entry: arm64 programs cannot run here to make the guest's userland"
     );
     let tmp = vm_dir().join("arm64-root.tmp");
+    // A run killed inside mmdebstrap leaves its proc, sys and dev mounts
+    // there (seen: a clone that could not be removed).
+    unmount_below(&tmp);
     let _ = fs::remove_dir_all(&tmp);
     let _ = fs::remove_dir_all(&dir);
     println!("vm: making the arm64 guest's userland (mmdebstrap; a few minutes, once)");
@@ -205,6 +208,17 @@ fn arm64_root() -> Result<PathBuf> {
     fs::rename(&tmp, &dir)?;
     println!("vm: arm64 userland ready in {:.0} s", t.elapsed().as_secs_f64());
     Ok(dir)
+}
+
+/// Unmount whatever is mounted at or below `dir`, deepest first.
+fn unmount_below(dir: &Path) {
+    let Ok(mounts) = fs::read_to_string("/proc/self/mounts") else { return };
+    let mut below: Vec<&str> =
+        mounts.lines().filter_map(|l| l.split(' ').nth(1)).filter(|m| Path::new(m).starts_with(dir)).collect();
+    below.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in below {
+        let _ = Command::new("umount").arg("-l").arg(m).status();
+    }
 }
 
 /// Test executables of kernel `k`'s suites: built on the host, for arm64
@@ -482,4 +496,47 @@ fn boot(p: &Prepared) -> Result<()> {
         bail!("suites failed on {release}: {} (logs in {})", failed.join(", "), out.display());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unmount_below;
+
+    /// What an interrupted mmdebstrap leaves (mounts below its directory)
+    /// is unmounted, deepest first, so the directory can be removed.
+    #[test]
+    fn mounts_left_below_a_directory_are_unmounted() {
+        if !crate::is_root() {
+            eprintln!("not root: mounting needs it (cargo xtask test runs this as root in CI)");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("observer-unmount-{}", std::process::id()));
+        let outer = dir.join("proc");
+        let inner = outer.join("fs");
+        std::fs::create_dir_all(&outer).unwrap();
+        assert!(std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "none"])
+            .arg(&outer)
+            .status()
+            .unwrap()
+            .success());
+        std::fs::create_dir_all(&inner).unwrap();
+        assert!(std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "none"])
+            .arg(&inner)
+            .status()
+            .unwrap()
+            .success());
+        let mounted = || {
+            std::fs::read_to_string("/proc/self/mounts")
+                .unwrap()
+                .lines()
+                .filter(|l| l.split(' ').nth(1).is_some_and(|m| std::path::Path::new(m).starts_with(&dir)))
+                .count()
+        };
+        assert_eq!(mounted(), 2);
+        unmount_below(&dir);
+        assert_eq!(mounted(), 0, "both unmounted");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
