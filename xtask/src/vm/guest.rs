@@ -513,20 +513,11 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("observer-unmount-{}", std::process::id()));
         let outer = dir.join("proc");
         let inner = outer.join("fs");
-        std::fs::create_dir_all(&outer).unwrap();
-        assert!(std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "none"])
-            .arg(&outer)
-            .status()
-            .unwrap()
-            .success());
-        std::fs::create_dir_all(&inner).unwrap();
-        assert!(std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "none"])
-            .arg(&inner)
-            .status()
-            .unwrap()
-            .success());
+        for m in [&outer, &inner] {
+            std::fs::create_dir_all(m).unwrap();
+            let mounted = std::process::Command::new("mount").args(["-t", "tmpfs", "none"]).arg(m).status().unwrap();
+            assert!(mounted.success());
+        }
         let mounted = || {
             std::fs::read_to_string("/proc/self/mounts")
                 .unwrap()

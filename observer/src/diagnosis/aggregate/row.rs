@@ -96,14 +96,15 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
         r.client_pool_idle_timeout_seconds = f.client_pool_idle_timeout;
         verdict::judge_server(&f)
     } else {
-        let (mut interval, basis) = interval_of(ev);
-        // A small answered exchange is a ping only where the connections
-        // speak HTTP/2 (its PING frame); elsewhere it is a small request
-        // (a Redis PING, a memcached get) and the connection was used.
-        let basis = match basis {
-            Some(LowerBasis::Pings) if !r.protocols.contains(&Protocol::H2) => Some(LowerBasis::Silent),
-            b => b,
-        };
+        let (mut interval, mut basis) = interval_of(ev);
+        // Silent survivals that were all pings: only where the connections
+        // speak HTTP/2 is a small answered exchange a PING frame; elsewhere
+        // it is a small request (a Redis PING, a memcached get).
+        if let (Some(LowerBasis::Silent), Some(lower)) = (basis, interval.lower) {
+            if r.protocols.contains(&Protocol::H2) && ev.max_unpinged_alive().is_none_or(|m| m < lower) {
+                basis = Some(LowerBasis::Pings);
+            }
+        }
         if interval.spread.is_none() && peer_clusters.len() > 1 {
             // Mixed paths: every estimate is the smallest path's.
             let alive = ev.alive(basis == Some(LowerBasis::Keepalive));

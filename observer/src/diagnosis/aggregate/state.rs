@@ -45,8 +45,7 @@ pub(crate) struct DestState {
 }
 
 /// The interval and which survivals its lower bound rests on: silent
-/// sockets' when there are any (pings' when no longer survival was more
-/// than a ping), else keep-alive refreshed ones'.
+/// sockets' when there are any, else keep-alive refreshed ones'.
 pub(crate) fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
     let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
     let closes: Vec<f64> = ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
@@ -60,9 +59,8 @@ pub(crate) fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
         None => estimate::interval_weighted(alive, &dead),
     };
     let silent = if band.is_some() { interval(&silent_alive) } else { plain };
-    if let Some(lower) = silent.lower {
-        let pinged = ev.max_unpinged_alive().is_none_or(|m| m < lower);
-        return (silent, Some(if pinged { LowerBasis::Pings } else { LowerBasis::Silent }));
+    if silent.lower.is_some() {
+        return (silent, Some(LowerBasis::Silent));
     }
     let all = interval(&ev.alive(true));
     if all.lower.is_some() {

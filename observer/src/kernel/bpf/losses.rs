@@ -70,16 +70,23 @@ impl Evictions {
         Self { map, checked: None, evicted: 0 }
     }
 
-    /// Evicted so far, given the kernel's counts of entries added (read
-    /// before) and removed (read after this call's count of entries).
-    pub(super) fn update(&mut self, added: u64, removed: impl FnOnce() -> u64) -> u64 {
+    /// The entries left, counted when the last count is 5 s old.
+    pub(super) fn live_if_due(&mut self) -> Option<u64> {
         if self.checked.is_some_and(|t| t.elapsed() < Duration::from_secs(5)) {
-            return self.evicted;
+            return None;
         }
         self.checked = Some(Instant::now());
-        let live = self.map.keys().flatten().count() as u64;
-        let estimate = added.saturating_sub(removed()).saturating_sub(live);
-        self.evicted = self.evicted.max(estimate);
+        Some(self.map.keys().flatten().count() as u64)
+    }
+
+    /// Evicted so far, given entries added (read before the count of
+    /// those left), removed (read after it) and left.
+    pub(super) fn update(&mut self, added: u64, removed: u64, live: u64) -> u64 {
+        self.evicted = self.evicted.max(added.saturating_sub(removed).saturating_sub(live));
+        self.evicted
+    }
+
+    pub(super) const fn evicted(&self) -> u64 {
         self.evicted
     }
 }

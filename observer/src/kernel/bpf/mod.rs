@@ -369,13 +369,12 @@ impl Probes {
             Ok(v.iter().sum())
         };
         let added = sum(counter::CLOSED_IDLE_ADDED)?;
-        let mut removed = Ok(0);
-        let closed_idle_evicted =
-            self.evictions.lock().unwrap_or_else(std::sync::PoisonError::into_inner).update(added, || {
-                removed = sum(counter::CLOSED_IDLE_REMOVED);
-                *removed.as_ref().unwrap_or(&u64::MAX)
-            });
-        removed?;
+        let mut evictions = self.evictions.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let closed_idle_evicted = match evictions.live_if_due() {
+            Some(live) => evictions.update(added, sum(counter::CLOSED_IDLE_REMOVED)?, live),
+            None => evictions.evicted(),
+        };
+        drop(evictions);
         Ok(KernelCounters {
             ringbuf_full: sum(counter::RINGBUF_FULL)?,
             map_full: sum(counter::MAP_FULL)?,

@@ -72,6 +72,13 @@ fn migrate_1_to_2(conn: &Connection) -> rusqlite::Result<()> {
     })
 }
 
+/// The names of the database's tables.
+fn tables(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+    let names = stmt.query_map([], |r| r.get(0))?.collect();
+    names
+}
+
 impl Store {
     /// Open (or create) the store in `dir`, read-write: the daemon's and
     /// the crash tests' writer.
@@ -99,12 +106,7 @@ impl Store {
         let fail = |source| StoreError::of(&path, source);
         // Read before anything is written: a foreign or damaged file is
         // refused unchanged, never given a schema or a journal mode.
-        let tables: Vec<String> = (|| {
-            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
-            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
-            names
-        })()
-        .map_err(fail)?;
+        let tables = tables(&conn).map_err(fail)?;
         let ours = tables.iter().any(|t| t == "meta");
         if !tables.is_empty() && !ours {
             return Err(StoreError::Foreign { path });
@@ -150,12 +152,7 @@ impl Store {
                 .map_err(|error| StoreError::Open { path: path.clone(), error })?;
         let fail = |source| StoreError::of(&path, source);
         conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
-        let tables: Vec<String> = (|| {
-            let mut stmt = conn.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
-            let names = stmt.query_map([], |r| r.get(0))?.collect::<rusqlite::Result<_>>();
-            names
-        })()
-        .map_err(fail)?;
+        let tables = tables(&conn).map_err(fail)?;
         if !tables.iter().any(|t| t == "meta") {
             return Err(if tables.is_empty() {
                 StoreError::Schema { path, found: 0 }
