@@ -116,6 +116,11 @@ pub mod how {
     /// fails, but the first stall dates the death, so its idle age is no
     /// evidence of the path's timeout.
     pub const AFTER_STALL: u8 = 9;
+    /// A reuse written while the peer's unsolicited bytes (an HTTP/2
+    /// `GOAWAY`, a TLS `close_notify`) waited unread, and ended unanswered:
+    /// the client wrote past the server's drain signal. A failure, dated
+    /// by its own idle age (the peer began its close before it).
+    pub const AFTER_GOODBYE: u8 = 10;
 }
 
 /// Bits of [`Event::flags`].

@@ -331,6 +331,153 @@ fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
     Ok(())
 }
 
+/// Go's own HTTP/2 server ends an idle connection with a `GOAWAY` and
+/// closes it only a second later (`goAwayTimeout`, for the client's
+/// in-flight frames); Go's client reads the `GOAWAY` at once and keeps the
+/// socket until the FIN. The close is the server's 2 s, not the second
+/// between its goodbye and its FIN.
+#[test]
+#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
+fn http2_goaway_then_a_graceful_second_is_measured_at_the_goaway() -> Result<()> {
+    let topo = Topology::pair("mxgo")?;
+    let tool = common::tlstool()?;
+    let _srv =
+        common::start_server(&topo.ns, topo.server, &format!("{} server {}:8443 2s", tool.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let out = topo.ns.exec(
+        topo.client,
+        &format!("{} h2 https://{}:8443/ 0.5,3.5,1.0,4.0,0.8,2.6,1.2,3.2", tool.display(), topo.server_v4),
+    )?;
+    let gets: Vec<serde_json::Value> = out.lines().map(serde_json::from_str).collect::<Result<_, _>>()?;
+    let failed = gets.iter().filter(|g| g.get("error").is_some()).count();
+    ensure!(gets.len() == 8 && gets.iter().any(|g| g["proto"] == "HTTP/2.0"), "GETs on HTTP/2: {out}");
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let r = row(&rows, &format!("{}:8443", topo.server_v4))?;
+    measured("http2 go server goaway", gets.len() - failed, failed, r);
+    let dest: std::net::SocketAddr = format!("{}:8443", topo.server_v4).parse()?;
+    let evs: Vec<String> = daemon
+        .events()
+        .iter()
+        .filter(|e| e.remote == dest && e.role == Role::Client)
+        .map(|e| {
+            format!(
+                "{} {} idle {:.3} {:?} {:?} elapsed {:?} bytes {} t {}",
+                e.sock_id,
+                e.kind.as_str(),
+                e.idle_seconds,
+                e.outcome,
+                e.how,
+                e.elapsed_seconds,
+                e.bytes,
+                e.ts_unix_ns / 1_000_000 % 100_000
+            )
+        })
+        .collect();
+    let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", evs.join("\n"));
+    let point = r.path_idle_timeout_seconds.with_context(|| format!("a point from the server's closes: {seen}"))?;
+    ensure!((point - 2.0).abs() <= 0.05 * 2.0, "Go's IdleTimeout 2 s within 5 %: {seen}");
+    ensure!(r.failures == failed as u64, "the client's failures, counted: {seen}");
+    ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
+    Ok(())
+}
+
+/// `python3 LAZY_H2_CLIENT HOST PORT GAPS`: an HTTP/2 client on hyper-h2
+/// (`PyPI`'s `h2`, the state machine under httpx) that reads only while it
+/// waits for an answer, as synchronous clients do: a `GOAWAY` sent while
+/// it idles waits unread until its next request is on the wire. After a
+/// failed request it opens a new connection (one request at once). Prints
+/// `ok GAP` or `fail GAP WHY` per request after each gap.
+const LAZY_H2_CLIENT: &str = r#"
+import socket, ssl, sys, time
+import h2.connection, h2.config, h2.events
+host, port, gaps = sys.argv[1], int(sys.argv[2]), [float(x) for x in sys.argv[3].split(",")]
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+ctx.set_alpn_protocols(["h2"])
+def connect():
+    s = ctx.wrap_socket(socket.create_connection((host, port)), server_hostname="localhost")
+    assert s.selected_alpn_protocol() == "h2", s.selected_alpn_protocol()
+    c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    c.initiate_connection()
+    s.sendall(c.data_to_send())
+    return s, c
+def get(s, c):
+    sid = c.get_next_available_stream_id()
+    c.send_headers(sid, [(":method", "GET"), (":path", "/"), (":scheme", "https"), (":authority", host)], end_stream=True)
+    s.sendall(c.data_to_send())
+    while True:
+        data = s.recv(65536)
+        if not data:
+            return "eof"
+        for ev in c.receive_data(data):
+            if isinstance(ev, h2.events.ConnectionTerminated):
+                return f"goaway_last_{ev.last_stream_id}"
+            if isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                s.sendall(c.data_to_send())
+                return None
+        s.sendall(c.data_to_send())
+s, c = connect()
+assert get(s, c) is None
+for g in gaps:
+    time.sleep(g)
+    why = get(s, c)
+    if why is None:
+        print(f"ok {g}", flush=True)
+    else:
+        print(f"fail {g} {why}", flush=True)
+        s.close()
+        s, c = connect()
+        assert get(s, c) is None
+"#;
+
+/// A client that writes past the server's drain signal: Go's HTTP/2
+/// server sends its `GOAWAY` at 2 s idle and closes a second later; a
+/// lazy reader's request in that second is ignored by the server (its
+/// stream is past the `GOAWAY`'s last stream) and fails. Each is counted
+/// as a failure written after the goodbye, dated by its idle age (the
+/// server had begun its close before it), never as the client's timeout.
+#[test]
+#[ignore = "needs root, a 5.15+ kernel, golang-go and PyPI's h2: run `cargo xtask test`"]
+fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Result<()> {
+    let topo = Topology::pair("mxlazy")?;
+    let tool = common::tlstool()?;
+    let _srv =
+        common::start_server(&topo.ns, topo.server, &format!("{} server {}:8443 2s", tool.display(), topo.server_v4))?;
+    let daemon = Daemon::start(&[])?;
+    let client = script(LAZY_H2_CLIENT)?;
+    let out = topo.ns.exec(
+        topo.client,
+        &format!("python3 -u {} {} 8443 1.0,2.5,1.2,2.7,0.8,2.4", client.display(), topo.server_v4),
+    )?;
+    let ok = out.lines().filter(|l| l.starts_with("ok ")).count();
+    let failed = out.lines().filter(|l| l.starts_with("fail ")).count();
+    ensure!(ok == 3 && failed == 3, "gaps under 2 s answered, those in the server's drain second refused: {out}");
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let r = row(&rows, &format!("{}:8443", topo.server_v4))?;
+    measured("http2 lazy client past goaway", ok, failed, r);
+    let dest: std::net::SocketAddr = format!("{}:8443", topo.server_v4).parse()?;
+    let evs: Vec<_> = daemon.events().into_iter().filter(|e| e.remote == dest && e.role == Role::Client).collect();
+    let listed: Vec<String> = evs
+        .iter()
+        .map(|e| format!("{} idle {:.3} {:?} {:?}", e.kind.as_str(), e.idle_seconds, e.outcome, e.how))
+        .collect();
+    let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", listed.join("\n"));
+    ensure!(r.failures == failed as u64, "every refused request counted: {seen}");
+    ensure!(r.failures_after_goodbye == failed as u64, "each written past the goodbye: {seen}");
+    ensure!(r.failure_mode == FailureMode::Fin, "the server's graceful close: {seen}");
+    ensure!(
+        !evs.iter().any(|e| e.kind == observer::kernel::event::EventKind::RequestTimeout),
+        "the client closed on the GOAWAY, not on a read timeout of its own: {seen}"
+    );
+    let upper = r.path_idle_timeout_upper_seconds.context("failures bound the timeout")?;
+    ensure!((2.0..=2.4 + 0.05).contains(&upper), "the smallest failed idle age, above the server's 2 s: {seen}");
+    ensure!(r.verdict == Verdict::Mismatch, "{seen}");
+    Ok(())
+}
+
 /// A Node.js HTTP server: `node NODE_SERVER HOST PORT KEEPALIVE_MS`
 /// (`server.keepAliveTimeout`; Node 20 closes an idle connection about a
 /// second after it: its buffer for clients' in-flight requests).

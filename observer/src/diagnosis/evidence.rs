@@ -72,7 +72,14 @@ pub enum Observation {
     /// (an HTTP/2 `PING`, a health check): it proves the path held that
     /// long like any reuse, and says the connection was kept alive by
     /// messages rather than used.
-    Reuse { idle: f64, failed: Option<FailureMode>, refreshed: bool, after_stall: bool, ping: bool },
+    Reuse {
+        idle: f64,
+        failed: Option<FailureMode>,
+        refreshed: bool,
+        after_stall: bool,
+        after_goodbye: bool,
+        ping: bool,
+    },
     /// The peer closed an idle socket.
     PeerIdleClose { idle: f64, mode: FailureMode },
     /// The kernel killed an idle socket whose keep-alive probes went
@@ -141,6 +148,7 @@ impl Observed {
                 // Unknown keep-alive time counts as refreshed: the weaker claim.
                 refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
                 after_stall: ev.how == Some(How::AfterStall),
+                after_goodbye: ev.how == Some(How::AfterGoodbye),
                 ping: ev.outcome == Some(Outcome::Ok) && (1..=CONTROL_FRAME_BYTES).contains(&ev.bytes),
             },
             EventKind::PeerCloseWhileIdle if ev.how == Some(How::Timeout) => Observation::KeepaliveDeath {

@@ -255,6 +255,11 @@ pub struct DestinationRow {
     pub peer_restarts: u64,
     #[serde(default)]
     pub restart_failures: u64,
+    /// Failed reuses in the window that the client wrote while the peer's
+    /// goodbye (an HTTP/2 `GOAWAY`, a TLS `close_notify`) waited unread:
+    /// it did not honour the drain signal (counted in `failures_window`).
+    #[serde(default)]
+    pub failures_after_goodbye: u64,
     #[serde(default)]
     pub last_peer_restart_unix_ns: Option<u64>,
     /// Evidence in the window from sockets with TCP keep-alive on.

@@ -127,6 +127,10 @@ named! {
         /// stalled; a failure the client saw, dated by that first stall
         /// (no evidence of the path's timeout).
         AfterStall => "after_stall",
+        /// `eof`/`reset`: a reuse written while the peer's goodbye (an
+        /// HTTP/2 `GOAWAY`, a TLS `close_notify`) waited unread, then
+        /// ended unanswered: the client wrote past the drain signal.
+        AfterGoodbye => "after_goodbye",
         /// Doomed sockets only: a reuse on it stalled and the application
         /// still holds it (every call on it fails).
         Stalled => "stalled",
@@ -313,6 +317,7 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         how::CLOSED_AFTER_RESPONSE => Some(How::ClosedAfterResponse),
         how::APP_WRITE => Some(How::AppWrite),
         how::AFTER_STALL => Some(How::AfterStall),
+        how::AFTER_GOODBYE => Some(How::AfterGoodbye),
         _ => None,
     };
     let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());

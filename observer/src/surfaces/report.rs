@@ -453,6 +453,15 @@ fn findings(row: &DestinationRow) -> Vec<(String, String)> {
             ),
         );
     }
+    if row.failures_after_goodbye > 0 {
+        add(
+            "Requests written after the server's goodbye",
+            format!(
+                "{} failed reuses were written while the server's GOAWAY or close_notify waited unread: the client did not honour the drain signal",
+                row.failures_after_goodbye
+            ),
+        );
+    }
     if let Some(p) = row.peer_request_deadline_seconds {
         add("Your request deadline (requests you aborted)", fmt_secs(p));
     }

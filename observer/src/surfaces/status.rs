@@ -239,6 +239,13 @@ fn notes(out: &mut String, r: &DestinationRow) {
             r.peer_restarts, r.restart_failures
         );
     }
+    if r.failures_after_goodbye > 0 {
+        let _ = writeln!(
+            out,
+            "{who}: {} failed reuse(s) written after the server's goodbye (GOAWAY or close_notify waiting unread): the client reads only when it waits for an answer and does not honour the drain signal",
+            r.failures_after_goodbye
+        );
+    }
     if r.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
         let _ = writeln!(
             out,

@@ -51,6 +51,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
         peer_closes_window: counts.peer_closes,
         peer_restarts: counts.restarts,
         restart_failures: counts.restart_failures,
+        failures_after_goodbye: counts.after_goodbye,
         last_peer_restart_unix_ns: st.restarts.back().map(|r| r.ts_unix_ns),
         keepalive_evidence: counts.keepalive,
         keepalive_idle_seconds: ev.min_keepalive_idle(),

@@ -522,6 +522,28 @@ fn failures_after_a_stall_count_but_are_no_evidence() {
 }
 
 #[test]
+fn failures_written_past_a_goodbye_are_counted_apart_and_are_evidence() {
+    // A lazy HTTP/2 reader against a server that sends GOAWAY at 2 s and
+    // closes a second later: its requests in that second fail.
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.16:8443";
+    for (k, idle) in [1.0, 1.2, 0.8].iter().enumerate() {
+        agg.ingest(&reuse(f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, Outcome::Ok));
+    }
+    for (k, idle) in [2.5, 2.7, 2.4].iter().enumerate() {
+        let mut late = reuse(40.0 + f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, Outcome::Eof);
+        late.how = Some(How::AfterGoodbye);
+        agg.ingest(&late);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.reuses, r.failures, r.failures_after_goodbye), (6, 3, 3));
+    assert_eq!(r.failure_mode, FailureMode::Fin);
+    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (1.2, Some(2.4)));
+    assert_eq!(r.verdict, Verdict::Mismatch);
+}
+
+#[test]
 fn keepalive_survivals_are_kept_apart() {
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.13:5432";
@@ -819,6 +841,7 @@ fn held_contradictions_are_capped_and_counted() {
                 failed: Some(FailureMode::Fin),
                 refreshed: false,
                 after_stall: false,
+                after_goodbye: false,
                 ping: false,
             },
         };

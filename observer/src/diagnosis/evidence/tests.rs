@@ -7,7 +7,7 @@ fn at(ts_s: u64, sock: u64, obs: Observation) -> Observed {
 }
 
 fn ok(idle: f64) -> Observation {
-    Observation::Reuse { idle, failed: None, refreshed: false, after_stall: false, ping: false }
+    Observation::Reuse { idle, failed: None, refreshed: false, after_stall: false, after_goodbye: false, ping: false }
 }
 
 #[test]
@@ -37,6 +37,7 @@ fn successes_never_evict_a_failure() {
                     failed: Some(FailureMode::Rst),
                     refreshed: false,
                     after_stall: false,
+                    after_goodbye: false,
                     ping: false,
                 },
             ),
@@ -77,6 +78,7 @@ fn the_last_hour_counts_by_minute() {
                 failed: Some(FailureMode::Fin),
                 refreshed: false,
                 after_stall: false,
+                after_goodbye: false,
                 ping: false,
             },
         ),
@@ -109,6 +111,7 @@ fn restart_failures_are_counted_not_kept() {
         failed: Some(FailureMode::Fin),
         refreshed: false,
         after_stall: false,
+        after_goodbye: false,
         ping: false,
     };
     e.add(&at(100, 1, fail(30.0)), false);

@@ -56,6 +56,8 @@ pub struct Counts {
     pub late_reuses: u64,
     pub restarts: u64,
     pub restart_failures: u64,
+    /// Failed reuses written past the peer's goodbye (a `GOAWAY` unread).
+    pub after_goodbye: u64,
     pub aborted: u64,
     pub timeouts: u64,
     /// Dead sockets the pool discarded without writing on them.
@@ -71,6 +73,7 @@ impl Counts {
         self.late_reuses += o.late_reuses;
         self.restarts += o.restarts;
         self.restart_failures += o.restart_failures;
+        self.after_goodbye += o.after_goodbye;
         self.aborted += o.aborted;
         self.timeouts += o.timeouts;
         self.discarded_dead += o.discarded_dead;
@@ -278,7 +281,7 @@ impl Evidence {
             s.min_keepalive_idle = min_positive(s.min_keepalive_idle, o.keepalive_idle);
         }
         match o.obs {
-            Observation::Reuse { idle, failed, refreshed, after_stall, ping } => {
+            Observation::Reuse { idle, failed, refreshed, after_stall, after_goodbye, ping } => {
                 s.counts.reuses += 1;
                 s.max_reuse_idle = max_opt(s.max_reuse_idle, Some(idle));
                 let b = bucket_of(idle);
@@ -289,6 +292,7 @@ impl Evidence {
                     if explained {
                         s.counts.restart_failures += 1;
                     }
+                    s.counts.after_goodbye += u64::from(after_goodbye);
                 } else {
                     s.add_alive(idle, refreshed);
                     if ping && !refreshed {
