@@ -1,8 +1,10 @@
 //! The container image (`deploy/container/Containerfile`, built by `cargo
 //! xtask image`, named to this test in `OBSERVER_TEST_IMAGE` by `cargo xtask
 //! test`) run with podman as the README says: all capabilities dropped but
-//! `CAP_BPF` and `CAP_PERFMON`, not privileged, BTF mounted read-only. A reuse
-//! in a test namespace must reach its table. Needs root.
+//! `CAP_BPF` and `CAP_PERFMON`, not privileged, BTF mounted read-only, under
+//! the shipped seccomp profile (`deploy/kubernetes/seccomp-observer.json`). A
+//! reuse in a test namespace must reach its table, and `observer status` run
+//! in the container must show it. Needs root.
 
 mod common;
 
@@ -58,7 +60,8 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let out = podman()
         .args(["run", "-d", "--name", &name, "--network", "host", "--pid", "host"])
         .args(["--cap-drop", "all", "--cap-add", "CAP_BPF,CAP_PERFMON"])
-        .args(["--security-opt", "seccomp=unconfined"])
+        .arg("--security-opt")
+        .arg(format!("seccomp={}/../deploy/kubernetes/seccomp-observer.json", env!("CARGO_MANIFEST_DIR")))
         .args(["--ulimit", &format!("nofile={nofile}:{nofile}"), "--ulimit", &format!("nproc={nproc}:{nproc}")])
         .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "--tmpfs", "/var/lib/observer"])
         .arg(&image)
@@ -86,6 +89,9 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).with_context(|| format!("pid {pid}"))?;
     let cap_eff = status.lines().find_map(|l| l.strip_prefix("CapEff:")).context("CapEff")?.trim().to_owned();
     ensure!(u64::from_str_radix(&cap_eff, 16)? == (1 << 38) | (1 << 39), "CapEff {cap_eff}");
+    // Under the shipped seccomp profile (mode 2: a filter), not unconfined.
+    let seccomp = status.lines().find_map(|l| l.strip_prefix("Seccomp:")).context("Seccomp")?.trim().to_owned();
+    ensure!(seccomp == "2", "the daemon runs under a seccomp filter: Seccomp {seccomp}");
 
     // One reuse after 1.5 s idle, in namespaces this test made.
     let topo = Topology::pair("ctr")?;
@@ -111,13 +117,57 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(250));
     };
+    // The command an operator runs in the pod (`kubectl exec ... observer
+    // status`), under the same profile.
+    let status = podman().args(["exec", &container.0, "/usr/bin/observer", "status", "--addr", &addr]).output()?;
+    let said = String::from_utf8_lossy(&status.stdout);
+    ensure!(
+        status.status.success() && said.contains(&dest),
+        "observer status in the container: {said}{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
     let log = logs();
     ensure!(log.contains("observer running"), "{log}");
     let metrics = String::from_utf8(observer::surfaces::http::get(&addr, "/metrics").map_err(anyhow::Error::msg)?)?;
     let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("build info")?.to_owned();
     eprintln!(
-        "MEASURED container: {image}, CapEff {cap_eff} (CAP_BPF,CAP_PERFMON): {dest} reuses={} failures={} verdict={:?}; {info}",
+        "MEASURED container: {image}, CapEff {cap_eff} (CAP_BPF,CAP_PERFMON), Seccomp {seccomp} (deploy/kubernetes/seccomp-observer.json): {dest} reuses={} failures={} verdict={:?}; {info}",
         row.reuses, row.failures, row.verdict
     );
+    Ok(())
+}
+
+/// A seccomp profile that refuses `bpf(2)` (the runtimes' defaults do,
+/// without `CAP_SYS_ADMIN`) stops the daemon at start with an error that
+/// names the filter and the fix, not a bare "Operation not permitted".
+#[test]
+#[ignore = "needs root, podman and the image: run `cargo xtask test`"]
+fn a_profile_refusing_bpf_is_named_in_the_error() -> Result<()> {
+    let image = std::env::var("OBSERVER_TEST_IMAGE").context("OBSERVER_TEST_IMAGE is unset: run `cargo xtask test`")?;
+    let shipped = format!("{}/../deploy/kubernetes/seccomp-observer.json", env!("CARGO_MANIFEST_DIR"));
+    let mut profile: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&shipped)?)?;
+    let names = profile["syscalls"][0]["names"].as_array_mut().context("the profile's one allow list")?;
+    names.retain(|n| n != "bpf");
+    let refusing = tempfile::Builder::new().suffix(".json").tempfile()?;
+    std::fs::write(refusing.path(), serde_json::to_vec(&profile)?)?;
+    let (nofile, nproc) = (limit(libc::RLIMIT_NOFILE, 65_536), limit(libc::RLIMIT_NPROC, 4096));
+    let out = podman()
+        .args(["run", "--rm", "--network", "host", "--pid", "host"])
+        .args(["--cap-drop", "all", "--cap-add", "CAP_BPF,CAP_PERFMON"])
+        .arg("--security-opt")
+        .arg(format!("seccomp={}", refusing.path().display()))
+        .args(["--ulimit", &format!("nofile={nofile}:{nofile}"), "--ulimit", &format!("nproc={nproc}:{nproc}")])
+        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "--tmpfs", "/var/lib/observer"])
+        .arg(&image)
+        .args(["run", "--metrics-addr", "127.0.0.1:0"])
+        .output()
+        .context("podman run")?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(!out.status.success(), "the daemon cannot run without bpf(2): {err}");
+    ensure!(
+        err.contains("seccomp filter") && err.contains("seccomp-observer.json") && !err.contains("panicked"),
+        "the error names the filter and the fix: {err}"
+    );
+    eprintln!("MEASURED container without bpf in its profile: {}", err.lines().last().unwrap_or_default());
     Ok(())
 }

@@ -111,6 +111,7 @@ fn the_daemonset_validates_strictly() -> Result<()> {
         "hostNetwork: false",
         "hostPID: true",
         "mountPath: /sys/fs/cgroup",
+        "localhostProfile: observer/seccomp.json",
     ] {
         ensure!(text.contains(needle), "the manifest lacks `{needle}`");
     }
@@ -119,5 +120,138 @@ fn the_daemonset_validates_strictly() -> Result<()> {
     std::fs::write(&broken, text.replace("readOnlyRootFilesystem", "readOnlyRootFilesytem"))?;
     let out = Command::new(&tool).arg("--strict").arg(&broken).output()?;
     ensure!(!out.status.success(), "a misspelt field passed validation");
+    Ok(())
+}
+
+/// Every system call the daemon and its commands made across the host
+/// suites (foundation, faults, prometheus, owners, names, `store_kill`, the
+/// CLI suites) and a `run`/`status`/`report` session on `x86_64`, recorded
+/// with bpftrace on `raw_syscalls:sys_enter` for processes named
+/// `observer` (2026-12-05): 68 calls. Both the seccomp profile and the
+/// systemd unit's filter must allow each.
+const MEASURED_SYSCALLS: &[&str] = &[
+    "accept4",
+    "access",
+    "arch_prctl",
+    "bind",
+    "bpf",
+    "brk",
+    "chmod",
+    "clone3",
+    "close",
+    "connect",
+    "epoll_create1",
+    "epoll_ctl",
+    "epoll_wait",
+    "eventfd2",
+    "exit",
+    "exit_group",
+    "fchown",
+    "fcntl",
+    "fsync",
+    "ftruncate",
+    "futex",
+    "getdents64",
+    "geteuid",
+    "getpid",
+    "getrandom",
+    "getsockname",
+    "getsockopt",
+    "gettid",
+    "ioctl",
+    "listen",
+    "madvise",
+    "mkdir",
+    "mmap",
+    "mprotect",
+    "mremap",
+    "munmap",
+    "newfstatat",
+    "openat",
+    "poll",
+    "prctl",
+    "pread64",
+    "prlimit64",
+    "pwrite64",
+    "read",
+    "readlink",
+    "recvfrom",
+    "restart_syscall",
+    "rseq",
+    "rt_sigaction",
+    "rt_sigprocmask",
+    "rt_sigreturn",
+    "sched_getaffinity",
+    "sched_yield",
+    "sendto",
+    "set_robust_list",
+    "set_tid_address",
+    "setns",
+    "setpriority",
+    "setsockopt",
+    "shutdown",
+    "sigaltstack",
+    "socket",
+    "socketpair",
+    "statx",
+    "uname",
+    "unlink",
+    "write",
+    "writev",
+];
+
+/// The unit's `SystemCallFilter`, expanded by systemd itself, allows every
+/// call the daemon was measured making (none would fail with EPERM).
+#[test]
+fn the_units_syscall_filter_allows_every_measured_call() -> Result<()> {
+    let unit = std::fs::read_to_string(deploy().join("systemd/observer.service"))?;
+    let filter = unit.lines().find_map(|l| l.strip_prefix("SystemCallFilter=")).context("a SystemCallFilter")?;
+    let mut allowed = std::collections::HashSet::new();
+    let mut todo: Vec<String> = filter.split_whitespace().map(str::to_owned).collect();
+    while let Some(item) = todo.pop() {
+        if !item.starts_with('@') {
+            allowed.insert(item);
+            continue;
+        }
+        let said = run(Command::new("systemd-analyze").args(["syscall-filter", &item]))?;
+        for l in said.lines().skip(1) {
+            let l = l.trim();
+            if !l.is_empty() && !l.starts_with('#') {
+                todo.push(l.to_owned());
+            }
+        }
+    }
+    let missing: Vec<&&str> = MEASURED_SYSCALLS.iter().filter(|s| !allowed.contains(**s)).collect();
+    ensure!(missing.is_empty(), "the unit's filter refuses calls the daemon makes: {missing:?}");
+    ensure!(!allowed.contains("mount") && !allowed.contains("kexec_load"), "a filter that allows everything");
+    Ok(())
+}
+
+/// The shipped seccomp profile (`deploy/kubernetes/seccomp-observer.json`)
+/// is an allow list: every call the daemon was measured making, a margin
+/// (arm64's names for the same calls, rarer paths: fsync variants, a
+/// panic's abort, the container runtime's last steps before exec), and
+/// nothing that mounts, traces, loads modules or makes namespaces. The
+/// container suite runs the daemon under it.
+#[test]
+fn the_seccomp_profile_allows_the_measured_calls_and_no_more() -> Result<()> {
+    let text = std::fs::read_to_string(deploy().join("kubernetes/seccomp-observer.json"))?;
+    let profile: serde_json::Value = serde_json::from_str(&text)?;
+    ensure!(profile["defaultAction"] == "SCMP_ACT_ERRNO", "refuse what is not listed");
+    let rules = profile["syscalls"].as_array().context("syscalls")?;
+    // Allowed whatever the container's capabilities.
+    let allowed = |name: &str| {
+        rules.iter().any(|r| {
+            r["action"] == "SCMP_ACT_ALLOW"
+                && r["args"].as_array().is_none_or(Vec::is_empty)
+                && r["includes"].as_object().is_none_or(serde_json::Map::is_empty)
+                && r["names"].as_array().is_some_and(|n| n.iter().any(|x| x == name))
+        })
+    };
+    let missing: Vec<&&str> = MEASURED_SYSCALLS.iter().filter(|s| !allowed(s)).collect();
+    ensure!(missing.is_empty(), "the profile refuses calls the daemon makes: {missing:?}");
+    for name in ["mount", "unshare", "kexec_load", "init_module", "ptrace", "add_key", "swapon", "io_uring_setup"] {
+        ensure!(!allowed(name), "{name} is refused by the runtime defaults and must stay so");
+    }
     Ok(())
 }

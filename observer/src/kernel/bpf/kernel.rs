@@ -120,6 +120,21 @@ pub fn check_capabilities() -> Result<(), BpfError> {
     Ok(())
 }
 
+/// The error comes from an EPERM while this process runs under a seccomp
+/// filter (`Seccomp: 2`): a profile refusing `bpf(2)`, since the
+/// capabilities were checked first.
+pub fn refused_by_seccomp(e: &BpfError) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut eperm = false;
+    while let Some(s) = source {
+        eperm |= s.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) == Some(libc::EPERM);
+        source = s.source();
+    }
+    eperm
+        && std::fs::read_to_string("/proc/self/status")
+            .is_ok_and(|s| s.lines().any(|l| l.strip_prefix("Seccomp:").is_some_and(|v| v.trim() == "2")))
+}
+
 /// Raise `RLIMIT_MEMLOCK` for kernels that still charge BPF memory to it.
 /// Returns false when it could not (harmless on 5.11+ memcg accounting).
 #[must_use]

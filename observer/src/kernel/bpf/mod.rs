@@ -65,6 +65,11 @@ pub enum BpfError {
     Btf(#[from] BtfError),
     #[error("loading the eBPF object: {0}")]
     Load(#[from] aya::EbpfError),
+    /// EPERM with the capabilities held, under a seccomp filter.
+    #[error(
+        "the kernel refused a call with EPERM although observer holds CAP_BPF and CAP_PERFMON, and this process runs under a seccomp filter that may refuse bpf(2) or perf_event_open(2): allow both (deploy/kubernetes/seccomp-observer.json does: podman/docker `--security-opt seccomp=FILE`, Kubernetes `seccompProfile` of type Localhost); the refusal: {0}"
+    )]
+    SeccompRefused(Box<BpfError>),
     #[error("program {name}: {source}")]
     Program { name: &'static str, source: aya::programs::ProgramError },
     #[error("map {0} missing from the eBPF object")]
@@ -178,6 +183,16 @@ pub struct Probes {
 impl Probes {
     /// Load the embedded object with `config` and attach the probe set.
     pub fn load(config: &ProbeConfig) -> Result<Self, BpfError> {
+        Self::load_object(config).map_err(|e| {
+            if refused_by_seccomp(&e) {
+                BpfError::SeccompRefused(Box::new(e))
+            } else {
+                e
+            }
+        })
+    }
+
+    fn load_object(config: &ProbeConfig) -> Result<Self, BpfError> {
         if OBJECT.is_empty() {
             return Err(BpfError::NoObject);
         }
