@@ -119,7 +119,7 @@ fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> 
                 .find(|e| e.kind == EventKind::PeerCloseWhileIdle)
                 .with_context(|| format!("the idle close before the reuse: {mine:#?}"))?;
             assert!(matches!(close.how, Some(How::Fin | How::Rst)), "{close:?}");
-            assert!((close.idle_seconds - 1.5).abs() < common::tolerance(0.1), "{close:?}");
+            assert!(common::fired(close.idle_seconds, 1.5, 0.1), "{close:?}");
             hows.push(close.how.map_or("?", How::as_str));
             assert_eq!(
                 mine.iter()
@@ -137,7 +137,7 @@ fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> 
     let row = row_when(&daemon, &dest, 10.0, |r| r.path_idle_timeout_seconds.is_some())?;
     assert_eq!(row.failures_window, client_failures as u64, "failures equal the client's count: {row:#?}");
     let point = row.path_idle_timeout_seconds.context("point")?;
-    assert!((point - 1.5).abs() < common::tolerance(0.1), "point {point}: {row:#?}");
+    assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
     assert_eq!(row.verdict, Verdict::Mismatch, "{row:#?}");
     eprintln!(
         "MEASURED haproxy nolinger 1500 ms: idle closes {hows:?}; failed reuses before send at {failed:?} s ({} of {} reuses, client saw {client_failures}); row point {point:.3} s, interval [{:.3}, {:?}], mode {:?}, verdict {:?}, recommendation {:?}",
@@ -223,7 +223,7 @@ fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
         let mine = of(&events, *l);
         let reset = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the idle RST")?;
         assert_eq!(reset.how, Some(How::Rst), "{reset:?}");
-        assert!((reset.idle_seconds - 1.5).abs() < common::tolerance(0.1), "{reset:?}");
+        assert!(common::fired(reset.idle_seconds, 1.5, 0.1), "{reset:?}");
         let discarded = mine.iter().find(|e| e.kind == EventKind::DiscardedDead).context("discarded_dead")?;
         assert_eq!(discarded.how, Some(How::Rst), "{discarded:?}");
         assert_eq!(discarded.role, Role::Client);
@@ -238,7 +238,7 @@ fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
     assert_eq!(row.failures_window, 0, "no failure: {row:#?}");
     assert_eq!(row.discarded_dead, 3, "{row:#?}");
     let point = row.path_idle_timeout_seconds.context("point")?;
-    assert!((point - 1.5).abs() < common::tolerance(0.1), "point {point}: {row:#?}");
+    assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
     eprintln!(
         "MEASURED Go reader vs SO_LINGER 0 server (1.5 s): idle RSTs at {resets:?} s, discarded_dead {}, failures {}, point {point:.3} s, verdict {:?}",
         row.discarded_dead, row.failures_window, row.verdict
@@ -312,10 +312,7 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
         .find(|e| e.kind == EventKind::PeerCloseWhileIdle && e.how == Some(How::Timeout))
         .with_context(|| format!("the keep-alive death: {mine:#?}"))?;
     assert!(death.keepalive && death.keepalive_idle_seconds == Some(2.0), "{death:?}");
-    assert!(
-        (death.idle_seconds - 4.0).abs() < common::tolerance(0.1),
-        "killed after 2 s + 2 x 1 s of probes: {death:?}"
-    );
+    assert!(common::fired(death.idle_seconds, 4.0, 0.1), "killed after 2 s + 2 x 1 s of probes: {death:?}");
     let dest = format!("{}:7610", topo.server_v4);
     let row = row_when(&daemon, &dest, 10.0, |r| r.failures_window > 0)?;
     assert_eq!(row.failures_window, 1, "no failure counted twice: {row:#?}");

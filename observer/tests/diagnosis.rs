@@ -173,7 +173,7 @@ fn fin_path_diagnosed() -> Result<()> {
     summary("fin", 2.0, r);
     check_mismatch(r, 2.0, FailureMode::Fin);
     let p = r.path_idle_timeout_seconds.context("peer closes should give a point estimate")?;
-    assert!((p - 2.0).abs() < common::tolerance(0.1), "point {p}");
+    assert!(common::fired(p, 2.0, 0.1), "point {p}");
     assert!(matches!(r.evidence, Some(VerdictEvidence::Failures | VerdictEvidence::PeerCloses)), "{:?}", r.evidence);
     let other = row(&rows, &format!("{}:9001", topo.server_v4))?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
@@ -193,11 +193,11 @@ fn fin_path_diagnosed() -> Result<()> {
         srv.recommendation
     );
     let t = srv.server_idle_timeout_seconds.context("nginx's idle closes form a cluster")?;
-    assert!((t - 2.0).abs() < common::tolerance(0.1), "server idle timeout {t}");
+    assert!(common::fired(t, 2.0, 0.1), "server idle timeout {t}");
     assert!(srv.late_reuses > 0, "{srv:#?}");
     assert_eq!(srv.verdict, Verdict::ClientsMismatch, "{srv:#?}");
     let rec = srv.recommended_pool_idle_timeout_seconds.context("a number for the clients")?;
-    assert!((rec - 1.6).abs() < common::tolerance(0.08), "{rec}");
+    assert!(common::fired(rec, 1.6, 0.08), "{rec}");
     assert!(srv.recommendation.starts_with("clients:"), "{}", srv.recommendation);
     assert_eq!(srv.pool_idle_timeout_seconds, None, "nginx's idle closes are no pool idle timeout");
     check_path_observed(&daemon, &topo.server_v4)?;

@@ -90,7 +90,7 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
     for pc in &peer_closes {
         assert_eq!(pc.how, Some(How::Fin));
         assert!(
-            (pc.idle_seconds - 2.0).abs() < common::tolerance(0.1),
+            common::fired(pc.idle_seconds, 2.0, 0.1),
             "peer close at {} s, nginx keepalive_timeout is 2 s",
             pc.idle_seconds
         );
@@ -181,7 +181,7 @@ fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
     assert_eq!(ok.outcome, Some(Outcome::Ok), "{ok:?}");
     assert_eq!(reset.outcome, Some(Outcome::Reset), "{reset:?}");
     assert!(!reset.safe_to_retry, "the request reached the path; only the hop answered");
-    assert!((reset.idle_seconds - 4.0).abs() < common::tolerance(0.1), "reset after idle {}", reset.idle_seconds);
+    assert!(common::fired(reset.idle_seconds, 4.0, 0.1), "reset after idle {}", reset.idle_seconds);
     assert!(
         err_ok < common::idle_precision() && err_reset < common::idle_precision(),
         "idle-age errors {err_ok} {err_reset}"
@@ -228,7 +228,7 @@ fn silent_drop_ipv6_is_a_stall() -> Result<()> {
         events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
     assert!(timeout.reuse && timeout.request_outstanding, "{timeout:?}");
     assert!(
-        (timeout.elapsed_seconds.unwrap_or_default() - 2.0).abs() < common::tolerance(0.1),
+        common::fired(timeout.elapsed_seconds.unwrap_or_default(), 2.0, 0.1),
         "the client's 2 s read timeout: {timeout:?}"
     );
     assert!(!events.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local), "no pool idle close");

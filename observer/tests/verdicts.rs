@@ -262,8 +262,8 @@ fn observed_deadlines_and_the_staircase() -> Result<()> {
     );
     let peer = row.peer_request_deadline_seconds.context("the server's 3 s deadline")?;
     let ours = row.request_timeout_seconds.context("our 2 s read timeout")?;
-    assert!((peer - 3.0).abs() < common::tolerance(0.1), "{peer}");
-    assert!((ours - 2.0).abs() < common::tolerance(0.1), "{ours}");
+    assert!(common::fired(peer, 3.0, 0.1), "{peer}");
+    assert!(common::fired(ours, 2.0, 0.1), "{ours}");
     assert_ne!(row.verdict, Verdict::Mismatch, "deadlines are no idle evidence: {row:#?}");
     // The path file declares the partner's deadline as 10 s.
     let dir = tempfile::tempdir()?;
@@ -388,11 +388,11 @@ fn an_l4_balancer_over_two_keepalive_timeouts_is_mixed_paths() -> Result<()> {
         row.recommended_pool_idle_timeout_seconds
     );
     ensure!(paths.len() == 2, "{row:#?}");
-    assert!((paths[0].0 - 2.0).abs() < common::tolerance(0.1), "{paths:?}");
-    assert!((paths[1].0 - 5.0).abs() < common::tolerance(0.1), "{paths:?}");
+    assert!(common::fired(paths[0].0, 2.0, 0.1), "{paths:?}");
+    assert!(common::fired(paths[1].0, 5.0, 0.1), "{paths:?}");
     assert!((paths[0].1 - 0.5).abs() < 0.01 && (paths[1].1 - 0.5).abs() < 0.01, "{paths:?}");
     let rec = row.recommended_pool_idle_timeout_seconds.context("a number from the smallest")?;
-    assert!((rec - 1.6).abs() < common::tolerance(0.08), "{rec}");
+    assert!(common::fired(rec, 1.6, 0.08), "{rec}");
     assert_eq!(row.verdict, Verdict::Mismatch);
     Ok(())
 }

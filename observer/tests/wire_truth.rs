@@ -140,7 +140,7 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
         ensure!(reuses.len() == 1, "one reuse per connection: {:?}", kinds(&mine));
         let r = reuses[0];
         assert_eq!(r.outcome, Some(Outcome::Ok), "the response arrived: {:?}", kinds(&mine));
-        assert!((r.idle_seconds - 1.0).abs() < common::tolerance(0.05), "{r:?}");
+        assert!(common::fired(r.idle_seconds, 1.0, 0.05), "{r:?}");
         assert!(
             !mine.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle || e.kind == EventKind::RequestAborted),
             "the FIN after a response is no failure: {:?}",
@@ -242,7 +242,7 @@ fn deadline_scenario(
         let mine = of(&events, *l);
         let ev = mine.iter().find(|e| e.kind == kind).context("the deadline event")?;
         let e = ev.elapsed_seconds.unwrap_or_default();
-        assert!((e - expect_s).abs() < common::tolerance(0.1), "the {expect_s} s deadline: {ev:?}");
+        assert!(common::fired(e, expect_s, 0.1), "the {expect_s} s deadline: {ev:?}");
         assert!(ev.request_outstanding && !ev.reuse, "{ev:?}");
         assert!(
             !mine.iter().any(|e| forbidden.contains(&e.kind) || e.is_pool_idle_close()),
@@ -334,7 +334,7 @@ fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
         let close = mine.iter().find(|e| e.kind == EventKind::LocalClose).context("local close")?;
         assert!(close.is_pool_idle_close(), "{close:?}");
         assert!(close.control_write, "the close_notify was taken as part of the close: {close:?}");
-        assert!((close.idle_seconds - 1.5).abs() < common::tolerance(0.1), "Go's IdleConnTimeout is 1.5 s: {close:?}");
+        assert!(common::fired(close.idle_seconds, 1.5, 0.1), "Go's IdleConnTimeout is 1.5 s: {close:?}");
         assert!(
             !mine.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout)),
             "close_notify is no reuse: {:?}",
@@ -365,7 +365,7 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
         let mine = of(&events, *l);
         let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
         assert!(
-            (pc.idle_seconds - 2.0).abs() < common::tolerance(0.1),
+            common::fired(pc.idle_seconds, 2.0, 0.1),
             "Go's server IdleTimeout is 2 s: {pc:?} ({:?})",
             kinds(&mine)
         );
@@ -379,7 +379,7 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
             .find(|e| e.kind == EventKind::LocalClose && e.remote == *l && e.role == Role::Server)
             .context("the server's own idle close")?;
         assert!(srv.control_write && !srv.peer_closed_first, "{srv:?}");
-        assert!((srv.idle_seconds - 2.0).abs() < common::tolerance(0.1), "{srv:?}");
+        assert!(common::fired(srv.idle_seconds, 2.0, 0.1), "{srv:?}");
     }
     eprintln!("MEASURED tls server idle close seen by a Go reader: idle {idles:?} s (and by the server itself, control_write); e.g. {:?}", kinds(&of(&events, socks[0])));
     Ok(())
@@ -443,7 +443,7 @@ fn tls_bare_fin_then_close_notify_from_a_reader_is_no_reuse() -> Result<()> {
     for l in &socks {
         let mine = of(&events, *l);
         let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
-        assert!((pc.idle_seconds - 2.0).abs() < common::tolerance(0.1), "the server closes at 2 s: {pc:?}");
+        assert!(common::fired(pc.idle_seconds, 2.0, 0.1), "the server closes at 2 s: {pc:?}");
         assert_eq!(pc.how, Some(How::Fin));
         // The server's RST answers the close_notify; Go's close comes after
         // it or before it, and is then its own close after the peer's.
@@ -629,7 +629,7 @@ fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
         kinds(&mine)
     );
     let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the sink's idle close")?;
-    assert!((pc.idle_seconds - 2.0).abs() < common::tolerance(0.1), "the sink closes after 2 s idle: {pc:?}");
+    assert!(common::fired(pc.idle_seconds, 2.0, 0.1), "the sink closes after 2 s idle: {pc:?}");
     eprintln!("MEASURED one-way writer: {:?}", kinds(&mine));
     Ok(())
 }
@@ -658,7 +658,7 @@ fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<(
         (after - 1.0).abs() < common::tolerance(0.1),
         "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}"
     );
-    assert!((late.idle_seconds - 2.0).abs() < common::tolerance(0.1), "nginx's idle close at 2 s: {late:?}");
+    assert!(common::fired(late.idle_seconds, 2.0, 0.1), "nginx's idle close at 2 s: {late:?}");
     let server_close = events
         .iter()
         .find(|e| e.kind == EventKind::LocalClose && e.local == server_addr && e.remote == client_addr)
@@ -702,10 +702,10 @@ fn idle_runs_from_the_answer_on_the_wire_not_from_its_read() -> Result<()> {
     let (local, events) = one_client_run("lateread", &server, LATE_READ_CLIENT, EventKind::Reuse)?;
     let mine = of(&events, local);
     let close = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the server's idle close")?;
-    assert!((close.idle_seconds - 2.0).abs() < common::tolerance(0.1), "closed 2 s after the echo: {close:?}");
+    assert!(common::fired(close.idle_seconds, 2.0, 0.1), "closed 2 s after the echo: {close:?}");
     let reuse = mine.iter().find(|e| e.kind == EventKind::Reuse).context("the reuse")?;
     assert_ne!(reuse.outcome, Some(Outcome::Ok), "{:?}", kinds(&mine));
-    assert!((reuse.idle_seconds - 2.4).abs() < common::tolerance(0.15), "2.4 s after the echo arrived: {reuse:?}");
+    assert!(common::fired(reuse.idle_seconds, 2.4, 0.15), "2.4 s after the echo arrived: {reuse:?}");
     eprintln!(
         "MEASURED late read: peer close at idle {:.3} s, reuse {:?} at idle {:.3} s",
         close.idle_seconds, reuse.outcome, reuse.idle_seconds
@@ -753,7 +753,7 @@ fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()>
         .iter()
         .find(|e| e.kind == EventKind::LocalClose && e.remote == local && e.role == Role::Server)
         .context("the server's own idle close")?;
-    assert!((server.idle_seconds - 2.0).abs() < common::tolerance(0.1), "{server:?}");
+    assert!(common::fired(server.idle_seconds, 2.0, 0.1), "{server:?}");
     let tick = tick_seconds()?;
     let diff = server.idle_seconds - client.idle_seconds;
     // The answer's write comes before its arrival, and the server's close

@@ -38,6 +38,18 @@ pub fn tolerance(base: f64) -> f64 {
     base * slack.max(1.0)
 }
 
+/// A timer of `configured` seconds (a server's idle timeout, a client's
+/// sleep or deadline) as observer measured it, asymmetrically: late by at
+/// most `tolerance(late)`, since a timer fires late (by tens to hundreds
+/// of ms under QEMU's TCG, which `OBSERVER_TEST_TIME_SLACK` widens), but
+/// early by at most `tolerance(0.05)`: no timer fires early, so only the
+/// delivery of the last byte before it (a loaded host deferred one by 41
+/// ms) can make it look so (a 1.5 s timeout no longer passes at 1.0 s in
+/// a guest).
+pub fn fired(measured: f64, configured: f64, late: f64) -> bool {
+    measured >= configured - tolerance(0.05) && measured <= configured + tolerance(late)
+}
+
 /// Run a command, fail with its output if it fails.
 pub fn sh(cmd: &str) -> Result<String> {
     let out = Command::new("sh").arg("-c").arg(cmd).output().with_context(|| format!("spawning `{cmd}`"))?;

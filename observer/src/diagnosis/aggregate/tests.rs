@@ -494,23 +494,24 @@ fn survivals_on_a_longer_backend_do_not_lift_the_smallest_path() {
     assert_eq!(r.verdict, Verdict::Mismatch);
 }
 
+/// Reuses to `d` with these idle ages, 10 s apart from `start` s.
+fn reuses_10s_apart(agg: &mut Aggregator, d: &str, start: f64, idles: &[f64], outcome: Outcome, how: Option<How>) {
+    for (k, idle) in idles.iter().enumerate() {
+        let mut e = reuse(start + f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, outcome);
+        e.how = how;
+        agg.ingest(&e);
+    }
+}
+
 #[test]
 fn failures_after_a_stall_count_but_are_no_evidence() {
     // A gRPC channel kept after its first stall: every later call fails
     // on the dead connection; the first stall dates the death.
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.15:50051";
-    for (k, idle) in [1.0, 2.0, 2.5].iter().enumerate() {
-        agg.ingest(&reuse(f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, Outcome::Ok));
-    }
-    let mut stall = reuse(40.0, d, 4.0, Outcome::Stall);
-    stall.how = Some(How::AppWrite);
-    agg.ingest(&stall);
-    for (k, idle) in [1.5, 0.5, 2.0].iter().enumerate() {
-        let mut later = reuse(50.0 + f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, Outcome::Stall);
-        later.how = Some(How::AfterStall);
-        agg.ingest(&later);
-    }
+    reuses_10s_apart(&mut agg, d, 0.0, &[1.0, 2.0, 2.5], Outcome::Ok, None);
+    reuses_10s_apart(&mut agg, d, 40.0, &[4.0], Outcome::Stall, Some(How::AppWrite));
+    reuses_10s_apart(&mut agg, d, 50.0, &[1.5, 0.5, 2.0], Outcome::Stall, Some(How::AfterStall));
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert_eq!((r.reuses, r.failures), (7, 4), "every failed call is counted");
@@ -527,14 +528,8 @@ fn failures_written_past_a_goodbye_are_counted_apart_and_are_evidence() {
     // closes a second later: its requests in that second fail.
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.16:8443";
-    for (k, idle) in [1.0, 1.2, 0.8].iter().enumerate() {
-        agg.ingest(&reuse(f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, Outcome::Ok));
-    }
-    for (k, idle) in [2.5, 2.7, 2.4].iter().enumerate() {
-        let mut late = reuse(40.0 + f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, Outcome::Eof);
-        late.how = Some(How::AfterGoodbye);
-        agg.ingest(&late);
-    }
+    reuses_10s_apart(&mut agg, d, 0.0, &[1.0, 1.2, 0.8], Outcome::Ok, None);
+    reuses_10s_apart(&mut agg, d, 40.0, &[2.5, 2.7, 2.4], Outcome::Eof, Some(How::AfterGoodbye));
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert_eq!((r.reuses, r.failures, r.failures_after_goodbye), (6, 3, 3));
