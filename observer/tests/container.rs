@@ -9,6 +9,7 @@
 mod common;
 
 use std::{
+    path::Path,
     process::Command,
     time::{Duration, Instant},
 };
@@ -46,6 +47,28 @@ fn limit(resource: libc::__rlimit_resource_t, cap: u64) -> u64 {
     r.rlim_cur.min(cap)
 }
 
+/// The seccomp profile the manifests ship.
+const SHIPPED_PROFILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/kubernetes/seccomp-observer.json");
+
+/// `podman run` of `image` as the README says (the host's network and
+/// PIDs, `CAP_BPF` and `CAP_PERFMON` only, seccomp `profile`, BTF read-only,
+/// the store on a tmpfs), with `extra` options; the caller adds the
+/// daemon's arguments.
+fn run_image(extra: &[&str], profile: &Path, image: &str) -> Command {
+    let (nofile, nproc) = (limit(libc::RLIMIT_NOFILE, 65_536), limit(libc::RLIMIT_NPROC, 4096));
+    let mut c = podman();
+    c.arg("run")
+        .args(extra)
+        .args(["--network", "host", "--pid", "host"])
+        .args(["--cap-drop", "all", "--cap-add", "CAP_BPF,CAP_PERFMON"])
+        .arg("--security-opt")
+        .arg(format!("seccomp={}", profile.display()))
+        .args(["--ulimit", &format!("nofile={nofile}:{nofile}"), "--ulimit", &format!("nproc={nproc}:{nproc}")])
+        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "--tmpfs", "/var/lib/observer"])
+        .arg(image);
+    c
+}
+
 #[test]
 #[ignore = "needs root, podman and the image: run `cargo xtask test`"]
 fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
@@ -55,16 +78,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
     let addr = format!("127.0.0.1:{port}");
     let name = format!("observer-test-{}", std::process::id());
-    let nofile = limit(libc::RLIMIT_NOFILE, 65_536);
-    let nproc = limit(libc::RLIMIT_NPROC, 4096);
-    let out = podman()
-        .args(["run", "-d", "--name", &name, "--network", "host", "--pid", "host"])
-        .args(["--cap-drop", "all", "--cap-add", "CAP_BPF,CAP_PERFMON"])
-        .arg("--security-opt")
-        .arg(format!("seccomp={}/../deploy/kubernetes/seccomp-observer.json", env!("CARGO_MANIFEST_DIR")))
-        .args(["--ulimit", &format!("nofile={nofile}:{nofile}"), "--ulimit", &format!("nproc={nproc}:{nproc}")])
-        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "--tmpfs", "/var/lib/observer"])
-        .arg(&image)
+    let out = run_image(&["-d", "--name", &name], Path::new(SHIPPED_PROFILE), &image)
         .args(["run", "--metrics-addr", &addr, "--min-idle", "1s"])
         .output()
         .context("podman run")?;
@@ -144,24 +158,12 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
 #[ignore = "needs root, podman and the image: run `cargo xtask test`"]
 fn a_profile_refusing_bpf_is_named_in_the_error() -> Result<()> {
     let image = std::env::var("OBSERVER_TEST_IMAGE").context("OBSERVER_TEST_IMAGE is unset: run `cargo xtask test`")?;
-    let shipped = format!("{}/../deploy/kubernetes/seccomp-observer.json", env!("CARGO_MANIFEST_DIR"));
-    let mut profile: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&shipped)?)?;
+    let mut profile: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(SHIPPED_PROFILE)?)?;
     let names = profile["syscalls"][0]["names"].as_array_mut().context("the profile's one allow list")?;
     names.retain(|n| n != "bpf");
     let refusing = tempfile::Builder::new().suffix(".json").tempfile()?;
     std::fs::write(refusing.path(), serde_json::to_vec(&profile)?)?;
-    let (nofile, nproc) = (limit(libc::RLIMIT_NOFILE, 65_536), limit(libc::RLIMIT_NPROC, 4096));
-    let out = podman()
-        .args(["run", "--rm", "--network", "host", "--pid", "host"])
-        .args(["--cap-drop", "all", "--cap-add", "CAP_BPF,CAP_PERFMON"])
-        .arg("--security-opt")
-        .arg(format!("seccomp={}", refusing.path().display()))
-        .args(["--ulimit", &format!("nofile={nofile}:{nofile}"), "--ulimit", &format!("nproc={nproc}:{nproc}")])
-        .args(["-v", "/sys/kernel/btf:/sys/kernel/btf:ro", "--tmpfs", "/var/lib/observer"])
-        .arg(&image)
-        .args(["run", "--metrics-addr", "127.0.0.1:0"])
-        .output()
-        .context("podman run")?;
+    let out = run_image(&["--rm"], refusing.path(), &image).args(["run", "--metrics-addr", "127.0.0.1:0"]).output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(!out.status.success(), "the daemon cannot run without bpf(2): {err}");
     ensure!(

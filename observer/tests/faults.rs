@@ -86,7 +86,7 @@ impl Traffic {
                         let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
                         let mut first = true;
                         while !stop.load(Ordering::Relaxed) {
-                            let at = observer::kernel::event::clock_ns(libc::CLOCK_REALTIME);
+                            let at = wall_ns();
                             if s.write_all(b"ping").is_err() || !matches!(s.read(&mut buf), Ok(n) if n > 0) {
                                 break;
                             }
@@ -110,6 +110,33 @@ impl Traffic {
             let _ = t.join();
         }
         std::mem::take(&mut *self.made.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+}
+
+/// Now, ns since the Unix epoch (the clock events carry).
+fn wall_ns() -> u64 {
+    observer::kernel::event::clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// The client reuses a store holds toward the echo server's `port`, by
+/// client port: what the clients' own record is checked against.
+struct StoredReuses(std::collections::HashMap<u16, Vec<u64>>);
+
+impl StoredReuses {
+    fn of(events: &[SockEvent], port: u16) -> Self {
+        let mut by_port: std::collections::HashMap<u16, Vec<u64>> = std::collections::HashMap::new();
+        for e in events.iter().filter(|e| e.kind == EventKind::Reuse && e.role == Role::Client) {
+            if e.remote.port() == port {
+                by_port.entry(e.local.port()).or_default().push(e.ts_unix_ns);
+            }
+        }
+        Self(by_port)
+    }
+
+    /// The reuse written from client port `local` at `at` (wall ns) is
+    /// stored: its event, resolved within 500 ms of the write.
+    fn holds(&self, local: u16, at: u64) -> bool {
+        self.0.get(&local).is_some_and(|ts| ts.iter().any(|&t| t >= at && t - at < 500_000_000))
     }
 }
 
@@ -507,40 +534,33 @@ fn kill_9_during_a_degraded_store_loses_only_the_degraded_window() -> Result<()>
     let data = fs.path().join("data");
     let (_server, port, _py) = echo_server()?;
     let daemon = Daemon::start(&["--data-dir", &data.display().to_string()])?;
-    let start_at = observer::kernel::event::clock_ns(libc::CLOCK_REALTIME);
+    let start_at = wall_ns();
     let addr = daemon.http_addr()?;
     let traffic = Traffic::start(port, 16, Duration::from_millis(1200));
     std::thread::sleep(Duration::from_secs(6));
     let filler = fs.path().join("filler");
-    let full_at = observer::kernel::event::clock_ns(libc::CLOCK_REALTIME);
+    let full_at = wall_ns();
     let _ = sh(&format!("dd if=/dev/zero of={} bs=64k 2>/dev/null", filler.display()));
     wait_until("store: degraded", 20, || Ok(get_json(&addr, "/healthz")?["store"] == "degraded"))?;
     std::thread::sleep(Duration::from_secs(4));
     sh(&format!("kill -9 {}", daemon.pid()))?;
-    let kill_at = observer::kernel::event::clock_ns(libc::CLOCK_REALTIME);
+    let kill_at = wall_ns();
     drop(daemon);
     let made = traffic.finish();
     std::fs::remove_file(&filler)?;
     let store = Store::open(&data).context("the store opens after kill -9")?;
     ensure!(store.integrity_ok()?, "integrity_check after a kill during a degraded store");
-    let mut by_port: std::collections::HashMap<u16, Vec<u64>> = std::collections::HashMap::new();
-    for e in store.events(None, 0)?.iter().filter(|e| e.kind == EventKind::Reuse && e.role == Role::Client) {
-        if e.remote.port() == port {
-            by_port.entry(e.local.port()).or_default().push(e.ts_unix_ns);
-        }
-    }
-    let stored =
-        |local: u16, at: u64| by_port.get(&local).is_some_and(|ts| ts.iter().any(|&t| t >= at && t - at < 500_000_000));
+    let stored = StoredReuses::of(&store.events(None, 0)?, port);
     let (mut before, mut lost_before, mut window, mut lost_window) = (0u64, Vec::new(), 0u64, 0u64);
     for &(local, at) in made.iter().filter(|&&(_, at)| at >= start_at && at <= kill_at) {
         if at + KILL_BOUND_NS < full_at {
             before += 1;
-            if !stored(local, at) {
+            if !stored.holds(local, at) {
                 lost_before.push((local, full_at - at));
             }
         } else {
             window += 1;
-            lost_window += u64::from(!stored(local, at));
+            lost_window += u64::from(!stored.holds(local, at));
         }
     }
     ensure!(before > 20, "traffic before the disk filled: {before} reuses");
@@ -670,10 +690,10 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        starts.push(observer::kernel::event::clock_ns(libc::CLOCK_REALTIME));
+        starts.push(wall_ns());
         std::thread::sleep(Duration::from_millis(300 + seed % 3000));
         sh(&format!("kill -9 {}", daemon.pid()))?;
-        kills.push(observer::kernel::event::clock_ns(libc::CLOCK_REALTIME));
+        kills.push(wall_ns());
         drop(daemon);
         let store = Store::open(&data).context("the store opens after kill -9")?;
         ensure!(store.integrity_ok()?, "integrity_check after kill {}", kills.len());
@@ -714,10 +734,7 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
     // The truth: every reuse the clients made while a daemon ran, more
     // than the bound before its kill, is in the store (its event for that
     // client port, resolved within 500 ms of the write).
-    let mut by_port: std::collections::HashMap<u16, Vec<u64>> = std::collections::HashMap::new();
-    for e in events.iter().filter(|e| e.kind == EventKind::Reuse && e.role == Role::Client && e.remote.port() == port) {
-        by_port.entry(e.local.port()).or_default().push(e.ts_unix_ns);
-    }
+    let stored = StoredReuses::of(&events, port);
     let (mut watched, mut near_kill, mut unwatched, mut first, mut missing) = (0u64, 0u64, 0u64, 0u64, Vec::new());
     // A connection's first write after a start has no known idle age (its
     // last activity was before this daemon: it adopts the socket with no
@@ -744,8 +761,7 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
             continue;
         }
         watched += 1;
-        let found = by_port.get(&local).is_some_and(|ts| ts.iter().any(|&t| t >= at && t - at < 500_000_000));
-        if !found {
+        if !stored.holds(local, at) {
             missing.push((local, at - starts[run], kills[run] - at));
         }
     }

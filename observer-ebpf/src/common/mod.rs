@@ -25,7 +25,7 @@
 //!   still unread and the application read the EOF only after it: that
 //!   was a request, and it failed.
 //!
-//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`hello`], [`death`], [`requests`].
+//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`hello`], [`death`], [`requests`], [`closes`].
 
 use core::ffi::c_void;
 
@@ -51,6 +51,7 @@ use observer_common::{
 
 mod bytes;
 mod clock;
+mod closes;
 mod death;
 mod emit;
 mod hello;
@@ -63,6 +64,8 @@ mod sock;
 pub use bytes::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
 pub use clock::*;
+#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
+pub use closes::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
 pub use death::*;
 #[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]

@@ -34,17 +34,15 @@
 //! from the first contradiction on make the new estimate.
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet, VecDeque},
+    collections::{BTreeMap, HashMap},
     net::SocketAddr,
 };
 
 use crate::{
-    diagnosis::estimate::{self, Interval},
-    diagnosis::evidence::{Evidence, Observation, Observed},
-    diagnosis::verdict::{self, ClientFindings, ServerFindings},
+    diagnosis::estimate,
+    diagnosis::evidence::{Observation, Observed},
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
     kernel::hello::Protocol,
-    kernel::runtime::ClientRuntime,
 };
 pub use crate::{
     diagnosis::evidence::IDLE_BUCKETS,

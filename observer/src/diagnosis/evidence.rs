@@ -20,8 +20,6 @@
 //! it. The last hour is the last 60 whole minutes plus the current one.
 //! Memory is bounded by [`MAX_BYTES`] per destination.
 
-use std::collections::VecDeque;
-
 use observer_common::CONTROL_FRAME_BYTES;
 
 use crate::{

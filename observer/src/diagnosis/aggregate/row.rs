@@ -1,11 +1,18 @@
 //! One row of the table from its state: estimates, verdict, owners and
 //! counts as every interface shows them.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "the aggregator split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::collections::BTreeMap;
+
+use super::{interval_of, DestState};
+use crate::{
+    diagnosis::estimate,
+    diagnosis::evidence::IDLE_BUCKETS,
+    diagnosis::table::{Bucket, DestKey, DestinationRow, FailureMode, LowerBasis, PathShare, Verdict},
+    diagnosis::verdict::{self, ClientFindings, ServerFindings},
+    kernel::event::Role,
+    kernel::hello::Protocol,
+    kernel::runtime::ClientRuntime,
+};
 
 /// One row from a destination's evidence.
 #[allow(clippy::too_many_lines, reason = "one row, field by field")]

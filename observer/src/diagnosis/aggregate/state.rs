@@ -2,11 +2,15 @@
 //! restart can include them, the contradictions that may open a new epoch,
 //! and the owners seen (the rules are in the parent module's doc).
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "the aggregator split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::collections::{BTreeMap, HashSet, VecDeque};
+
+use super::{CHANGE_AFTER, CHANGE_SPREAD_NS, MAX_CHANGES, MAX_CONTRADICTIONS, RESTART_MIN_SOCKETS, RESTART_SPAN_NS};
+use crate::{
+    diagnosis::estimate::{self, Interval},
+    diagnosis::evidence::{Evidence, Observation, Observed},
+    diagnosis::table::{Change, DestKey, LowerBasis, ProcessOwner, Restart},
+    kernel::runtime::ClientRuntime,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Contradiction {

@@ -2,7 +2,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::*;
-use crate::kernel::event::{EventKind, How, Outcome};
+use crate::kernel::{
+    event::{EventKind, How, Outcome},
+    runtime::ClientRuntime,
+};
 
 static SOCK: AtomicU64 = AtomicU64::new(1);
 

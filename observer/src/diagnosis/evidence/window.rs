@@ -2,11 +2,13 @@
 //! (binned survivals, exact deaths, timed values, per-minute counts) in
 //! time slices, bounded, and the queries the estimators make of it.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one module split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::collections::VecDeque;
+
+use super::{
+    secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE, MAX_DEAD, MAX_SLICES, MAX_TIMED, MINUTE_NS,
+    N_BUCKETS, SLICES,
+};
+use crate::diagnosis::table::FailureMode;
 
 /// A failed reuse or a peer idle close, kept exactly.
 #[derive(Debug, Clone, Copy, PartialEq)]

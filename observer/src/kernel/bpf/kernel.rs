@@ -2,11 +2,16 @@
 //! BTF, the jiffy length, the clocks, capabilities and the memlock limit,
 //! and the object to load for it.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one loader split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::io;
+
+use aya::maps::{Array, MapData};
+use observer_common::{kfunc, maps, Offsets};
+
+use super::{BpfError, ProbeSet, OBJECT};
+use crate::{
+    kernel::btf::{Btf, BtfError},
+    kernel::event::clock_ns,
+};
 
 /// Resolve every kernel field the programs read from the kernel's BTF.
 pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
@@ -90,14 +95,15 @@ pub(crate) fn set_clock_offset(map: &mut Array<MapData, u64>) -> Result<(), BpfE
     map.set(0, boot.saturating_sub(mono), 0).map_err(|source| BpfError::Map { name: maps::CLOCK_OFFSET, source })
 }
 
+/// A field of this process's `/proc/self/status` (`CapEff`, `Seccomp`).
+fn own_status(field: &str) -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix(field)?.strip_prefix(':').map(|v| v.trim().to_owned()))
+}
+
 /// Effective capabilities of this process (`CapEff` in /proc/self/status).
 pub(crate) fn effective_caps() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("CapEff:").and_then(|v| u64::from_str_radix(v.trim(), 16).ok()))
-        })
-        .unwrap_or(0)
+    own_status("CapEff").and_then(|v| u64::from_str_radix(&v, 16).ok()).unwrap_or(0)
 }
 
 /// Check the capabilities loading needs, before anything else is touched.
@@ -130,9 +136,7 @@ pub fn refused_by_seccomp(e: &BpfError) -> bool {
         eperm |= s.downcast_ref::<io::Error>().and_then(io::Error::raw_os_error) == Some(libc::EPERM);
         source = s.source();
     }
-    eperm
-        && std::fs::read_to_string("/proc/self/status")
-            .is_ok_and(|s| s.lines().any(|l| l.strip_prefix("Seccomp:").is_some_and(|v| v.trim() == "2")))
+    eperm && own_status("Seccomp").as_deref() == Some("2")
 }
 
 /// Raise `RLIMIT_MEMLOCK` for kernels that still charge BPF memory to it.

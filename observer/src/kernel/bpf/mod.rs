@@ -18,11 +18,11 @@ use aya::{
     programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
-use observer_common::{counter, globals, kfunc, maps, DoomedRecord, Offsets, SockRecord};
+use observer_common::{counter, globals, maps, DoomedRecord, SockRecord};
 
 use crate::{
     kernel::btf::{Btf, BtfError},
-    kernel::event::{clock_ns, decode_bytes, Clock, DecodeError, EventKind, SockEvent},
+    kernel::event::{decode_bytes, Clock, DecodeError, EventKind, SockEvent},
 };
 
 mod hooks;
