@@ -65,6 +65,11 @@ pub mod kind {
     /// an HTTP/1.x request: a [`Hello`] record carries its first bytes, for
     /// the name the client used (SNI, `Host`).
     pub const HELLO: u8 = 10;
+    /// Not an event: a control record from the probes to the loader. A
+    /// client socket's writes now fail in the kernel (it was reset or timed
+    /// out while idle) and the failed-write hook is not attached: attach
+    /// it. The loader consumes it; it never reaches the event stream.
+    pub const WATCH: u8 = 11;
 }
 
 /// Role of a socket. Values are part of the wire format.
@@ -178,6 +183,22 @@ pub mod dead {
     pub const USED: u8 = 0x80;
 }
 
+/// A dead client socket and the failed-write hook (`SockState::watch`),
+/// on the probe set that attaches that hook on demand.
+pub mod watch {
+    /// The socket is counted in `FAILED_WRITE_WATCH` (slot 0): a client
+    /// socket whose next write fails in the kernel, not yet acted on.
+    pub const PENDING: u8 = 0x01;
+    /// It died while the failed-write hook was not attached: a write made
+    /// before the hook came went unseen, and is settled at its destroy.
+    pub const UNWATCHED: u8 = 0x02;
+    /// `tcp_sock.app_limited` was 0 when it died. `tcp_sendmsg_locked`
+    /// sets it (never to 0) before it fails a write on a closed socket,
+    /// and nothing else touches it on a closed socket: if it is still 0 at
+    /// the destroy, no write was made.
+    pub const NO_WRITE_MARK: u8 = 0x04;
+}
+
 /// Indices into the `COUNTERS` per-CPU array.
 pub mod counter {
     /// `bpf_ringbuf_reserve` failed: the event was lost.
@@ -199,8 +220,13 @@ pub mod counter {
     /// 4-tuple reused). Added - removed - the entries left = the ones the
     /// LRU map evicted: idle closes whose late reuse could no longer be seen.
     pub const CLOSED_IDLE_REMOVED: u32 = 6;
+    /// A client socket reset or timed out while idle, before the
+    /// failed-write hook was attached, whose error a syscall took before
+    /// the hook came (a write, a failed reuse; or a read, the pool finding
+    /// it dead): neither is claimed, this counts it.
+    pub const FAILED_WRITE_UNSEEN: u32 = 7;
     /// Number of counters.
-    pub const COUNT: u32 = 7;
+    pub const COUNT: u32 = 8;
 }
 
 /// Names of the load-time globals in the eBPF object. Every `OFF_*` is a
@@ -224,6 +250,11 @@ pub mod globals {
     pub const TCP_SOCK_BTF_ID: &str = "TCP_SOCK_BTF_ID";
     /// `u64`: size of the ring buffer in bytes (for the wakeup decision).
     pub const RING_BYTES: &str = "RING_BYTES";
+    /// `u64`: 1 = the probe set decides kernel-failed writes with a hook
+    /// attached on demand (`sock_send_length`), so the probes count the
+    /// sockets that need it in `FAILED_WRITE_WATCH`; 0 = the send probe
+    /// decides them itself (`fentry`).
+    pub const FAILED_WRITE_HOOK: &str = "FAILED_WRITE_HOOK";
 }
 
 pub mod kfunc;
@@ -288,6 +319,11 @@ pub mod maps {
     /// kept current by userspace and by the probes off the hot path; the
     /// probes' own jiffies epoch; and when the probes last refreshed them.
     pub const CLOCK_OFFSET: &str = "CLOCK_OFFSET";
+    /// Two `u64`: slot 0, the client sockets whose next write fails in
+    /// the kernel, not yet acted on (the probes count them); slot 1, 1
+    /// while the failed-write hook is attached and stable (userspace sets
+    /// it after attaching, clears it a tick before detaching).
+    pub const FAILED_WRITE_WATCH: &str = "FAILED_WRITE_WATCH";
 }
 
 /// Byte offsets of the kernel fields the probes read, resolved at load time
@@ -360,10 +396,13 @@ pub struct Offsets {
     pub iter_iovec: u64,
     /// `sock_common.skc_state` (a `u8`): the iterator tells listeners by it.
     pub skc_state: u64,
+    /// `tcp_sock.app_limited` (a `u32`): a write on a closed socket sets
+    /// it before it fails (see `watch::NO_WRITE_MARK`).
+    pub app_limited: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 30;
+pub const OFFSETS_COUNT: usize = 31;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.
@@ -494,6 +533,10 @@ pub struct SockState {
     pub wburst_ns: u64,
     /// Last activity before that write.
     pub wburst_anchor_ns: u64,
+    /// When a client socket died idle so that its next write fails in the
+    /// kernel (reset or timed out); set only on the probe set that attaches
+    /// the failed-write hook on demand; 0 = not dead.
+    pub died_ns: u64,
     pub saddr: [u8; 16],
     pub daddr: [u8; 16],
     /// `write_seq` when the outstanding request was first written.
@@ -523,7 +566,9 @@ pub struct SockState {
     pub dead: u8,
     /// 1 once the first write was looked at for a name (see [`Hello`]).
     pub hello: u8,
-    pub pad: [u8; 2],
+    /// The failed-write hook's bookkeeping ([`watch`]).
+    pub watch: u8,
+    pub pad: u8,
 }
 
 impl SockState {
@@ -539,6 +584,7 @@ impl SockState {
         burst_anchor_ns: 0,
         wburst_ns: 0,
         wburst_anchor_ns: 0,
+        died_ns: 0,
         saddr: [0; 16],
         daddr: [0; 16],
         req_snd_seq: 0,
@@ -557,12 +603,13 @@ impl SockState {
         netns: 0,
         dead: 0,
         hello: 0,
-        pad: [0; 2],
+        watch: 0,
+        pad: 0,
     };
 }
 
 /// Size of [`SockState`] in socket-local storage.
-pub const SOCK_STATE_SIZE: usize = 176;
+pub const SOCK_STATE_SIZE: usize = 184;
 const _: () = assert!(core::mem::size_of::<SockState>() == SOCK_STATE_SIZE);
 
 mod records;

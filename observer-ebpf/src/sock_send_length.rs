@@ -7,8 +7,14 @@
 //! the `tp_btf` probe set needs this hook; the `fentry` set decides it at
 //! the send probe's entry instead.
 //!
-//! Cost on the hot path: one argument compare per `sendmsg` (`ret >= 0`
-//! returns at once); a storage lookup only for a failed write.
+//! Attached on demand: only while a client socket whose next write fails
+//! waits for its application (`FAILED_WRITE_WATCH`). Every `sendmsg` on the
+//! host pays the tracepoint's dispatch while it is attached, for an event
+//! that happens only on such a socket, so userspace attaches it when the
+//! probes report the first one and detaches it once none has waited for a
+//! while. A write made before it came is settled at the socket's destroy
+//! (`on_destroy`). While attached: one argument compare per `sendmsg`
+//! (`ret >= 0` returns at once); a storage lookup only for a failed write.
 
 use core::ffi::c_void;
 

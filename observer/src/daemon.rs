@@ -105,7 +105,14 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
             bpf::HookKind::FEntry => "fentry",
             bpf::HookKind::Iter => "iter",
         };
-        info!("attached {kind}/{} (program {}, id {})", a.hook.name, a.hook.program, a.prog_id);
+        if a.on_demand {
+            info!(
+                "attached on demand {kind}/{} (only while a client socket reset or timed out idle waits for its application; program {}, id {})",
+                a.hook.name, a.hook.program, a.prog_id
+            );
+        } else {
+            info!("attached {kind}/{} (program {}, id {})", a.hook.name, a.hook.program, a.prog_id);
+        }
     }
     Ok(probes)
 }
@@ -260,6 +267,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
             _ = tick.tick() => {
                 drain(&mut probes, &mut sinks);
                 if sinks.stop { break; }
+                if let Err(e) = probes.tend_failed_writes() {
+                    warn!("the failed-write hook: {e}");
+                }
+                if let Some((on, attaches)) = probes.failed_write_hook() {
+                    shared.metrics.set_failed_write_hook(on, attaches);
+                }
                 report_losses(&probes, &mut reported, &shared.metrics);
                 sinks.report_store_losses();
                 sinks.flush_record();

@@ -95,8 +95,9 @@ fn daemon_detaches_everything_on_sigterm() -> Result<()> {
         .filter(|l| l.contains("attached "))
         .filter_map(|l| l.rsplit("id ").next()?.trim_end_matches(')').parse().ok())
         .collect();
-    // Nine programs with either set: the tp_btf set has `sock_send_length`
-    // for writes the kernel fails, fentry_send two RST hooks instead of one.
+    // Nine programs with either set: the tp_btf set loads `sock_send_length`
+    // for writes the kernel fails (its line says it is attached on demand),
+    // fentry_send has two RST hooks instead of one.
     let expected = 9;
     ensure!(ids.len() == expected, "expected one log line per attached probe ({expected}), got {ids:?}");
     for id in &ids {

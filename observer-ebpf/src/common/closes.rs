@@ -40,7 +40,7 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     let goodbye = goodbye_idle(sk, st, now, GOODBYE_GRACE_NS);
     if goodbye != 0 {
         let idle_close = goodbye_close(sk, st, now, goodbye, how::FIN);
-        mark_dead(st, dead::FIN, idle_close);
+        mark_dead(sk, st, dead::FIN, idle_close);
         return;
     }
     if st.req_ns != 0 {
@@ -58,7 +58,7 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     }
     let anchor = last_activity(st);
     let idle_close = anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns();
-    mark_dead(st, dead::FIN, idle_close);
+    mark_dead(sk, st, dead::FIN, idle_close);
     if idle_close {
         emit(sk, st, kind::PEER_CLOSE, now, |e| {
             e.idle_ns = now - anchor;
@@ -85,7 +85,7 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
     let goodbye = if st.peer_fin_ns == 0 { goodbye_idle(sk, st, now, GOODBYE_GRACE_NS) } else { 0 };
     if goodbye != 0 {
         let idle_close = goodbye_close(sk, st, now, goodbye, how::RST);
-        mark_dead(st, dead::RST, idle_close);
+        mark_dead(sk, st, dead::RST, idle_close);
         return;
     }
     if st.req_ns != 0 {
@@ -103,7 +103,7 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
     let idle_close = st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns();
     // After an idle FIN the RST ends a socket that was already an idle
     // close: it stays one.
-    mark_dead(st, dead::RST, idle_close || st.dead & dead::IDLE != 0);
+    mark_dead(sk, st, dead::RST, idle_close || st.dead & dead::IDLE != 0);
     if idle_close {
         emit(sk, st, kind::PEER_CLOSE, now, |e| e.how = how::RST);
     }

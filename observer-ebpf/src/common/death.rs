@@ -14,7 +14,7 @@ use super::*;
 /// one (a FIN, then an RST: the socket is closed now); what the
 /// application did stays.
 #[inline(always)]
-pub(crate) fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
+pub(crate) fn mark_dead(sk: *const c_void, st: &mut SockState, kind: u8, idle_close: bool) {
     let mut d = (st.dead & !dead::KIND) | kind;
     if idle_close {
         d |= dead::IDLE;
@@ -22,6 +22,53 @@ pub(crate) fn mark_dead(st: &mut SockState, kind: u8, idle_close: bool) {
     st.dead = d;
     if unused_death(st) != dead::NONE {
         list_doomed(st, kind);
+    }
+    if write_fails(st) && unused_death(st) != dead::NONE {
+        await_write(sk, st);
+    }
+}
+
+/// A client socket whose next write fails in the kernel waits for the
+/// application: count it in `FAILED_WRITE_WATCH`, so the failed-write hook
+/// stays attached while it waits. If the hook is not attached, a write
+/// before it comes goes unseen: mark the socket and wake userspace to
+/// attach it (a `WATCH` record), and note what [`on_destroy`] needs to
+/// settle such a write: when it died, and whether `app_limited` was 0.
+/// Once per death, never on the hot path.
+#[inline(always)]
+fn await_write(sk: *const c_void, st: &mut SockState) {
+    if global(&raw const FAILED_WRITE_HOOK) == 0 || st.watch & watch::PENDING != 0 {
+        return;
+    }
+    let Some(pending) = FAILED_WRITE_WATCH.get_ptr_mut(0) else { return };
+    atomic_add(pending, 1);
+    st.watch |= watch::PENDING;
+    // The count went up before this read: userspace clears the flag, then
+    // looks at the count a tick later before it detaches, so a socket
+    // that saw the flag set is always watched.
+    let watching = FAILED_WRITE_WATCH.get(1).copied().unwrap_or(0);
+    if watching == 0 {
+        let now = now();
+        st.died_ns = now;
+        st.watch |= watch::UNWATCHED;
+        if app_limited(sk) == Some(0) {
+            st.watch |= watch::NO_WRITE_MARK;
+        }
+        emit(core::ptr::null(), st, kind::WATCH, now, |_| {});
+    }
+}
+
+/// The application acted on a socket [`await_write`] counted (wrote on
+/// it, closed it): it no longer needs the hook.
+#[inline(always)]
+fn done_waiting(st: &mut SockState) {
+    if st.watch & watch::PENDING == 0 {
+        return;
+    }
+    st.watch &= !watch::PENDING;
+    if let Some(pending) = FAILED_WRITE_WATCH.get_ptr_mut(0) {
+        // Adding u64::MAX takes one away.
+        atomic_add(pending, u64::MAX);
     }
 }
 
@@ -98,6 +145,7 @@ pub fn on_failed_write(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     st.dead |= dead::USED;
+    done_waiting(st);
     undoom(st);
     let last = last_activity(st);
     if last == 0 || now.saturating_sub(last) < min_idle_ns() {
@@ -140,9 +188,38 @@ pub(crate) fn discarded(sk: *const c_void, st: &mut SockState, now: u64, since: 
 #[inline(always)]
 pub fn on_destroy(sk: *const c_void, st: &mut SockState, now: u64) {
     if write_fails(st) {
-        discarded(sk, st, now, 0);
+        if st.watch & watch::UNWATCHED != 0 && unused_death(st) != dead::NONE && sk_err(sk) == 0 {
+            settle_unwatched(sk, st, now);
+        } else {
+            discarded(sk, st, now, 0);
+        }
     }
+    done_waiting(st);
     undoom(st);
+}
+
+/// A socket that died before the failed-write hook was attached, whose
+/// error a syscall took, unused as far as the hook saw: a write before the
+/// hook came (a failed reuse) or a read (the pool found it dead). A write
+/// set `app_limited` if it was 0 at the death: then it is a failed reuse,
+/// dated at the death (the write came after it, by less than the hook's
+/// attach), and with it still 0 a discard. Otherwise neither is claimed
+/// and the loss is counted.
+#[inline(always)]
+fn settle_unwatched(sk: *const c_void, st: &mut SockState, now: u64) {
+    if st.watch & watch::NO_WRITE_MARK == 0 {
+        st.dead |= dead::USED;
+        count(counter::FAILED_WRITE_UNSEEN);
+        return;
+    }
+    match app_limited(sk) {
+        Some(0) => discarded(sk, st, now, st.died_ns),
+        Some(_) => on_failed_write(sk, st, st.died_ns),
+        None => {
+            st.dead |= dead::USED;
+            count(counter::FAILED_WRITE_UNSEEN);
+        }
+    }
 }
 
 /// The kernel killed an idle socket whose keep-alive probes went

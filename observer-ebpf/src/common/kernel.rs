@@ -72,6 +72,15 @@ pub fn snd_una(sk: *const c_void) -> u32 {
     field(sk, &raw const OFFSETS.snd_una)
 }
 
+/// `tcp_sock.app_limited`; None if the read failed (never taken for 0).
+#[inline(always)]
+#[allow(clippy::cast_ptr_alignment, reason = "a probe read, which takes any alignment")]
+pub fn app_limited(sk: *const c_void) -> Option<u32> {
+    let off = global(&raw const OFFSETS.app_limited) as usize;
+    // SAFETY: a probe read of a u32 field.
+    unsafe { bpf_probe_read_kernel(sk.cast::<u8>().add(off).cast::<u32>()) }.ok()
+}
+
 #[inline(always)]
 pub fn sk_err(sk: *const c_void) -> i32 {
     field(sk, &raw const OFFSETS.sk_err)

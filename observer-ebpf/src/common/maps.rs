@@ -75,6 +75,19 @@ pub static CLOSED_IDLE_USED: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static UNWOKEN: Array<u64> = Array::with_max_entries(1, 0);
 
+/// Slot 0: client sockets whose next write fails in the kernel, not yet
+/// acted on (added and taken away atomically by the probes). Slot 1: 1
+/// while userspace has the failed-write hook attached. Userspace attaches
+/// the hook when slot 0 leaves 0 and detaches it when it has stayed 0; only
+/// on the `tp_btf` set ([`FAILED_WRITE_HOOK`]).
+#[map]
+pub static FAILED_WRITE_WATCH: Array<u64> = Array::with_max_entries(2, 0);
+
+/// 1 = kernel-failed writes are decided by a hook userspace attaches on
+/// demand (see [`FAILED_WRITE_WATCH`]); 0 = by the send probe. Set at load time.
+#[no_mangle]
+pub(crate) static FAILED_WRITE_HOOK: u64 = 0;
+
 /// Size of the ring buffer in bytes, set at load time (read by [`wakeup`]
 /// instead of asking the ring on every connection).
 #[no_mangle]
@@ -141,6 +154,7 @@ pub(crate) static OFFSETS: Offsets = Offsets {
     iter_ubuf: 0,
     iter_iovec: 0,
     skc_state: 0,
+    app_limited: 0,
 };
 
 #[inline(always)]
@@ -164,6 +178,17 @@ pub fn count(index: u32) {
     if let Some(slot) = COUNTERS.get_ptr_mut(index) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *slot += 1 };
+    }
+}
+
+/// Add `v` to the `u64` at `p` atomically (`BPF_ATOMIC` add, no fetch:
+/// the BPF target has no Rust atomics, so the instruction is written).
+#[inline(always)]
+pub(crate) fn atomic_add(p: *mut u64, v: u64) {
+    // SAFETY: `p` is a map value slot (a verifier-checked pointer); the
+    // instruction reads and writes only those 8 bytes.
+    unsafe {
+        core::arch::asm!("lock *(u64 *)({p} + 0) += {v}", p = in(reg) p, v = in(reg) v);
     }
 }
 

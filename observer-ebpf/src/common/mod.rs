@@ -45,8 +45,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
 use observer_common::{
-    busy, counter, dead, flags, how, kind, outcome, role, ClosedIdle, DoomedRecord, Event, Hello, Offsets, SockState,
-    TupleKey, AF_INET, AF_INET6, CONTROL_FRAME_BYTES, HELLO_BYTES,
+    busy, counter, dead, flags, how, kind, outcome, role, watch, ClosedIdle, DoomedRecord, Event, Hello, Offsets,
+    SockState, TupleKey, AF_INET, AF_INET6, CONTROL_FRAME_BYTES, HELLO_BYTES,
 };
 
 mod bytes;

@@ -369,7 +369,7 @@ pub fn on_closed(sk: *const c_void, st: &mut SockState, old: i32, now: u64) {
                 // Killed idle (keep-alive probes unanswered): the next
                 // write fails before a byte is sent.
                 let last = last_activity(st);
-                mark_dead(st, dead::TIMEOUT, last != 0 && now.saturating_sub(last) >= min_idle_ns());
+                mark_dead(sk, st, dead::TIMEOUT, last != 0 && now.saturating_sub(last) >= min_idle_ns());
                 keepalive_death(sk, st, now, last);
             }
         } else {

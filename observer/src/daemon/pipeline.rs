@@ -271,6 +271,7 @@ pub(crate) fn report_losses(probes: &Probes, reported: &mut KernelCounters, metr
                 (reason::NETNS_TABLE_FULL, now.walked_netns_full, reported.walked_netns_full),
                 (reason::CLOSED_IDLE_EVICTED, now.closed_idle_evicted, reported.closed_idle_evicted),
                 (reason::PROGRAM_RUN_SKIPPED, now.recursion_misses, reported.recursion_misses),
+                (reason::FAILED_WRITE_UNSEEN, now.failed_write_unseen, reported.failed_write_unseen),
             ] {
                 metrics.lost(why, at.saturating_sub(before));
             }

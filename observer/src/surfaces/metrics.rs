@@ -155,6 +155,11 @@ pub mod reason {
     /// `--events`' reader was too slow: its queue of lines was full, and
     /// the line was dropped (the loop never waits on it).
     pub const EVENTS_OUTPUT_BACKLOG: &str = "events_output_backlog";
+    /// A client socket reset or timed out while idle, before the
+    /// failed-write hook was attached, whose error a syscall took before
+    /// the hook came: a failed reuse or the pool discarding it, unknown
+    /// which, so neither is counted.
+    pub const FAILED_WRITE_UNSEEN: &str = "failed_write_unseen";
     pub const ALL: &[&str] = &[
         RING_BUFFER_FULL,
         SOCKET_STORAGE_FULL,
@@ -168,6 +173,7 @@ pub mod reason {
         PROGRAM_RUN_SKIPPED,
         EVENTS_OUTPUT_ERROR,
         EVENTS_OUTPUT_BACKLOG,
+        FAILED_WRITE_UNSEEN,
     ];
 }
 
@@ -296,6 +302,8 @@ struct DaemonFamilies {
     lost: Family<ReasonLabels, Counter>,
     unresolved: Counter,
     tracked: Gauge,
+    failed_write_hook: Gauge,
+    failed_write_attaches: Counter,
 }
 
 impl DaemonFamilies {
@@ -337,6 +345,20 @@ impl DaemonFamilies {
                 "Sockets in the kernel's socket table",
                 None,
                 Gauge::default(),
+            ),
+            failed_write_hook: register(
+                r,
+                "observer_failed_write_hook_attached",
+                "1 while the failed-write hook (sock_send_length, tp_btf probe set) is attached: only while a client socket reset or timed out idle waits for its application",
+                None,
+                Gauge::default(),
+            ),
+            failed_write_attaches: register(
+                r,
+                "observer_failed_write_hook_attaches",
+                "Times the failed-write hook was attached",
+                None,
+                Counter::default(),
             ),
         };
         // Every loss reason is exported from the start, at 0.
@@ -461,6 +483,15 @@ impl Metrics {
         self.daemon.unresolved.inc_by(n);
     }
 
+    /// Set `observer_failed_write_hook_attached`, and bring the attach
+    /// counter up to the loader's count.
+    pub fn set_failed_write_hook(&self, on: bool, attach_count: u64) {
+        self.daemon.failed_write_hook.set(i64::from(on));
+        let counted = self.daemon.failed_write_attaches.get();
+        self.daemon.failed_write_attaches.inc_by(attach_count.saturating_sub(counted));
+    }
+
+    /// Set `observer_tracked_sockets`.
     pub fn set_tracked_sockets(&self, n: usize) {
         self.daemon.tracked.set(i64::try_from(n).unwrap_or(i64::MAX));
     }

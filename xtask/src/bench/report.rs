@@ -25,6 +25,20 @@ pub(crate) fn ratio(v: &Value) -> String {
     )
 }
 
+/// Kernel time per round trip of one tool in the cost run (section 2):
+/// every program's run time (`ns` x `runs`, the empty benchmark programs
+/// left out) over the round trips, two sends each (`send` counts them).
+fn kernel_ns_per_round_trip(kc: &Value, who: &str, send: &str) -> f64 {
+    let Some(progs) = kc[who].as_object() else { return f64::NAN };
+    let round_trips = kc[who][send]["runs"].as_f64().unwrap_or(f64::NAN) / 2.0;
+    let total: f64 = progs
+        .iter()
+        .filter(|(name, _)| !name.starts_with("bench_empty"))
+        .map(|(_, v)| v["ns"].as_f64().unwrap_or(0.0) * v["runs"].as_f64().unwrap_or(0.0))
+        .sum();
+    total / round_trips
+}
+
 pub(crate) fn verdict(ok: bool) -> &'static str {
     if ok {
         "met"
@@ -84,6 +98,10 @@ pub(crate) fn markdown(r: &Value) -> String {
     let cores = m["cores"].as_f64().unwrap_or(1.0);
     let cpu_per_rt_ns = cores / rt_none * 1e9;
     let hot_share = per_rt / cpu_per_rt_ns;
+    let (ours_rt, theirs_rt) = (
+        kernel_ns_per_round_trip(kc, "observer_ns_per_run", "tcp_sendmsg_locked"),
+        kernel_ns_per_round_trip(kc, "bpftrace_ns_per_run", "sock_send_lengt"),
+    );
     let mut s = String::new();
     let _ = writeln!(s, "# Benchmarks\n");
     let _ = writeln!(
@@ -112,6 +130,12 @@ pub(crate) fn markdown(r: &Value) -> String {
         pinned_lo * 100.0,
         pinned_hi * 100.0,
         settled(pinned_lo, pinned_hi, 0.03, true)
+    );
+    let _ = writeln!(
+        s,
+        "| hot-path kernel time per round trip, against the bpftrace script's (gross, every program that ran in the same ping-pong) | < 0.5x | {ours_rt:.0} ns against {theirs_rt:.0} ns: {:.2}x | {} |",
+        ours_rt / theirs_rt,
+        verdict(ours_rt / theirs_rt < 0.5)
     );
     let _ = writeln!(s, "| kernel cost per send / receive probe, net of an empty program | <= 100 ns | {send_net:.0} ns / {recv_net:.0} ns | {} |", verdict(send_net <= 100.0 && recv_net <= 100.0));
     let state_gross = kc["state_gross_ns"].as_f64().unwrap_or(f64::NAN);

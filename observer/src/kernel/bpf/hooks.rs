@@ -53,7 +53,8 @@ pub(crate) const STATE_HOOKS: &[Hook] = &[
 ];
 
 /// Writes the kernel fails before sending, on the `tp_btf` set (6.3+):
-/// the `tcp_sendmsg_locked` tracepoint never fires for them.
+/// the `tcp_sendmsg_locked` tracepoint never fires for them. Attached on
+/// demand (see `watch`).
 pub(crate) const SEND_ERROR_TP: Hook = Hook::tp(program::SOCK_SEND_LENGTH);
 
 /// `late_reuse` on 6.16+: the `tcp_send_reset` tracepoint, which covers
@@ -123,7 +124,7 @@ impl ProbeSet {
     #[must_use]
     pub fn hooks(self) -> Vec<Hook> {
         let (send, reset): (&[Hook], &[Hook]) = match self {
-            Self::TpBtf => (&[SEND_TP, SEND_ERROR_TP], std::slice::from_ref(&RESET_TP)),
+            Self::TpBtf => (std::slice::from_ref(&SEND_TP), std::slice::from_ref(&RESET_TP)),
             Self::FEntrySend => (std::slice::from_ref(&SEND_FENTRY), RESET_FENTRY),
         };
         send.iter()
@@ -132,6 +133,17 @@ impl ProbeSet {
             .chain(reset.iter().copied())
             .chain(std::iter::once(ITER))
             .collect()
+    }
+
+    /// The hook loaded with the set but attached only while it is needed:
+    /// `sock_send_length` on the `tp_btf` set (it runs on every `sendmsg`
+    /// of every socket, for writes on dead client sockets only).
+    #[must_use]
+    pub const fn on_demand(self) -> Option<Hook> {
+        match self {
+            Self::TpBtf => Some(SEND_ERROR_TP),
+            Self::FEntrySend => None,
+        }
     }
 
     #[must_use]

@@ -50,6 +50,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         tcp_clock_cache: btf.offset("tcp_sock", "tcp_clock_cache")?,
         rcv_tstamp: btf.offset("tcp_sock", "rcv_tstamp")?,
         skc_state: skc("skc_state")?,
+        app_limited: btf.offset("tcp_sock", "app_limited")?,
         ..iov_iter(btf).unwrap_or_default()
     })
 }

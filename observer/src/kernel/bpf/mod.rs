@@ -29,6 +29,7 @@ mod hooks;
 mod iter;
 mod kernel;
 mod losses;
+mod watch;
 
 #[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
 pub use hooks::*;
@@ -41,6 +42,29 @@ fn take_map<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
     name: &'static str,
 ) -> Result<T, BpfError> {
     T::try_from(ebpf.take_map(name).ok_or(BpfError::MissingMap(name))?).map_err(|source| BpfError::Map { name, source })
+}
+
+/// Load `object` with the load-time globals set from `config` and the
+/// running kernel's offsets.
+fn load_with_globals(
+    config: &ProbeConfig,
+    set: ProbeSet,
+    offsets: &observer_common::Offsets,
+    tcp_sock_btf_id: u64,
+    object: &[u8],
+) -> Result<Ebpf, BpfError> {
+    Ok(EbpfLoader::new()
+        .override_global(globals::MIN_IDLE_NS, &config.min_idle_ns, true)
+        .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
+        .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
+        .override_global(globals::OFFSETS, offsets, true)
+        .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
+        .override_global(globals::TICK_NS, &tick_ns(), true)
+        .override_global(globals::TCP_SOCK_BTF_ID, &tcp_sock_btf_id, true)
+        .override_global(globals::RING_BYTES, &u64::from(config.ring_buffer_bytes), true)
+        .override_global(globals::FAILED_WRITE_HOOK, &u64::from(set.on_demand().is_some()), true)
+        .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
+        .load(object)?)
 }
 
 /// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
@@ -142,12 +166,19 @@ pub struct KernelCounters {
     pub closed_idle_evicted: u64,
     /// Program runs the kernel skipped (`recursion_misses`).
     pub recursion_misses: u64,
+    /// Client sockets reset or timed out idle before the failed-write
+    /// hook was attached, whose error a syscall took before it came: a
+    /// failed reuse or a discard, unknown which.
+    pub failed_write_unseen: u64,
 }
 
 /// One attached probe, for logs and tests.
 #[derive(Debug, Clone)]
 pub struct Attached {
     pub hook: Hook,
+    /// Loaded, and attached only while it is needed (the failed-write
+    /// hook: see `watch`).
+    pub on_demand: bool,
     /// Kernel program id (as `bpftool prog list` shows it).
     pub prog_id: u32,
 }
@@ -168,6 +199,8 @@ pub struct Probes {
     evictions: std::sync::Mutex<losses::Evictions>,
     /// Owns the programs and their links: dropping it detaches everything.
     ebpf: Ebpf,
+    /// The failed-write hook, attached on demand (`tp_btf` set).
+    failed_writes: Option<watch::FailedWriteWatch>,
     /// The send and receive probes' links, kept only for
     /// [`Probes::toggle_hot_path`]; `None` while detached.
     hot: Vec<(&'static str, HookKind, Option<HotLink>)>,
@@ -208,17 +241,7 @@ impl Probes {
         // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
         // loads below need a copy of their own, parsed once the loader's is
         // gone.
-        let mut ebpf = EbpfLoader::new()
-            .override_global(globals::MIN_IDLE_NS, &config.min_idle_ns, true)
-            .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
-            .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
-            .override_global(globals::OFFSETS, &offsets, true)
-            .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
-            .override_global(globals::TICK_NS, &tick_ns(), true)
-            .override_global(globals::TCP_SOCK_BTF_ID, &tcp_sock_btf_id, true)
-            .override_global(globals::RING_BYTES, &u64::from(config.ring_buffer_bytes), true)
-            .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
-            .load(&object)?;
+        let mut ebpf = load_with_globals(config, set, &offsets, tcp_sock_btf_id, &object)?;
         drop(object);
         let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
         // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
@@ -267,8 +290,14 @@ impl Probes {
                     prog.info().map_err(err)?.id()
                 }
             };
-            attached.push(Attached { hook: *hook, prog_id });
+            attached.push(Attached { hook: *hook, prog_id, on_demand: false });
         }
+        let on_demand =
+            set.on_demand().map(|h| watch::FailedWriteWatch::load(&mut ebpf, h, &kernel_btf)).transpose()?;
+        let failed_writes = on_demand.map(|(watch, loaded)| {
+            attached.push(loaded);
+            watch
+        });
         let iter_link =
             iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
         let doomed = take_map(&mut ebpf, maps::DOOMED)?;
@@ -284,6 +313,7 @@ impl Probes {
             walked_full: 0,
             evictions: std::sync::Mutex::new(losses::Evictions::new(closed_idle)),
             ebpf,
+            failed_writes,
             hot,
             ring,
             counters,
@@ -365,6 +395,11 @@ impl Probes {
         let mut n = 0;
         while n < max {
             let Some(item) = self.ring.next() else { break };
+            if item.get(std::mem::offset_of!(observer_common::Event, kind)) == Some(&observer_common::kind::WATCH) {
+                drop(item);
+                self.wake_failed_writes();
+                continue;
+            }
             let ev = decode_bytes(&item, self.clock);
             // First bytes that told nothing: parsed, dropped, no event.
             if matches!(&ev, Ok(e) if e.kind == EventKind::ServerName && e.server_name.is_none() && e.protocol.is_none())
@@ -375,6 +410,33 @@ impl Probes {
             n += 1;
         }
         n
+    }
+
+    /// A client socket whose next write fails waits (a `WATCH` record):
+    /// attach the failed-write hook. A failure is logged, and the next
+    /// tick tries again.
+    fn wake_failed_writes(&mut self) {
+        if let Some(w) = self.failed_writes.as_mut() {
+            if let Err(e) = w.wake(&mut self.ebpf) {
+                log::warn!("attaching the failed-write hook: {e}");
+            }
+        }
+    }
+
+    /// Once a second: attach the failed-write hook if a socket needs it,
+    /// detach it once none has for a while.
+    pub fn tend_failed_writes(&mut self) -> Result<(), BpfError> {
+        match self.failed_writes.as_mut() {
+            Some(w) => w.tend(&mut self.ebpf, Instant::now()),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the failed-write hook is attached now, and how many times
+    /// it was; None where the send probe decides those writes (`fentry`).
+    #[must_use]
+    pub fn failed_write_hook(&self) -> Option<(bool, u64)> {
+        self.failed_writes.as_ref().map(|w| (w.attached(), w.attaches()))
     }
 
     /// Kernel counters, summed over CPUs.
@@ -399,6 +461,7 @@ impl Probes {
             walked_netns_full: self.walked_full,
             closed_idle_evicted,
             recursion_misses: losses::recursion_misses(&self.ebpf),
+            failed_write_unseen: sum(counter::FAILED_WRITE_UNSEEN)?,
         })
     }
 
