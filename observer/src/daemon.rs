@@ -107,7 +107,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         };
         if a.on_demand {
             info!(
-                "attached on demand {kind}/{} (only while a client socket reset or timed out idle waits for its application; program {}, id {})",
+                "attached on demand {kind}/{}: only while a client socket reset or timed out idle waits for its application (program {}, id {})",
                 a.hook.name, a.hook.program, a.prog_id
             );
         } else {

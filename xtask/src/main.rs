@@ -85,11 +85,11 @@ enum Task {
         #[arg(long)]
         report_only: bool,
         /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `state_cost`,
-        /// `names`, `ring_buffer`, `memory`, `startup`) and write target/bench/<phase>.json,
+        /// `hot_cost`, `names`, `ring_buffer`, `memory`, `startup`) and write target/bench/<phase>.json,
         /// not the report (development); with --smoke, the smoke plan's sizes.
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
-        /// With `--only state_cost`: a git revision (built in a worktree
+        /// With `--only state_cost` or `--only hot_cost`: a git revision (built in a worktree
         /// under target/bench) or an `observer` binary whose probes to
         /// compare with, run interleaved with this tree's (repeatable).
         #[arg(long, value_name = "REV_OR_BINARY")]
@@ -477,8 +477,8 @@ fn release_daemon(toolchain: &str) -> Result<std::path::PathBuf> {
 }
 
 fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) -> Result<()> {
-    if !baseline.is_empty() && only != Some("state_cost") {
-        bail!("--baseline compares the state-change hook's cost: give it with --only state_cost");
+    if !baseline.is_empty() && !matches!(only, Some("state_cost" | "hot_cost")) {
+        bail!("--baseline compares probes side by side: give it with --only state_cost (the state-change hook under churn) or --only hot_cost (the hot path under ping-pong)");
     }
     if !is_root() {
         bail!("`cargo xtask bench` loads probes and must run as root");

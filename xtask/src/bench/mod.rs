@@ -139,11 +139,12 @@ pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)]) -> Re
         "startup" => startup_phase(&plan)?,
         "kernel_cost" => kernel_cost(&plan, &crate::workspace_root().join("bench/idle-bookkeeping.bt"))?,
         "state_cost" => state_cost(&plan, baseline)?,
+        "hot_cost" => hot_cost(&plan, baseline)?,
         "names" => names_phase(&plan)?,
         "ring_buffer" => ringbuf_phase(&plan)?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, names, ring_buffer, memory and startup"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, hot_cost, names, ring_buffer, memory and startup"
             )
         }
     };

@@ -1,5 +1,6 @@
-//! The state-change hook side by side with older probes: the
-//! `state_cost` phase, and the builds of the revisions it compares with.
+//! Probes side by side with older builds: the state-change hook under
+//! churn (`state_cost`), the hot path under ping-pong (`hot_cost`), and
+//! the builds of the revisions they compare with.
 
 #[allow(
     clippy::wildcard_imports,
@@ -56,6 +57,84 @@ pub(crate) fn state_cost(plan: &Plan, baseline: &[(String, PathBuf)]) -> Result<
         }
         Ok(
             json!({"machine": machine(), "client_threads": 2, "seconds_per_run": plan.duration.as_secs_f64(), "rounds": plan.rounds.max(2), "builds": builds}),
+        )
+    })();
+    sh("sysctl -qw kernel.bpf_stats_enabled=0")?;
+    result
+}
+
+/// The hot path side by side: rounds of a 4-connection ping-pong with no
+/// probes and under each build (this tree's first, then each `baseline`),
+/// the order rotating each round, with the kernel's run-time accounting on.
+/// Per build: the kernel time of every program that ran, per round trip
+/// (the empty benchmark programs are not attached here), and the round
+/// trips against the same round's run without probes.
+pub(crate) fn hot_cost(plan: &Plan, baseline: &[(String, PathBuf)]) -> Result<Value> {
+    let mut modes = vec![("none".to_owned(), None), ("current".to_owned(), Some(observer_bin()))];
+    for (name, b) in baseline {
+        ensure!(modes.iter().all(|(n, _)| n != name), "--baseline {}: two binaries named {name}", b.display());
+        modes.push((name.clone(), Some(b.clone())));
+    }
+    sh("sysctl -qw kernel.bpf_stats_enabled=1")?;
+    let result = (|| -> Result<Value> {
+        let mut rate: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut kernel: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+        let mut programs: BTreeMap<&str, BTreeMap<String, f64>> = BTreeMap::new();
+        for round in 0..plan.rounds.max(2) {
+            for k in 0..modes.len() {
+                let (name, bin) = &modes[(round + k) % modes.len()];
+                let Some(bin) = bin else {
+                    let v = pingpong(4, plan.duration)?;
+                    println!("bench: hot cost round {round} none: {v:.0} round trips/s");
+                    rate.entry(name).or_default().push(v);
+                    continue;
+                };
+                let o = Observer::start_bin(bin, &[], &tmp("hot-cost"))?;
+                let before = per_run(&o.progs)?;
+                let v = pingpong(4, plan.duration)?;
+                let after = per_run(&o.progs)?;
+                o.stop()?;
+                // What ran during the ping-pong only: start-up (the socket
+                // walk, the daemon's own connections) left out.
+                let mut total = 0.0;
+                let mut sends = 0.0;
+                for (prog, (ns, runs)) in &after {
+                    let (ns0, runs0) = before.get(prog).copied().unwrap_or((0.0, 0));
+                    #[allow(clippy::cast_precision_loss, reason = "run counts far below 2^52")]
+                    let (runs, runs0) = (*runs as f64, runs0 as f64);
+                    let time = (if ns.is_finite() { ns * runs } else { 0.0 })
+                        - (if ns0.is_finite() { ns0 * runs0 } else { 0.0 });
+                    total += time;
+                    if prog.ends_with("tcp_sendmsg_locked") {
+                        sends += runs - runs0;
+                    }
+                    if runs > runs0 {
+                        *programs.entry(name).or_default().entry(prog.clone()).or_default() += time / (runs - runs0);
+                    }
+                }
+                let per_rt = total / (sends / 2.0);
+                println!("bench: hot cost round {round} {name}: {v:.0} round trips/s, {per_rt:.0} ns of probes per round trip");
+                rate.entry(name).or_default().push(v);
+                kernel.entry(name).or_default().push(per_rt);
+            }
+        }
+        let rounds = plan.rounds.max(2);
+        let none = &rate["none"];
+        let current = &kernel["current"];
+        let mut builds = serde_json::Map::new();
+        for (name, bin) in modes.iter().skip(1) {
+            let n = name.as_str();
+            let to_none: Vec<f64> = rate[n].iter().zip(none).map(|(v, z)| v / z).collect();
+            let to_current: Vec<f64> = kernel[n].iter().zip(current).map(|(v, c)| v / c).collect();
+            #[allow(clippy::cast_precision_loss, reason = "a handful of rounds")]
+            let mean_ns: BTreeMap<&String, f64> = programs[n].iter().map(|(p, t)| (p, t / rounds as f64)).collect();
+            builds.insert(
+                name.clone(),
+                json!({"binary": bin.as_ref().map(|b| b.display().to_string()), "kernel_ns_per_round_trip": stats(&kernel[n]), "kernel_to_current": stats(&to_current), "round_trips_per_second": stats(&rate[n]), "ratio_to_none": stats(&to_none), "ns_per_run_mean": mean_ns}),
+            );
+        }
+        Ok(
+            json!({"machine": machine(), "connections": 4, "message_bytes": 32, "seconds_per_run": plan.duration.as_secs_f64(), "rounds": rounds, "none_round_trips_per_second": stats(none), "builds": builds}),
         )
     })();
     sh("sysctl -qw kernel.bpf_stats_enabled=0")?;
