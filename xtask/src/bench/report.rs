@@ -241,6 +241,7 @@ pub(crate) fn markdown(r: &Value) -> String {
         );
     }
     let _ = writeln!(s);
+    hot_cost_section(&mut s);
     let _ =
         writeln!(s, "### 2. Kernel cost per event (ns per run, gross)\n\n| program | ns/run | runs |\n|---|---|---|");
     for who in ["observer_ns_per_run", "bpftrace_ns_per_run"] {
@@ -279,6 +280,13 @@ pub(crate) fn markdown(r: &Value) -> String {
         );
     }
     state_cost_section(&mut s);
+    // Comparisons run alone earlier, kept by hand (`bench/notes.md`).
+    if let Ok(notes) = std::fs::read_to_string(crate::workspace_root().join("bench/notes.md")) {
+        // From the first note (a line starting in bold) on: the file's
+        // own heading and preface stay out.
+        let body = notes.find("\n**").map_or("", |i| &notes[i + 1..]);
+        let _ = writeln!(s, "{}\n", body.trim_end());
+    }
     let _ = writeln!(s, "### 3. Churn (connections per second)\n\n| mode | min / median / max |\n|---|---|\n| none | {} |\n| observer | {} |\n| ratio observer / none | {} |\n", mmm(&ch["connections_per_second"]["none"], 1.0, ""), mmm(&ch["connections_per_second"]["observer"], 1.0, ""), ratio(&ch["ratio_observer_to_none"]));
     let _ = writeln!(s, "### 3b. Names (HTTP churn: every connection's first write is `{}`)\n\nThe send probe reads each client connection's first write once and, for a TLS or HTTP start, hands 640 bytes to the daemon, which parses the name and drops the bytes. Observer with names on and with `--no-names`, interleaved rounds.\n\n| | names on | `--no-names` |\n|---|---|---|\n| connections/s (min / median / max) | {} | {} |\n| send probe ns/run | {} | {} |\n| ratio on / off | {} | |\n", nm["request"].as_str().unwrap_or("").escape_debug(), mmm(&nm["connections_per_second"]["names"], 1.0, ""), mmm(&nm["connections_per_second"]["no_names"], 1.0, ""), mmm(&nm["send_ns_per_run"]["names"], 1.0, ""), mmm(&nm["send_ns_per_run"]["no_names"], 1.0, ""), ratio(&nm["ratio_names_to_no_names"]));
     let _ = writeln!(
@@ -401,6 +409,56 @@ fn prometheus_version() -> String {
         .ok()
         .and_then(|o| String::from_utf8_lossy(&o.stdout).lines().next().map(str::to_owned))
         .unwrap_or_else(|| "Prometheus".to_owned())
+}
+
+/// A median with its 95% interval: `**543** [518, 567]`.
+fn med_ci(v: &Value, digits: usize) -> String {
+    let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
+    let ci = &v["median_interval_95"];
+    format!("**{:.digits$}** [{:.digits$}, {:.digits$}]", f(&v["median"]), f(&ci[0]), f(&ci[1]))
+}
+
+/// The hot path, this tree's probes against older builds side by side
+/// (`cargo xtask bench --only hot_cost --baseline REV`), when on record.
+fn hot_cost_section(s: &mut String) {
+    let path = crate::workspace_root().join("target/bench/hot_cost.json");
+    let Some(k) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
+        let _ = writeln!(s, "No side-by-side comparison of the hot path with an older build on record: run `cargo xtask bench --only hot_cost --baseline REV`, then `cargo xtask bench --report-only`.\n");
+        return;
+    };
+    let Some(builds) = k["builds"].as_object() else { return };
+    let m = &k["machine"];
+    let _ = writeln!(
+        s,
+        "**Hot path, before and after, side by side** (`cargo xtask bench --only hot_cost --baseline REV`, {} on {} ({} cores), {} rounds of a {} s ping-pong ({} connections, {}-byte messages) with no probes and under each build, the order rotating each round, the kernel's run-time accounting on; median [95% interval of the median]). *Probe time* is the run time of every program that ran during the ping-pong, per round trip; *to this tree* is each round's probe time over this tree's in the same round; round trips are against the same round's run without probes (separate runs: noisier than 1b):\n\n| probes | probe time per round trip, ns | to this tree | round trips/s to none | mean ns per run, by program |\n|---|---|---|---|---|",
+        m["date_utc"].as_str().unwrap_or("?"),
+        m["cpu"].as_str().unwrap_or("?"),
+        m["cores"],
+        k["rounds"],
+        k["seconds_per_run"],
+        k["connections"],
+        k["message_bytes"]
+    );
+    for (name, b) in builds {
+        let label = if name == "current" { "this tree".to_owned() } else { format!("`{name}`") };
+        let programs = b["ns_per_run_mean"]
+            .as_object()
+            .map(|p| {
+                p.iter()
+                    .map(|(n, v)| format!("`{n}` {:.0}", v.as_f64().unwrap_or(f64::NAN)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            s,
+            "| {label} | {} | {} | {} | {programs} |",
+            med_ci(&b["kernel_ns_per_round_trip"], 0),
+            med_ci(&b["kernel_to_current"], 3),
+            med_ci(&b["ratio_to_none"], 3)
+        );
+    }
+    let _ = writeln!(s);
 }
 
 /// The reliability section, from the last full `cargo xtask soak`
