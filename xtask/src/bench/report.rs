@@ -411,6 +411,12 @@ fn prometheus_version() -> String {
         .unwrap_or_else(|| "Prometheus".to_owned())
 }
 
+/// A side-by-side phase's figures (`target/bench/<phase>.json`), if run.
+fn side_by_side(phase: &str) -> Option<Value> {
+    let path = crate::workspace_root().join(format!("target/bench/{phase}.json"));
+    serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()
+}
+
 /// A median with its 95% interval: `**543** [518, 567]`.
 fn med_ci(v: &Value, digits: usize) -> String {
     let f = |x: &Value| x.as_f64().unwrap_or(f64::NAN);
@@ -421,8 +427,7 @@ fn med_ci(v: &Value, digits: usize) -> String {
 /// The hot path, this tree's probes against older builds side by side
 /// (`cargo xtask bench --only hot_cost --baseline REV`), when on record.
 fn hot_cost_section(s: &mut String) {
-    let path = crate::workspace_root().join("target/bench/hot_cost.json");
-    let Some(k) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
+    let Some(k) = side_by_side("hot_cost") else {
         let _ = writeln!(s, "No side-by-side comparison of the hot path with an older build on record: run `cargo xtask bench --only hot_cost --baseline REV`, then `cargo xtask bench --report-only`.\n");
         return;
     };
@@ -466,8 +471,7 @@ fn hot_cost_section(s: &mut String) {
 /// The state-change hook, this tree's probes against older ones side by
 /// side (`cargo xtask bench --only state_cost --baseline REV`).
 fn state_cost_section(s: &mut String) {
-    let path = crate::workspace_root().join("target/bench/state_cost.json");
-    let Some(k) = std::fs::read_to_string(&path).ok().and_then(|t| serde_json::from_str::<Value>(&t).ok()) else {
+    let Some(k) = side_by_side("state_cost") else {
         let _ = writeln!(s, "No side-by-side comparison of the state-change hook on record: run `cargo xtask bench --only state_cost --baseline 738a54a`, then `cargo xtask bench --report-only`.\n");
         return;
     };
