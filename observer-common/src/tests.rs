@@ -63,16 +63,18 @@ fn event_layout_is_stable() {
 
 #[test]
 fn sock_state_layout_is_stable() {
-    assert_eq!(offset_of!(SockState, saddr), 80);
-    assert_eq!(offset_of!(SockState, daddr), 96);
-    assert_eq!(offset_of!(SockState, req_snd_seq), 112);
-    assert_eq!(offset_of!(SockState, wburst_seq), 128);
-    assert_eq!(offset_of!(SockState, sport), 136);
-    assert_eq!(offset_of!(SockState, role), 142);
-    assert_eq!(offset_of!(SockState, flags), 143);
-    assert_eq!(offset_of!(SockState, comm), 144);
-    assert_eq!(offset_of!(SockState, cgroup_id), 160);
-    assert_eq!(offset_of!(SockState, netns), 168);
+    assert_eq!(offset_of!(SockState, died_ns), 80);
+    assert_eq!(offset_of!(SockState, saddr), 88);
+    assert_eq!(offset_of!(SockState, daddr), 104);
+    assert_eq!(offset_of!(SockState, req_snd_seq), 120);
+    assert_eq!(offset_of!(SockState, wburst_seq), 136);
+    assert_eq!(offset_of!(SockState, sport), 144);
+    assert_eq!(offset_of!(SockState, role), 150);
+    assert_eq!(offset_of!(SockState, flags), 151);
+    assert_eq!(offset_of!(SockState, comm), 152);
+    assert_eq!(offset_of!(SockState, cgroup_id), 168);
+    assert_eq!(offset_of!(SockState, netns), 176);
+    assert_eq!(offset_of!(SockState, watch), 182);
     assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
 }
 
@@ -88,5 +90,6 @@ fn records_and_keys_have_no_padding() {
     assert_eq!(offset_of!(DoomedRecord, netns), 56);
     assert_eq!(offset_of!(DoomedRecord, how), 71);
     assert_eq!(offset_of!(DoomedRecord, comm), 72);
-    assert_eq!(offset_of!(SockState, dead), 172);
+    assert_eq!(offset_of!(SockState, dead), 180);
+    assert_eq!(offset_of!(SockState, pad), 183);
 }
