@@ -239,8 +239,10 @@ fn start_l4_balancer(topo: &Topology, dir: &std::path::Path, idle_s: u32, backen
 }
 
 /// Wait until something listens on `port` in namespace `i` of `topo`.
+/// `within` is stretched by the time slack (a program starting in a TCG
+/// guest beside two others took over 10 s once).
 fn wait_listening(topo: &Topology, i: usize, port: u16, what: &str, within: Duration) -> Result<()> {
-    let deadline = std::time::Instant::now() + within;
+    let deadline = std::time::Instant::now() + Duration::from_secs_f64(common::tolerance(within.as_secs_f64()));
     while !topo.ns.exec(i, "ss -ltn")?.contains(&format!(":{port} ")) {
         ensure!(std::time::Instant::now() < deadline, "{what} did not start listening on {port}");
         std::thread::sleep(Duration::from_millis(50));
