@@ -51,7 +51,13 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
     assert_eq!(r.failure_mode, mode, "{r:#?}");
     assert_eq!(r.verdict, Verdict::Mismatch, "{r:#?}");
     let rec = r.recommended_pool_idle_timeout_seconds.expect("a recommendation");
-    assert!((rec - 0.8 * t).abs() <= 0.05 * 0.8 * t, "recommended {rec}, expected 0.8 x {t}");
+    // Above 0.8 x t by at most 5 % (a close measured late). Below it by
+    // what the evidence allows: with no point the recommendation stands on
+    // the interval's lower bound, the longest idle a reuse survived, which
+    // the clients' gaps put within 5 % of t on the host; under TCG's
+    // timing a run once had none past 2.792 s of 3 s (the time slack).
+    assert!(rec - 0.8 * t <= 0.05 * 0.8 * t, "recommended {rec}, expected 0.8 x {t}");
+    assert!(0.8 * t - rec <= common::tolerance(0.05) * 0.8 * t, "recommended {rec}, expected 0.8 x {t}");
     // The clients make 20 requests after idle. One that meets the hop's
     // close head-on is a failed reuse when the close crosses it, or a
     // `request_aborted` (reuse) when the hop acknowledged it first and
