@@ -758,9 +758,14 @@ fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()>
     let diff = server.idle_seconds - client.idle_seconds;
     // The answer's write comes before its arrival, and the server's close
     // before its FIN arrives: the path between the namespaces adds well
-    // under 2 ms on this host.
+    // under 2 ms on this host. The difference is the answer's delivery
+    // less the FIN's, so a FIN delivered late only makes it negative; in a
+    // guest under load the vCPU can stall in between (364 ms once, the
+    // 6.1 guest beside two others), so there only the upper bound, the
+    // one this test is about, stays tight.
+    let lower = if common::tolerance(1.0) > 1.0 { -common::tolerance(0.1) } else { -0.002 };
     assert!(
-        (-common::tolerance(0.002)..=3.0 * tick + common::tolerance(0.002)).contains(&diff),
+        (lower..=3.0 * tick + common::tolerance(0.002)).contains(&diff),
         "server idle {:.4} s vs client {:.4} s (tick {tick} s)",
         server.idle_seconds,
         client.idle_seconds
