@@ -384,9 +384,7 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
         .inspect(|e| assert_eq!(e.how, Some(How::Fin), "{e:?}"))
         .collect();
     ensure!(discarded.len() == 10, "{discarded:#?}");
-    let metrics = String::from_utf8(
-        observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?,
-    )?;
+    let metrics = daemon.metrics()?;
     let doomed_line = metrics
         .lines()
         .find(|l| l.starts_with("observer_doomed_idle_sockets{") && l.contains(&dest))
@@ -459,7 +457,7 @@ fn metric(body: &str, series: &str) -> Option<f64> {
 /// attached (`on`) or detached; returns how long that took.
 fn wait_for_hook(daemon: &Daemon, on: bool, secs: f64) -> Result<f64> {
     let start = Instant::now();
-    while metric(&metrics_of(daemon)?, "observer_failed_write_hook_attached ") != Some(f64::from(u8::from(on))) {
+    while metric(&daemon.metrics()?, "observer_failed_write_hook_attached ") != Some(f64::from(u8::from(on))) {
         ensure!(
             start.elapsed() < Duration::from_secs_f64(common::tolerance(secs)),
             "the failed-write hook was never {}",
@@ -468,10 +466,6 @@ fn wait_for_hook(daemon: &Daemon, on: bool, secs: f64) -> Result<f64> {
         std::thread::sleep(Duration::from_millis(100));
     }
     Ok(start.elapsed().as_secs_f64())
-}
-
-fn metrics_of(daemon: &Daemon) -> Result<String> {
-    Ok(String::from_utf8(observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?)
 }
 
 /// The failed-write hook (`sock_send_length`, on the `tp_btf` set) runs
@@ -497,7 +491,7 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
         // to attach, and the writes are seen as they are made.
         eprintln!("MEASURED failed-write hook: not used by this probe set (the fentry send probe decides)");
     }
-    let body = metrics_of(&daemon)?;
+    let body = daemon.metrics()?;
     ensure!(metric(&body, "observer_failed_write_hook_attached ") == Some(0.0), "off at the start");
     let dir = tempfile::tempdir()?;
     let py = script(HELD_CLIENT)?;
@@ -571,7 +565,7 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
     ensure!((l.idle_seconds - late_idle).abs() < common::idle_precision(), "late at {} vs {late_idle}", l.idle_seconds);
     let mine = of(&events, reader);
     ensure!(!mine.iter().any(|e| e.kind == EventKind::Reuse), "the reader never wrote: {mine:#?}");
-    let body = metrics_of(&daemon)?;
+    let body = daemon.metrics()?;
     let unseen = metric(&body, "observer_events_lost_total{reason=\"failed_write_unseen\"}");
     ensure!(unseen == Some(0.0), "nothing left unknown: {unseen:?}");
     let attaches = metric(&body, "observer_failed_write_hook_attaches_total ").unwrap_or(0.0);

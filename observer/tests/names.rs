@@ -97,12 +97,6 @@ send(port + 3, [b"POST /upload HTTP/1.1\r\nHost: big.example\r\nContent-Length: 
 print("done", flush=True)
 "#;
 
-/// The daemon's `/metrics` exposition.
-fn metrics(daemon: &Daemon) -> Result<String> {
-    let body = observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?;
-    Ok(String::from_utf8(body)?)
-}
-
 fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
     daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
     daemon.status()
@@ -173,7 +167,7 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
         "{text}"
     );
     // The info metric.
-    let metrics = metrics(&daemon)?;
+    let metrics = daemon.metrics()?;
     let info = format!("observer_destination_info{{destination=\"{dest}\",role=\"client\",netns=\"");
     ensure!(
         metrics.lines().any(|l| l.starts_with(&info) && l.ends_with(&format!("server_name=\"{name}\"}} 1"))),
@@ -243,7 +237,7 @@ fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
     let b = row(&rows, &dest)?;
     assert!(b.server_names.is_empty(), "--no-names: {b:#?}");
     ensure!(!blind.events().iter().any(|e| e.kind == EventKind::ServerName), "--no-names printed a name");
-    let metrics = metrics(&blind)?;
+    let metrics = blind.metrics()?;
     ensure!(!metrics.contains("observer_destination_info{"), "--no-names exported a name");
     assert_eq!(b.reuses, r.reuses, "the same evidence either way");
     // A client whose runtime cannot be told (bash's /dev/tcp) gets the

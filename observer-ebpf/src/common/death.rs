@@ -203,16 +203,12 @@ pub fn on_destroy(sk: *const c_void, st: &mut SockState, now: u64) {
 /// hook came (a failed reuse) or a read (the pool found it dead). A write
 /// set `app_limited` if it was 0 at the death: then it is a failed reuse,
 /// dated at the death (the write came after it, by less than the hook's
-/// attach), and with it still 0 a discard. Otherwise neither is claimed
-/// and the loss is counted.
+/// attach), and with it still 0 a discard. Without that mark neither is
+/// claimed and the loss is counted.
 #[inline(always)]
 fn settle_unwatched(sk: *const c_void, st: &mut SockState, now: u64) {
-    if st.watch & watch::NO_WRITE_MARK == 0 {
-        st.dead |= dead::USED;
-        count(counter::FAILED_WRITE_UNSEEN);
-        return;
-    }
-    match app_limited(sk) {
+    let mark = if st.watch & watch::NO_WRITE_MARK != 0 { app_limited(sk) } else { None };
+    match mark {
         Some(0) => discarded(sk, st, now, st.died_ns),
         Some(_) => on_failed_write(sk, st, st.died_ns),
         None => {

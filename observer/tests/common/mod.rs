@@ -155,6 +155,12 @@ impl Daemon {
         serde_json::from_slice(&out.stdout).context("observer status --json output")
     }
 
+    /// The daemon's `/metrics` exposition.
+    pub fn metrics(&self) -> Result<String> {
+        let body = observer::surfaces::http::get(&self.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?;
+        Ok(String::from_utf8(body)?)
+    }
+
     pub fn stderr_lines(&self) -> Vec<String> {
         self.stderr.lock().unwrap().clone()
     }
