@@ -330,7 +330,10 @@ fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
     measured("http2 goaway", gets.len(), 0, r);
     let seen = format!("client said:\n{out}\nrow: {r:#?}");
     let point = r.path_idle_timeout_seconds.context("a point from nginx's closes")?;
-    ensure!((point - 2.0).abs() <= 0.05 * 2.0, "nginx's 2 s within 5 %: {seen}");
+    ensure!(
+        (1.9..=2.0 + common::tolerance(0.1)).contains(&point),
+        "nginx's 2 s within 5 % (late by the time slack in a guest): {seen}"
+    );
     ensure!(r.failures == 0, "no request failed, none counted: {seen}");
     ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
@@ -394,7 +397,10 @@ fn http2_goaway_then_a_graceful_second_is_measured_at_the_goaway() -> Result<()>
     measured("http2 go server goaway", gets.len() - failed, failed, r);
     let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", client_events(&daemon, dest));
     let point = r.path_idle_timeout_seconds.with_context(|| format!("a point from the server's closes: {seen}"))?;
-    ensure!((point - 2.0).abs() <= 0.05 * 2.0, "Go's IdleTimeout 2 s within 5 %: {seen}");
+    ensure!(
+        (1.9..=2.0 + common::tolerance(0.1)).contains(&point),
+        "Go's IdleTimeout 2 s within 5 % (late by the time slack in a guest): {seen}"
+    );
     ensure!(r.failures == failed as u64, "the client's failures, counted: {seen}");
     ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
@@ -479,7 +485,12 @@ fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Resu
     ensure!(r.failure_mode == FailureMode::Fin, "the server's graceful close: {seen}");
     ensure!(timeouts == 0, "the client closed on the GOAWAY, not on a read timeout of its own: {seen}");
     let upper = r.path_idle_timeout_upper_seconds.context("failures bound the timeout")?;
-    ensure!((2.0..=2.4 + 0.05).contains(&upper), "the smallest failed idle age, above the server's 2 s: {seen}");
+    // The smallest failure is the client's 2.4 s sleep, which a loaded
+    // guest extends (2.472 s in the 6.1 guest once); it never ends early.
+    ensure!(
+        upper >= 2.0 && common::fired(upper, 2.4, 0.05),
+        "the smallest failed idle age, above the server's 2 s: {seen}"
+    );
     ensure!(r.verdict == Verdict::Mismatch, "{seen}");
     Ok(())
 }
@@ -583,7 +594,10 @@ fn envoys_upstream_pool_in_front_of_node_is_named_and_measured() -> Result<()> {
     ensure!(failed == 0, "Envoy retries or finds the close itself: the client saw no failure: {seen}");
     ensure!(r.processes == vec!["envoy".to_owned()], "the process, not its worker thread: {seen}");
     let point = r.path_idle_timeout_seconds.context("a point from Node's closes")?;
-    ensure!((2.9..=3.3).contains(&point), "Node's keep-alive close (2 s + its 1 s buffer): {seen}");
+    ensure!(
+        (2.9..=3.0 + common::tolerance(0.3)).contains(&point),
+        "Node's keep-alive close (2 s + its 1 s buffer): {seen}"
+    );
     let fixes: Vec<&str> = r.fix_settings.iter().map(|f| f.setting.as_str()).collect();
     ensure!(fixes == ["common_http_protocol_options.idle_timeout"], "Envoy's own knob: {seen}");
     ensure!(r.verdict == Verdict::Mismatch, "Envoy's pool keeps connections for an hour: {seen}");
