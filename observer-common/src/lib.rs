@@ -399,10 +399,16 @@ pub struct Offsets {
     /// `tcp_sock.app_limited` (a `u32`): a write on a closed socket sets
     /// it before it fails (see `watch::NO_WRITE_MARK`).
     pub app_limited: u64,
+    /// `tcp_sock.lsndtime` (jiffies, a `u32`): the last data segment sent.
+    pub lsndtime: u64,
+    /// `inet_connection_sock.icsk_ack.lrcvtime` (jiffies, a `u32`): the
+    /// last data segment received. With `lsndtime`, a socket older than
+    /// the probes gets its idle clock from the kernel when adopted.
+    pub lrcvtime: u64,
 }
 
 /// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 31;
+pub const OFFSETS_COUNT: usize = 33;
 const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.

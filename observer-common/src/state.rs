@@ -54,7 +54,7 @@ pub struct SockState {
     pub dport: u16,
     pub family: u16,
     pub role: u8,
-    /// `flags::PREEXISTING` and the probes' own `st::*` bits.
+    /// The probes' own `st::*` bits (all eight in use).
     pub flags: u8,
     pub comm: [u8; 16],
     /// cgroup v2 id of `tgid` when it was recorded.
@@ -68,7 +68,10 @@ pub struct SockState {
     pub hello: u8,
     /// The failed-write hook's bookkeeping ([`crate::watch`]).
     pub watch: u8,
-    pub pad: u8,
+    /// 1: first seen after it was established (`flags::PREEXISTING` in its
+    /// events). Its own byte: in `flags` it once shared a bit with
+    /// `st::UNREAD_BEFORE_REQ`, and a request's end cleared it.
+    pub adopted: u8,
 }
 
 impl SockState {
@@ -104,7 +107,7 @@ impl SockState {
         dead: 0,
         hello: 0,
         watch: 0,
-        pad: 0,
+        adopted: 0,
     };
 }
 

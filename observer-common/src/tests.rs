@@ -75,6 +75,7 @@ fn sock_state_layout_is_stable() {
     assert_eq!(offset_of!(SockState, cgroup_id), 168);
     assert_eq!(offset_of!(SockState, netns), 176);
     assert_eq!(offset_of!(SockState, watch), 182);
+    assert_eq!(offset_of!(SockState, adopted), 183);
     assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
 }
 
@@ -91,5 +92,4 @@ fn records_and_keys_have_no_padding() {
     assert_eq!(offset_of!(DoomedRecord, how), 71);
     assert_eq!(offset_of!(DoomedRecord, comm), 72);
     assert_eq!(offset_of!(SockState, dead), 180);
-    assert_eq!(offset_of!(SockState, pad), 183);
 }

@@ -155,6 +155,8 @@ pub(crate) static OFFSETS: Offsets = Offsets {
     iter_iovec: 0,
     skc_state: 0,
     app_limited: 0,
+    lsndtime: 0,
+    lrcvtime: 0,
 };
 
 #[inline(always)]

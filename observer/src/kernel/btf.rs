@@ -222,19 +222,20 @@ impl Btf {
         None
     }
 
-    fn find_in(&self, members: &[Member], field: &str, depth: u32) -> Option<FieldPos> {
+    /// The member `field` (searching anonymous members), with its type.
+    fn find_in(&self, members: &[Member], field: &str, depth: u32) -> Option<(FieldPos, u32)> {
         if depth > 8 {
             return None;
         }
         for m in members {
             let name = self.name(m.name);
             if name == field {
-                return Some(FieldPos { bit_offset: m.bit_offset, bitfield_size: m.bitfield_size });
+                return Some((FieldPos { bit_offset: m.bit_offset, bitfield_size: m.bitfield_size }, m.ty));
             }
             if name.is_empty() {
                 if let Some(Ty::Composite { members: inner }) = self.resolve(m.ty) {
-                    if let Some(p) = self.find_in(inner, field, depth + 1) {
-                        return Some(FieldPos { bit_offset: m.bit_offset + p.bit_offset, ..p });
+                    if let Some((p, ty)) = self.find_in(inner, field, depth + 1) {
+                        return Some((FieldPos { bit_offset: m.bit_offset + p.bit_offset, ..p }, ty));
                     }
                 }
             }
@@ -242,15 +243,48 @@ impl Btf {
         None
     }
 
-    /// Position of `field` in `struct name` (searching anonymous members).
-    pub fn field(&self, name: &str, field: &str) -> Result<FieldPos, BtfError> {
+    /// The members of the definition of `struct name` (not a forward declaration).
+    fn members_of(&self, name: &str) -> Result<&[Member], BtfError> {
         let ids = self.by_name.get(name).ok_or_else(|| BtfError::NotFound(format!("struct {name}")))?;
         ids.iter()
             .find_map(|&id| match self.resolve(id) {
-                Some(Ty::Composite { members }) if !members.is_empty() => self.find_in(members, field, 0),
+                Some(Ty::Composite { members }) if !members.is_empty() => Some(members.as_slice()),
                 _ => None,
             })
+            .ok_or_else(|| BtfError::NotFound(format!("struct {name}")))
+    }
+
+    /// Position of `field` in `struct name` (searching anonymous members).
+    pub fn field(&self, name: &str, field: &str) -> Result<FieldPos, BtfError> {
+        let members = self.members_of(name)?;
+        self.find_in(members, field, 0)
+            .map(|(p, _)| p)
             .ok_or_else(|| BtfError::NotFound(format!("field {name}.{field}")))
+    }
+
+    /// Byte offset of a field inside a member of `struct name`, one name
+    /// per level (`inet_connection_sock` and `["icsk_ack", "lrcvtime"]`:
+    /// a field of a named member whose struct has no name of its own).
+    pub fn offset_path(&self, name: &str, path: &[&str]) -> Result<u64, BtfError> {
+        let not_found = || BtfError::NotFound(format!("byte-aligned field {name}.{}", path.join(".")));
+        let mut members = self.members_of(name)?;
+        let mut bits = 0u32;
+        for (i, part) in path.iter().enumerate() {
+            let (pos, ty) = self.find_in(members, part, 0).ok_or_else(not_found)?;
+            bits = bits.checked_add(pos.bit_offset).ok_or_else(not_found)?;
+            if i + 1 < path.len() {
+                members = match self.resolve(ty) {
+                    Some(Ty::Composite { members }) => members,
+                    _ => return Err(not_found()),
+                };
+            } else if pos.bitfield_size != 0 {
+                return Err(not_found());
+            }
+        }
+        if path.is_empty() || !bits.is_multiple_of(8) {
+            return Err(not_found());
+        }
+        Ok(u64::from(bits / 8))
     }
 
     /// Byte offset of a byte-aligned `field` in `struct name`.

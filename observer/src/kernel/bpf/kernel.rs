@@ -51,6 +51,8 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         rcv_tstamp: btf.offset("tcp_sock", "rcv_tstamp")?,
         skc_state: skc("skc_state")?,
         app_limited: btf.offset("tcp_sock", "app_limited")?,
+        lsndtime: btf.offset("tcp_sock", "lsndtime")?,
+        lrcvtime: btf.offset_path("inet_connection_sock", &["icsk_ack", "lrcvtime"])?,
         ..iov_iter(btf).unwrap_or_default()
     })
 }

@@ -57,6 +57,12 @@ fn finds_fields_through_anonymous_members_and_bitfields() {
     assert_eq!(btf.enum_value("e", "X").unwrap(), 3);
     assert_eq!(btf.field("outer", "zz"), Err(BtfError::NotFound("field outer.zz".into())));
     assert_eq!(btf.field("nope", "a"), Err(BtfError::NotFound("struct nope".into())));
+    // A path through members: one level is a plain offset, a scalar has
+    // no members, a bitfield no byte offset.
+    assert_eq!(btf.offset_path("outer", &["c"]).unwrap(), 4);
+    assert!(btf.offset_path("outer", &["a", "b"]).is_err());
+    assert!(btf.offset_path("outer", &["d"]).is_err());
+    assert!(btf.offset_path("outer", &[]).is_err());
 }
 
 #[test]
@@ -78,6 +84,11 @@ fn reads_the_running_kernel() {
     assert_eq!(btf.offset("sock", "__sk_common").unwrap(), 0);
     assert_eq!(btf.offset("sock_common", "skc_family").unwrap(), 16);
     assert!(btf.offset("tcp_sock", "rcv_nxt").unwrap() > 1000);
+    // `icsk_ack` is a named member of an unnamed struct type; `tcp_sock`
+    // starts with its `inet_connection_sock`.
+    let lrcvtime = btf.offset_path("inet_connection_sock", &["icsk_ack", "lrcvtime"]).unwrap();
+    assert!(lrcvtime > btf.offset("inet_connection_sock", "icsk_ack").unwrap());
+    assert_eq!(btf.offset_path("tcp_sock", &["inet_conn", "icsk_ack", "lrcvtime"]).unwrap(), lrcvtime);
     assert_eq!(btf.enum_value("sock_flags", "SOCK_KEEPOPEN").unwrap(), 3);
     assert!(btf.has_type("btf_trace_inet_sock_set_state"));
     assert!(!btf.has_type("btf_trace_no_such_tracepoint"));
