@@ -270,6 +270,7 @@ impl RunArgs {
             ("data-dir", q(&self.data_dir.display().to_string())),
             ("retention", d(self.retention)),
             ("max-store-bytes", self.max_store_bytes.to_string()),
+            ("store-give-up", d(self.store_give_up)),
         ];
         if let Some(e) = self.events {
             lines.insert(1, ("events", q(if e == EventsFormat::Json { "json" } else { "text" })));
@@ -408,6 +409,12 @@ pub struct RunArgs {
     /// The evidence store is kept below this size.
     #[arg(long, value_parser = parse_size64, default_value = "256MiB", env = "OBSERVER_MAX_STORE_BYTES")]
     pub max_store_bytes: u64,
+    /// A batch the store refuses (a full disk, a removed directory) is held
+    /// and retried every second for this long, then given up and counted
+    /// (`observer_events_lost_total{reason="store_error"}`). What a `kill -9`
+    /// during such a spell loses grows with it.
+    #[arg(long, value_parser = parse_duration, default_value = "60s", env = "OBSERVER_STORE_GIVE_UP")]
+    pub store_give_up: Duration,
     /// Observe only sockets of processes in this cgroup v2 subtree (a path
     /// below the cgroup2 mount, or relative to it: `/system.slice/app.service`).
     #[arg(long, value_name = "PATH", env = "OBSERVER_CGROUP")]

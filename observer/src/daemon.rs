@@ -32,6 +32,7 @@ use crate::{
 };
 
 mod api;
+mod held;
 mod outputs;
 mod pipeline;
 
@@ -62,7 +63,11 @@ fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> R
         })
         .context("reading stored evidence")?;
     info!("evidence store {}: rebuilt the estimates from {replayed} stored records", store.path().display());
-    let limits = store::Limits { retention_ns: nanos(args.retention), max_bytes: args.max_store_bytes };
+    let limits = store::Limits {
+        retention_ns: nanos(args.retention),
+        max_bytes: args.max_store_bytes,
+        give_up_after: args.store_give_up,
+    };
     Writer::start(store, limits, store::QUEUE).context("starting the evidence store writer")
 }
 
@@ -214,8 +219,12 @@ pub async fn run(args: RunArgs) -> Result<()> {
         store: Some(writer),
         store_dropped: 0,
         store_failed: 0,
+        store_failed_other: 0,
+        store_dropped_other: 0,
         volume: store::Volume::default(),
         owners: Resolver::new(cgroup_root),
+        held: held::Held::default(),
+        waiting_since: None,
         runtimes: crate::kernel::runtime::Runtimes::start(),
         filter,
     };
@@ -251,6 +260,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + SOCKET_REFRESH, SOCKET_REFRESH);
     let mut reported = KernelCounters::default();
+    let owners_answered = sinks.owners.walked();
 
     loop {
         tokio::select! {
@@ -265,20 +275,15 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 if sinks.stop { break; }
             }
             _ = tick.tick() => {
-                drain(&mut probes, &mut sinks);
+                every_second(&mut probes, &mut sinks, &mut reported);
                 if sinks.stop { break; }
-                if let Err(e) = probes.tend_failed_writes() {
-                    warn!("the failed-write hook: {e}");
-                }
-                if let Some((on, attaches)) = probes.failed_write_hook() {
-                    shared.metrics.set_failed_write_hook(on, attaches);
-                }
-                report_losses(&probes, &mut reported, &shared.metrics);
-                sinks.report_store_losses();
-                sinks.flush_record();
-                sinks.flush_volume();
             }
             _ = refresh.tick() => refresh_sockets(&mut probes, &mut sinks),
+            // The cgroup thread answered: events waiting for an owner go on.
+            () = owners_answered.notified() => {
+                sinks.release(false);
+                if sinks.stop { break; }
+            }
             // The last drain stopped at its cap: read on, after whatever
             // else is ready (the branches are polled in random order).
             () = std::future::ready(()), if sinks.more => {
@@ -300,6 +305,26 @@ pub async fn run(args: RunArgs) -> Result<()> {
     Ok(())
 }
 
+/// The loop's second: read the ring, tend the failed-write hook, let go
+/// events that waited their longest for an owner, and report losses.
+fn every_second(probes: &mut Probes, sinks: &mut Sinks, reported: &mut KernelCounters) {
+    drain(probes, sinks);
+    if sinks.stop {
+        return;
+    }
+    if let Err(e) = probes.tend_failed_writes() {
+        warn!("the failed-write hook: {e}");
+    }
+    if let Some((on, attaches)) = probes.failed_write_hook() {
+        sinks.shared.metrics.set_failed_write_hook(on, attaches);
+    }
+    sinks.release(false);
+    report_losses(probes, reported, &sinks.shared.metrics);
+    sinks.report_store_losses();
+    sinks.flush_record();
+    sinks.flush_volume();
+}
+
 /// Read what is left, detach the probes, and store the last evidence.
 fn shut_down(
     mut probes: Probes,
@@ -308,6 +333,7 @@ fn shut_down(
     reported: &mut KernelCounters,
 ) {
     drain(&mut probes, sinks);
+    sinks.release(true);
     report_losses(&probes, reported, &sinks.shared.metrics);
     sinks.flush_record();
     drop(ring);

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, ensure, Context as _, Result};
 use common::{lines_of, sh, start_server, wait_line, Daemon, Killed, Topology, ECHO_SERVER, IDLE_POOL, OBSERVER};
 use observer::kernel::event::{EventKind, Role, SockEvent};
 
@@ -182,6 +182,80 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
 
     for d in [all, by_netns, by_cgroup] {
         assert!(d.terminate()?.success());
+    }
+    Ok(())
+}
+
+/// A cgroup made a moment after the daemon last looked at the tree (one
+/// pod started just after another): its sockets' events wait for their
+/// owner and get it, under `--cgroup` too, instead of going without one or
+/// being left out until the next walk (up to 2 s later: a whole pooled
+/// exchange here). Nothing is lost waiting.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
+    let topo = Topology::pair("late")?;
+    let ns = topo.ns.name(topo.client).to_owned();
+    let cg = TestCgroup::create("late")?;
+    let pool = common::script(IDLE_POOL)?;
+    let echo = common::script(ECHO_SERVER)?;
+    let _server = start_server(&topo.ns, topo.server, &format!("python3 {} 0.0.0.0 7000", echo.display()))?;
+    let base = ["--min-idle", "500ms"];
+    let all = Daemon::start(&base)?;
+    let subtree = cg.dir.display().to_string();
+    let by_cgroup = Daemon::start(&[&base[..], &["--cgroup", &subtree]].concat())?;
+    // A first process in a new cgroup makes the daemons look (its reuse
+    // wakes them); once both have shown it, a second cgroup is made, and its
+    // client connects and reuses within about a second, before another walk
+    // of the tree would be due.
+    let (first, late) = (cg.dir.join("first"), cg.dir.join("late"));
+    let (pool, host) = (pool.display(), &topo.server_v4);
+    let dest = format!("{host}:7000");
+    let pooled = |dir: &Path, wait: &str| -> Result<()> {
+        let cmd = format!(
+            "mkdir {d} && echo $$ > {d}/cgroup.procs && exec ip netns exec {ns} python3 {pool} {host} 7000 1 {wait} 0",
+            d = dir.display(),
+        );
+        let out = Command::new("sh").args(["-c", &cmd]).output().context("spawning a pool client")?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        ensure!(said.lines().any(|l| l.trim() == "ok"), "the pool client in {}: {said}", dir.display());
+        Ok(())
+    };
+    let reused_from = |evs: &[SockEvent], rel: &str| -> usize {
+        evs.iter()
+            .filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest && e.cgroup() == Some(rel))
+            .count()
+    };
+    pooled(&first, "0.6")?;
+    let first_rel = cg.rel(&first);
+    for d in [&all, &by_cgroup] {
+        d.wait_for("the first cgroup's reuse", Duration::from_secs(10), |evs| reused_from(evs, &first_rel) == 1)?;
+    }
+    pooled(&late, "0.7")?;
+    let late_rel = cg.rel(&late);
+    for (who, d) in [("unfiltered", &all), ("--cgroup", &by_cgroup)] {
+        let seen = d.wait_for("the late cgroup's reuse", Duration::from_secs(10), |evs| {
+            evs.iter().filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest).count() >= 2
+        });
+        let seen = seen.with_context(|| format!("{who}: the late cgroup's reuse never came (left out)"))?;
+        let r: Vec<&SockEvent> =
+            seen.iter().filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest).collect();
+        ensure!(r.len() == 2, "{who}: two reuses: {r:#?}");
+        ensure!(reused_from(&seen, &late_rel) == 1, "{who}: the late reuse carries its cgroup: {r:#?}");
+        let established =
+            seen.iter().filter(|e| e.kind == EventKind::Established && e.cgroup() == Some(late_rel.as_str())).count();
+        ensure!(established == 1, "{who}: its connection's establishment too: {seen:#?}");
+    }
+    for (who, d) in [("unfiltered", &all), ("--cgroup", &by_cgroup)] {
+        let metrics = d.metrics()?;
+        ensure!(
+            metrics.contains(r#"observer_events_lost_total{reason="owner_unresolved"} 0"#),
+            "{who}: nothing given up waiting: {metrics}"
+        );
+        ensure!(metrics.contains("observer_events_awaiting_owner 0"), "{who}: nothing still waiting: {metrics}");
+    }
+    for d in [all, by_cgroup] {
+        ensure!(d.terminate()?.success());
     }
     Ok(())
 }

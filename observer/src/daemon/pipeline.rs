@@ -3,6 +3,7 @@
 //! `--record`), the socket table refreshed into the at-risk and doomed
 //! views, and the kernel's loss counters reported.
 
+use super::held::{Held, Released};
 #[allow(
     clippy::wildcard_imports,
     reason = "one module split by concern: the parent's imports and siblings' items"
@@ -27,17 +28,49 @@ pub(crate) struct Sinks {
     pub(crate) store: Option<Writer>,
     pub(crate) store_dropped: u64,
     pub(crate) store_failed: u64,
+    /// Connection counts and changes the store lost, as last exported.
+    pub(crate) store_failed_other: u64,
+    pub(crate) store_dropped_other: u64,
     pub(crate) volume: store::Volume,
     pub(crate) owners: Resolver,
+    /// Events waiting for their owner, in the kernel's order.
+    pub(crate) held: Held,
+    /// The oldest held event's time, as last told to the aggregator.
+    pub(crate) waiting_since: Option<u64>,
     /// The reusing clients' runtimes, for the fix in their own terms.
     pub(crate) runtimes: crate::kernel::runtime::Runtimes,
     pub(crate) filter: Filter,
 }
 
 impl Sinks {
-    pub(crate) fn handle(&mut self, mut ev: SockEvent) {
+    /// Take one event from the ring: it waits behind any held event, and
+    /// for its own owner if that is still being looked for.
+    pub(crate) fn handle(&mut self, ev: SockEvent) {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
-        ev.owner = self.owners.owner_of(ev.cgroup_id);
+        self.held.push(ev);
+        self.release(false);
+    }
+
+    /// Hand on the held events whose owner is settled, in order (`all`:
+    /// every one, as at shutdown).
+    pub(crate) fn release(&mut self, all: bool) {
+        while let Some(Released { event, unresolved }) = self.held.next(&self.owners, all) {
+            if unresolved && self.filter.cgroup.is_some() {
+                // Under --cgroup it cannot be shown to belong.
+                self.shared.metrics.lost(metrics::reason::OWNER_UNRESOLVED, 1);
+                continue;
+            }
+            self.deliver(event);
+        }
+        let oldest = self.held.oldest_ns();
+        if oldest != self.waiting_since {
+            self.waiting_since = oldest;
+            self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).set_waiting(oldest);
+        }
+        self.shared.metrics.set_owner_wait(self.held.len());
+    }
+
+    fn deliver(&mut self, mut ev: SockEvent) {
         if !self.filter.keeps(ev.netns, ev.cgroup()) {
             return;
         }
@@ -160,9 +193,20 @@ impl Sinks {
     pub(crate) fn report_store_losses(&mut self) {
         let Some(w) = &self.store else { return };
         // The writer logs its own failures, once a minute.
-        let failed = w.state().failed.load(Ordering::Relaxed);
+        let state = w.state();
+        let failed = state.failed.load(Ordering::Relaxed);
         self.shared.metrics.lost(metrics::reason::STORE_ERROR, failed.saturating_sub(self.store_failed));
         self.store_failed = self.store_failed.max(failed);
+        let failed_other = state.failed_other.load(Ordering::Relaxed);
+        self.shared
+            .metrics
+            .store_records_lost(metrics::reason::STORE_ERROR, failed_other.saturating_sub(self.store_failed_other));
+        self.store_failed_other = self.store_failed_other.max(failed_other);
+        let other = w.dropped_other();
+        self.shared
+            .metrics
+            .store_records_lost(metrics::reason::STORE_BACKLOG, other.saturating_sub(self.store_dropped_other));
+        self.store_dropped_other = self.store_dropped_other.max(other);
         let now = w.dropped();
         if now > self.store_dropped {
             let n = now - self.store_dropped;
@@ -196,7 +240,7 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
         if v.role == crate::kernel::event::Role::Client
             && v.idle_seconds > floor
             && (sinks.filter.is_empty() || {
-                let owner = sinks.owners.resolve(v.cgroup_id);
+                let owner = sinks.owners.known(v.cgroup_id, 0);
                 sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
             })
         {
@@ -213,7 +257,7 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
     let mut doomed = Vec::new();
     let walked = probes.for_each_doomed(|rec| {
         let Some(d) = crate::kernel::event::doomed_of(rec, now) else { return };
-        let owner = sinks.owners.resolve(d.cgroup_id);
+        let owner = sinks.owners.known(d.cgroup_id, d.pid);
         if !sinks.filter.is_empty() && !sinks.filter.keeps(d.netns, owner.as_deref().map(|o| o.cgroup.as_str())) {
             return;
         }

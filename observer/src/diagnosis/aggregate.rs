@@ -137,6 +137,11 @@ pub struct Aggregator {
     names: HashMap<DestKey, names::Names>,
     /// The last `server_name` event ingested named its row anew.
     fresh_name: bool,
+    /// The time of the oldest event still waiting upstream (for its owner,
+    /// `daemon::held`): rows are not judged past it, so the peer closes of
+    /// one restart are never split by the wait into a restart and timeout
+    /// evidence.
+    waiting_since_ns: Option<u64>,
 }
 
 impl Aggregator {
@@ -153,6 +158,7 @@ impl Aggregator {
             last_tick_ns: 0,
             names: HashMap::new(),
             fresh_name: false,
+            waiting_since_ns: None,
         }
     }
 
@@ -275,7 +281,7 @@ impl Aggregator {
     /// Bring the table to `now_ns`: commit held peer closes, expire
     /// evidence and drop rows that have none left.
     pub fn tick(&mut self, now_ns: u64) {
-        let now = now_ns.max(self.latest_ns);
+        let now = self.judged_at(now_ns);
         self.last_tick_ns = now;
         self.expire_names(now);
         for key in self.keys() {
@@ -311,7 +317,7 @@ impl Aggregator {
     /// One row as of `now_ns`, brought up to date first like [`Self::tick`]
     /// does; None when it is gone (or left the window just now).
     pub fn row_at(&mut self, key: DestKey, now_ns: u64) -> Option<DestinationRow> {
-        let now = now_ns.max(self.latest_ns);
+        let now = self.judged_at(now_ns);
         if !self.tick_one(key, now) {
             return None;
         }
@@ -453,10 +459,23 @@ impl Aggregator {
         }
     }
 
+    /// Events from `oldest` on (their time) may still come: held upstream
+    /// while their owner is looked for; `None` when nothing waits.
+    pub fn set_waiting(&mut self, oldest: Option<u64>) {
+        self.waiting_since_ns = oldest;
+    }
+
+    /// The time rows are judged at for a wall clock of `now_ns`: never
+    /// before the newest event, never past an event still waiting.
+    fn judged_at(&self, now_ns: u64) -> u64 {
+        let now = now_ns.max(self.latest_ns);
+        self.waiting_since_ns.map_or(now, |w| now.min(w).max(self.latest_ns))
+    }
+
     /// The destination table, sorted by destination, as of `now_ns`.
     pub fn rows(&mut self, now_ns: u64) -> Vec<DestinationRow> {
         self.tick(now_ns);
-        let now = now_ns.max(self.latest_ns);
+        let now = self.judged_at(now_ns);
         let mut rows: Vec<DestinationRow> =
             self.dests.iter().map(|(k, st)| self.named(row(*k, st, now, self.protocols_of(k)), k)).collect();
         Self::sort_rows(&mut rows);

@@ -7,24 +7,19 @@
 //! Also the `run --cgroup PATH` / `--netns PATH` filter.
 
 use std::{
-    collections::HashMap,
     os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
-    sync::Arc,
-    time::{Duration, Instant},
 };
 
 use serde::{Deserialize, Serialize};
 
+mod resolver;
+
+pub use resolver::{Lookup, Resolver, MAX_CACHED, MAX_SCAN, RESCAN_EVERY};
+
 /// The cgroup id of the root cgroup (every process on a host without
 /// cgroup v2 delegation, or a hybrid host, may sit there).
 pub const ROOT_CGROUP_ID: u64 = 1;
-/// Cgroup ids remembered at most (a resolved id costs one path).
-pub const MAX_CACHED: usize = 16_384;
-/// Directories walked at most in one scan of the cgroup tree.
-pub const MAX_SCAN: usize = 200_000;
-/// A scan of the tree at most this often (an unknown id waits for the next).
-pub const RESCAN_EVERY: Duration = Duration::from_secs(2);
 
 /// What a cgroup path says about its owner. The one owner type: events
 /// and rows embed it (flattened, so their JSON keeps these fields flat).
@@ -147,101 +142,6 @@ fn unescape_mountinfo(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
-}
-
-/// Resolves cgroup ids to owners by walking the cgroup v2 tree (a cgroup's
-/// id is its directory's inode number). Bounded: at most [`MAX_CACHED`]
-/// ids, at most one walk per [`RESCAN_EVERY`].
-#[derive(Debug)]
-pub struct Resolver {
-    root: Option<PathBuf>,
-    cache: HashMap<u64, Arc<Owner>>,
-    /// Ids a walk did not find (a cgroup removed while its sockets live
-    /// on): they never start another walk (at most `MAX_CACHED`).
-    missed: std::collections::HashSet<u64>,
-    last_scan: Option<Instant>,
-    scans: u64,
-}
-
-impl Resolver {
-    /// A resolver for the cgroup v2 tree at `root` (`None`: ids stay unresolved).
-    #[must_use]
-    pub fn new(root: Option<PathBuf>) -> Self {
-        Self { root, cache: HashMap::new(), missed: std::collections::HashSet::new(), last_scan: None, scans: 0 }
-    }
-
-    /// The cgroup v2 root this resolver walks.
-    #[must_use]
-    pub fn root(&self) -> Option<&Path> {
-        self.root.as_deref()
-    }
-
-    /// Walks of the cgroup tree so far.
-    #[must_use]
-    pub const fn scans(&self) -> u64 {
-        self.scans
-    }
-
-    /// The owner of cgroup `id`, walking the tree again if the id is new
-    /// (not missed by the last walk) and the last walk is old enough.
-    pub fn resolve(&mut self, id: u64) -> Option<Arc<Owner>> {
-        if id == 0 {
-            return None;
-        }
-        if let Some(o) = self.cache.get(&id) {
-            return Some(Arc::clone(o));
-        }
-        if self.missed.contains(&id) || self.last_scan.is_some_and(|t| t.elapsed() < RESCAN_EVERY) {
-            return None;
-        }
-        self.scan();
-        let found = self.cache.get(&id).cloned();
-        if found.is_none() {
-            // A cgroup id is never reused within a boot: one the walk did
-            // not find is gone for good (kept across walks, bounded).
-            if self.missed.len() >= MAX_CACHED {
-                self.missed.clear();
-            }
-            self.missed.insert(id);
-        }
-        found
-    }
-
-    fn scan(&mut self) {
-        self.last_scan = Some(Instant::now());
-        self.scans += 1;
-        let Some(root) = self.root.clone() else { return };
-        let mut found = HashMap::new();
-        let mut stack = vec![(root.clone(), String::from("/"))];
-        while let Some((dir, rel)) = stack.pop() {
-            if found.len() >= MAX_SCAN {
-                break;
-            }
-            let Ok(meta) = std::fs::metadata(&dir) else { continue };
-            found.insert(meta.ino(), rel.clone());
-            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    let child = if rel == "/" { format!("/{name}") } else { format!("{rel}/{name}") };
-                    stack.push((entry.path(), child));
-                }
-            }
-        }
-        // Keep what is still there, add what is new, within the bound.
-        self.cache.retain(|id, _| found.contains_key(id));
-        for (id, path) in found {
-            if self.cache.len() >= MAX_CACHED {
-                break;
-            }
-            self.cache.entry(id).or_insert_with(|| Arc::new(parse(&path)));
-        }
-    }
-
-    /// The owner of cgroup `id` as events carry it (a copy).
-    pub fn owner_of(&mut self, id: u64) -> Option<Owner> {
-        self.resolve(id).map(|o| Owner::clone(&o))
-    }
 }
 
 /// Errors of the `--cgroup`/`--netns` filter.

@@ -160,6 +160,10 @@ pub mod reason {
     /// the hook came: a failed reuse or the pool discarding it, unknown
     /// which, so neither is counted.
     pub const FAILED_WRITE_UNSEEN: &str = "failed_write_unseen";
+    /// Under `--cgroup`, an event whose cgroup was still being looked for
+    /// when its wait ended (30 s, or 16,384 events held): it cannot be
+    /// shown to belong, so it is left out.
+    pub const OWNER_UNRESOLVED: &str = "owner_unresolved";
     pub const ALL: &[&str] = &[
         RING_BUFFER_FULL,
         SOCKET_STORAGE_FULL,
@@ -174,6 +178,7 @@ pub mod reason {
         EVENTS_OUTPUT_ERROR,
         EVENTS_OUTPUT_BACKLOG,
         FAILED_WRITE_UNSEEN,
+        OWNER_UNRESOLVED,
     ];
 }
 
@@ -304,6 +309,8 @@ struct DaemonFamilies {
     tracked: Gauge,
     failed_write_hook: Gauge,
     failed_write_attaches: Counter,
+    owner_wait: Gauge,
+    store_records_lost: Family<ReasonLabels, Counter>,
 }
 
 impl DaemonFamilies {
@@ -360,10 +367,27 @@ impl DaemonFamilies {
                 None,
                 Counter::default(),
             ),
+            store_records_lost: register(
+                r,
+                "observer_store_records_lost",
+                "Per-minute connection counts and estimate changes the store could not keep, by reason (store_error, store_backlog; events lost are in observer_events_lost_total)",
+                None,
+                Family::default(),
+            ),
+            owner_wait: register(
+                r,
+                "observer_events_awaiting_owner",
+                "Events held until the cgroup of their process is resolved (each waits at most 30 s; 16,384 at most)",
+                None,
+                Gauge::default(),
+            ),
         };
         // Every loss reason is exported from the start, at 0.
         for reason in reason::ALL {
             let _ = f.lost.get_or_create(&ReasonLabels { reason: (*reason).to_owned() });
+        }
+        for reason in [reason::STORE_ERROR, reason::STORE_BACKLOG] {
+            let _ = f.store_records_lost.get_or_create(&ReasonLabels { reason: reason.to_owned() });
         }
         f
     }
@@ -489,6 +513,18 @@ impl Metrics {
         self.daemon.failed_write_hook.set(i64::from(on));
         let counted = self.daemon.failed_write_attaches.get();
         self.daemon.failed_write_attaches.inc_by(attach_count.saturating_sub(counted));
+    }
+
+    /// Count connection counts or estimate changes the store lost.
+    pub fn store_records_lost(&self, reason: &str, n: u64) {
+        if n > 0 {
+            self.daemon.store_records_lost.get_or_create(&ReasonLabels { reason: reason.to_owned() }).inc_by(n);
+        }
+    }
+
+    /// Set `observer_events_awaiting_owner`.
+    pub fn set_owner_wait(&self, held: usize) {
+        self.daemon.owner_wait.set(i64::try_from(held).unwrap_or(i64::MAX));
     }
 
     /// Set `observer_tracked_sockets`.

@@ -126,11 +126,13 @@ pub struct Limits {
     pub retention_ns: u64,
     /// The database is kept below this size.
     pub max_bytes: u64,
+    /// A batch refused this long is given up and counted (`store_error`).
+    pub give_up_after: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { retention_ns: 14 * 86_400 * 1_000_000_000, max_bytes: 256 * 1024 * 1024 }
+        Self { retention_ns: 14 * 86_400 * 1_000_000_000, max_bytes: 256 * 1024 * 1024, give_up_after: GIVE_UP_AFTER }
     }
 }
 

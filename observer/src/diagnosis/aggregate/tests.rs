@@ -353,6 +353,41 @@ fn a_peer_restart_is_no_timeout_evidence() {
     assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
 }
 
+/// Events held upstream while their owner is looked for: a tick in the
+/// meantime must not judge a restart's first closes alone (they would be
+/// timeout evidence); the held closes join them once they come.
+#[test]
+fn a_restart_split_by_a_wait_upstream_is_still_one_restart() {
+    let d = "10.0.0.7:8080";
+    let closes = |agg: &mut Aggregator, range: std::ops::Range<u32>| {
+        for k in range {
+            agg.ingest(&at_sock(peer_close(100.0 + f64::from(k) * 0.02, d, 1.0 + f64::from(k)), 1000 + u64::from(k)));
+        }
+    };
+    let t0 = 1_700_000_000 * S;
+    let later = t0 + 130 * S;
+    for waiting in [false, true] {
+        let mut agg = Aggregator::new(Config::default());
+        closes(&mut agg, 0..10);
+        if waiting {
+            // The eleventh close waits upstream (its time, 100.2 s).
+            agg.set_waiting(Some(t0 + 100 * S + 200_000_000));
+        }
+        agg.tick(later);
+        let early = agg.take_restarts();
+        closes(&mut agg, 10..20);
+        agg.set_waiting(None);
+        agg.tick(later);
+        let all: Vec<usize> = early.iter().chain(agg.take_restarts().iter()).map(|r| r.sockets).collect();
+        if waiting {
+            assert!(early.is_empty(), "nothing judged while a close waits: {early:?}");
+            assert_eq!(all, vec![20], "one restart of all 20 closes");
+        } else {
+            assert_ne!(all, vec![20], "the premise: judged in between, the restart is split");
+        }
+    }
+}
+
 #[test]
 fn a_shared_idle_timeout_is_no_restart() {
     let mut agg = Aggregator::new(Config::default());

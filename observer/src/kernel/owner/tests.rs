@@ -1,3 +1,8 @@
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
 use super::*;
 
 const ID: &str = "4f0c1b9e2d3a4b5c6d7e8f901a2b3c4d5e6f708192a3b4c5d6e7f8091a2b3c4d";
@@ -108,23 +113,41 @@ fn filter_paths_are_checked() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// What the resolver says of `id` once its thread has answered (or 10 s).
+fn settled(r: &Resolver, id: u64, pid: u32) -> Lookup {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match r.lookup(id, pid) {
+            Lookup::Pending if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            other => return other,
+        }
+    }
+}
+
+fn found(l: Lookup) -> Arc<Owner> {
+    match l {
+        Lookup::Found(o) => o,
+        other => panic!("expected an owner, got {other:?}"),
+    }
+}
+
 #[test]
-fn resolver_walks_a_tree_by_inode() {
-    let dir = std::env::temp_dir().join(format!("observer-resolver-{}", std::process::id()));
-    let leaf = dir.join(format!("system.slice/docker-{ID}.scope"));
+fn a_lookup_answers_at_once_and_the_walk_runs_on_its_own_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let leaf = dir.path().join(format!("system.slice/docker-{ID}.scope"));
     std::fs::create_dir_all(&leaf).unwrap();
     let ino = std::fs::metadata(&leaf).unwrap().ino();
-    let mut r = Resolver::new(Some(dir.clone()));
-    let o = r.resolve(ino).expect("the leaf's inode resolves");
+    let r = Resolver::new(Some(dir.path().to_owned()));
+    // The caller is never the one who walks: the first answer is "looking".
+    assert_eq!(r.lookup(ino, 0), Lookup::Pending);
+    let o = found(settled(&r, ino, 0));
     assert_eq!(o.cgroup, format!("/system.slice/docker-{ID}.scope"));
     assert_eq!(o.runtime.as_deref(), Some("docker"));
-    assert_eq!(r.resolve(std::fs::metadata(&dir).unwrap().ino()).unwrap().cgroup, "/");
-    assert_eq!(r.resolve(0), None);
-    // A new directory is found only after the rescan interval: misses are cheap.
-    let late = dir.join("late");
-    std::fs::create_dir(&late).unwrap();
-    assert_eq!(r.resolve(std::fs::metadata(&late).unwrap().ino()), None);
     assert_eq!(r.scans(), 1);
+    // The one walk cached the whole tree.
+    assert_eq!(found(r.lookup(std::fs::metadata(dir.path()).unwrap().ino(), 0)).cgroup, "/");
+    assert_eq!(r.lookup(0, 0), Lookup::Unknown);
+    assert_eq!(Resolver::new(None).lookup(ino, 0), Lookup::Unknown, "no cgroup tree: nothing to look for");
     let mut ev = crate::kernel::event::SockEvent::new(
         0,
         crate::kernel::event::EventKind::Reuse,
@@ -134,33 +157,52 @@ fn resolver_walks_a_tree_by_inode() {
         1.0,
     );
     ev.cgroup_id = ino;
-    ev.owner = r.owner_of(ev.cgroup_id);
+    ev.owner = r.known(ev.cgroup_id, 0).map(|o| Owner::clone(&o));
     assert_eq!(ev.owner.as_ref().and_then(|o| o.container.as_deref()), Some(ID));
     assert!(ev.to_json_line().contains("\"container\""));
-    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_process_tells_its_cgroup_without_a_walk_unless_it_moved() {
+    let tree = tempfile::tempdir().unwrap();
+    let proc = tempfile::tempdir().unwrap();
+    let app = tree.path().join("system.slice/app.service");
+    let other = tree.path().join("system.slice/other.service");
+    std::fs::create_dir_all(&app).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    for (pid, text) in [("41", "0::/system.slice/app.service\n"), ("42", "0::/system.slice/app.service\n")] {
+        std::fs::create_dir(proc.path().join(pid)).unwrap();
+        std::fs::write(proc.path().join(pid).join("cgroup"), text).unwrap();
+    }
+    let r = Resolver::with_proc(Some(tree.path().to_owned()), proc.path().to_owned());
+    let app_id = std::fs::metadata(&app).unwrap().ino();
+    assert_eq!(found(settled(&r, app_id, 41)).unit.as_deref(), Some("app.service"));
+    assert_eq!(r.scans(), 0, "the process's own file told it: no walk");
+    // Process 42 wrote from other.service and has moved to app.service
+    // since: its file names a directory of another inode, so a walk decides.
+    let other_id = std::fs::metadata(&other).unwrap().ino();
+    assert_eq!(found(settled(&r, other_id, 42)).cgroup, "/system.slice/other.service");
+    assert_eq!(r.scans(), 1);
 }
 
 #[test]
 fn an_id_the_walk_did_not_find_starts_no_more_walks() {
-    let dir = std::env::temp_dir().join(format!("observer-missed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let mut r = Resolver::new(Some(dir.clone()));
-    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let r = Resolver::new(Some(dir.path().to_owned()));
     // An id of a cgroup that is gone: one walk, then none for it.
-    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert_eq!(settled(&r, u64::MAX - 7, 0), Lookup::Unknown);
     assert_eq!(r.scans(), 1);
-    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
-    assert_eq!(r.resolve(u64::MAX - 7), None);
-    assert_eq!(r.scans(), 1, "a missed id does not walk the tree again");
-    // A new cgroup still gets its walk once the interval has passed.
-    let new = dir.join("new");
+    assert_eq!(r.lookup(u64::MAX - 7, 0), Lookup::Unknown, "known gone: no waiting");
+    // A new cgroup gets its walk once the interval has passed (held back
+    // until then: a burst of new ids costs one walk).
+    let new = dir.path().join("new");
     std::fs::create_dir(&new).unwrap();
-    assert_eq!(r.resolve(std::fs::metadata(&new).unwrap().ino()).unwrap().cgroup, "/new");
+    let asked = Instant::now();
+    assert_eq!(found(settled(&r, std::fs::metadata(&new).unwrap().ino(), 0)).cgroup, "/new");
     assert_eq!(r.scans(), 2);
-    // The gone cgroup's sockets keep writing: still no walk for it, also
-    // after another id's walk (ids are never reused within a boot).
-    r.last_scan = Some(Instant::now().checked_sub(RESCAN_EVERY).unwrap());
-    assert_eq!(r.resolve(u64::MAX - 7), None);
+    assert!(asked.elapsed() >= Duration::from_millis(1500), "{:?}", asked.elapsed());
+    // The gone cgroup's sockets keep writing: still no walk for it.
+    assert_eq!(r.lookup(u64::MAX - 7, 0), Lookup::Unknown);
+    std::thread::sleep(Duration::from_millis(50));
     assert_eq!(r.scans(), 2, "a gone cgroup walks the tree once, not every 2 s");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -83,7 +83,9 @@ fn retention_by_age() {
             Record::Event(ev(T0 + 3 * day, EventKind::Reuse, 6.0, Some(Outcome::Ok))),
         ])
         .unwrap();
-    let p = store.prune(T0 + 3 * day + S, Limits { retention_ns: 2 * day, max_bytes: u64::MAX }).unwrap();
+    let p = store
+        .prune(T0 + 3 * day + S, Limits { retention_ns: 2 * day, max_bytes: u64::MAX, ..Limits::default() })
+        .unwrap();
     assert_eq!(p, Pruned { by_age: 1, by_size: 0 });
     let left = store.events(None, 0).unwrap();
     assert_eq!(left.len(), 1);
@@ -96,7 +98,7 @@ fn retention_by_size_keeps_the_newest() {
     let before = store.size_bytes().unwrap();
     let limit = 1024 * 1024;
     assert!(before > limit, "the test needs more than 1 MiB ({before})");
-    let p = store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    let p = store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit, ..Limits::default() }).unwrap();
     let after = store.size_bytes().unwrap();
     assert!(after <= limit, "{after} bytes after pruning to {limit}");
     assert!(p.by_size > 0 && p.by_size < 20_000);
@@ -241,7 +243,7 @@ fn every_table_counts_toward_the_size_limit() {
     let before = store.size_bytes().unwrap();
     let limit = 256 * 1024;
     assert!(before > limit, "the test needs more than the limit ({before})");
-    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit, ..Limits::default() }).unwrap();
     assert!(store.size_bytes().unwrap() <= limit);
 }
 
@@ -425,6 +427,50 @@ fn a_refusing_store_at_shutdown_counts_what_it_gives_up() {
     assert!(started.elapsed() < Duration::from_secs(10), "shutdown waited {:?}", started.elapsed());
 }
 
+/// A store that refuses longer than `--store-give-up` gives the held
+/// batch up while the daemon runs (counted), and writes what comes once
+/// it accepts again: stored and counted add up to what was sent.
+#[test]
+fn a_store_refusing_past_the_give_up_counts_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
+    let limits = Limits { give_up_after: Duration::from_secs(1), ..Limits::default() };
+    let w = Writer::start(Store::open(dir.path()).unwrap(), limits, QUEUE).unwrap();
+    side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    for k in 0..50 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+        if k % 10 == 0 {
+            // A minute's connection count: a record, not an event.
+            let minute = now / 60_000_000_000 + k;
+            let destination = "10.0.0.2:443".to_owned();
+            assert!(w.send(Record::Volume { minute, destination, role: Role::Client, netns: 0, connections: 7 }));
+        }
+    }
+    let state = w.state();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while state.failed.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "nothing given up after 20 s of a refusing store");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(state.degraded.load(Ordering::Relaxed));
+    side.execute_batch("ALTER TABLE evidence_away RENAME TO evidence").unwrap();
+    for k in 50..60 {
+        assert!(w.send(Record::Event(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while state.degraded.load(Ordering::Relaxed) {
+        assert!(Instant::now() < deadline, "still degraded 20 s after the store accepts again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let other = state.failed_other.load(Ordering::Relaxed);
+    let all = w.finish();
+    let (given_up, stored) = (all - other, Store::open(dir.path()).unwrap().count().unwrap());
+    assert!(given_up > 0 && stored > 0, "given up {given_up}, stored {stored}");
+    assert_eq!(stored + given_up, 60, "every event stored or counted as an event");
+    assert!(other <= 5, "the connection counts are counted apart: {other}");
+}
+
 #[test]
 fn what_exists_keeps_its_mode() {
     use std::os::unix::fs::PermissionsExt as _;
@@ -500,7 +546,7 @@ fn a_reader_does_not_make_the_size_prune_delete_everything() {
     reader.execute_batch("BEGIN").unwrap();
     let seen: i64 = reader.query_row("SELECT COUNT(*) FROM evidence", [], |r| r.get(0)).unwrap();
     assert_eq!(seen, 20_000);
-    let p = store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    let p = store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit, ..Limits::default() }).unwrap();
     let left = store.events(None, 0).unwrap().len();
     eprintln!(
         "MEASURED prune beside a reader: {before} bytes to a {limit}-byte limit: {left} of 20000 records kept, {} deleted",
@@ -509,7 +555,7 @@ fn a_reader_does_not_make_the_size_prune_delete_everything() {
     assert!(left >= 8_000, "a reader's snapshot made the prune delete {} of 20000 records", p.by_size);
     reader.execute_batch("COMMIT").unwrap();
     drop(reader);
-    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit }).unwrap();
+    store.prune(T0, Limits { retention_ns: u64::MAX / 2, max_bytes: limit, ..Limits::default() }).unwrap();
     assert!(store.size_bytes().unwrap() <= limit, "the file shrinks once the reader lets go");
     assert_eq!(store.events(None, 0).unwrap().len(), left, "and nothing more is deleted for it");
 }

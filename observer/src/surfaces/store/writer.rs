@@ -17,6 +17,7 @@ pub struct Writer {
     pub(crate) queued: Arc<AtomicUsize>,
     pub(crate) capacity: usize,
     pub(crate) dropped: Arc<AtomicU64>,
+    pub(crate) dropped_other: Arc<AtomicU64>,
     pub(crate) state: Arc<WriterState>,
     pub(crate) handle: Option<JoinHandle<()>>,
 }
@@ -24,9 +25,14 @@ pub struct Writer {
 /// What the writer thread tells the daemon: its health and what it gave up.
 #[derive(Debug, Default)]
 pub struct WriterState {
-    /// Records the store refused for [`GIVE_UP_AFTER`] (or at shutdown),
-    /// given up and counted (`store_error`).
+    /// Event records (evidence and names) the store refused for
+    /// `--store-give-up` (or at shutdown), given up and counted
+    /// (`observer_events_lost_total{reason="store_error"}`).
     pub failed: AtomicU64,
+    /// The same for connection counts and estimate changes
+    /// (`observer_store_records_lost_total{reason="store_error"}`): records
+    /// that hold no one event, kept apart so every count is of one unit.
+    pub failed_other: AtomicU64,
     /// The last write failed and none succeeded since.
     pub degraded: AtomicBool,
     /// Shutting down: a failing write is given up at once, not retried.
@@ -41,9 +47,9 @@ pub(crate) const PRUNE_EVERY: Duration = Duration::from_mins(1);
 /// A batch the store refused (a full disk, a removed directory) is held
 /// and written again this often, so writing resumes by itself.
 pub const RETRY_EVERY: Duration = Duration::from_secs(1);
-/// A batch refused this long is given up and counted (`store_error`); the
-/// queue behind it, full by then, counts what it cannot take
-/// (`store_backlog`).
+/// A batch refused this long (`--store-give-up`, [`Limits`]) is given up
+/// and counted (`store_error`); the queue behind it, full by then, counts
+/// what it cannot take (`store_backlog`).
 pub const GIVE_UP_AFTER: Duration = Duration::from_mins(1);
 /// A failing store is logged at most this often.
 const WARN_EVERY: Duration = Duration::from_mins(1);
@@ -53,31 +59,39 @@ impl Writer {
     pub fn start(store: Store, limits: Limits, queue: usize) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
         let dropped = Arc::new(AtomicU64::new(0));
+        let dropped_other = Arc::new(AtomicU64::new(0));
         let queued = Arc::new(AtomicUsize::new(0));
         let state = Arc::new(WriterState::default());
         let (taken, st) = (Arc::clone(&queued), Arc::clone(&state));
         let handle = std::thread::Builder::new()
             .name("observer-store".into())
             .spawn(move || write_loop(store, &rx, &taken, &st, limits))?;
-        Ok(Self { tx: Some(tx), queued, capacity: queue, dropped, state, handle: Some(handle) })
+        Ok(Self { tx: Some(tx), queued, capacity: queue, dropped, dropped_other, state, handle: Some(handle) })
     }
 
     /// Queue a record; false (and counted) when the queue is full.
     #[must_use = "a false return means the record was dropped (it is counted)"]
     pub fn send(&self, r: Record) -> bool {
         let Some(tx) = &self.tx else { return false };
+        let counter = if is_event(&r) { &self.dropped } else { &self.dropped_other };
         if self.queued.fetch_add(1, Ordering::AcqRel) >= self.capacity || tx.send(r).is_err() {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            counter.fetch_add(1, Ordering::Relaxed);
             return false;
         }
         true
     }
 
-    /// Records dropped so far because the writer could not keep up.
+    /// Event records dropped so far because the writer could not keep up.
     #[must_use]
     pub fn dropped(&self) -> u64 {
         self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Connection counts and estimate changes dropped so far, likewise.
+    #[must_use]
+    pub fn dropped_other(&self) -> u64 {
+        self.dropped_other.load(Ordering::Relaxed)
     }
 
     /// The writer's health and the records it gave up.
@@ -86,12 +100,13 @@ impl Writer {
         Arc::clone(&self.state)
     }
 
-    /// Write what is queued and stop; returns the records given up on the
-    /// way (a store that still fails is not retried at shutdown).
+    /// Write what is queued and stop; returns the records of every kind
+    /// given up on the way (a store that still fails is not retried at
+    /// shutdown).
     #[must_use = "records given up at shutdown are lost evidence: log or count them"]
     pub fn finish(mut self) -> u64 {
         self.stop();
-        self.state.failed.load(Ordering::Relaxed)
+        self.state.failed.load(Ordering::Relaxed) + self.state.failed_other.load(Ordering::Relaxed)
     }
 
     fn stop(&mut self) {
@@ -109,9 +124,14 @@ impl Drop for Writer {
     }
 }
 
+/// An event record (evidence or a name), counted as an event when lost.
+fn is_event(r: &Record) -> bool {
+    matches!(r, Record::Event(_))
+}
+
 /// The writer thread. A refused batch is held and retried every
 /// [`RETRY_EVERY`] while new records wait in the bounded queue; it is given
-/// up (counted) after [`GIVE_UP_AFTER`], or at once when shutting down.
+/// up (counted) after `limits.give_up_after`, or at once when shutting down.
 pub(crate) fn write_loop(
     mut store: Store,
     rx: &Receiver<Record>,
@@ -164,17 +184,18 @@ pub(crate) fn write_loop(
                 Err(e) => {
                     state.degraded.store(true, Ordering::Relaxed);
                     let since = *failing_since.get_or_insert_with(Instant::now);
-                    let held = batch.len();
-                    if state.closing.load(Ordering::Relaxed) || since.elapsed() >= GIVE_UP_AFTER {
-                        state.failed.fetch_add(held as u64, Ordering::Relaxed);
-                        given_up_unlogged += held as u64;
+                    if state.closing.load(Ordering::Relaxed) || since.elapsed() >= limits.give_up_after {
+                        let events = batch.iter().filter(|r| is_event(r)).count() as u64;
+                        state.failed.fetch_add(events, Ordering::Relaxed);
+                        state.failed_other.fetch_add(batch.len() as u64 - events, Ordering::Relaxed);
+                        given_up_unlogged += batch.len() as u64;
                         batch.clear();
                         // The next batch gets its own minute.
                         failing_since = Some(Instant::now());
                     }
                     if last_warn.is_none_or(|t| t.elapsed() >= WARN_EVERY) || state.closing.load(Ordering::Relaxed) {
                         warn!(
-                            "evidence store {}: writing failed: {e}; holding {} records and retrying every {} s ({given_up_unlogged} given up since the last message, counted in observer_events_lost_total{{reason=\"store_error\"}}); free space under --data-dir",
+                            "evidence store {}: writing failed: {e}; holding {} records and retrying every {} s ({given_up_unlogged} given up since the last message, counted with reason=\"store_error\" in observer_events_lost_total, or observer_store_records_lost_total for connection counts and changes); free space under --data-dir",
                             store.path().display(),
                             batch.len(),
                             RETRY_EVERY.as_secs()
