@@ -187,10 +187,11 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
 }
 
 /// A cgroup made a moment after the daemon last looked at the tree (one
-/// pod started just after another): its sockets' events wait for their
-/// owner and get it, under `--cgroup` too, instead of going without one or
-/// being left out until the next walk (up to 2 s later: a whole pooled
-/// exchange here). Nothing is lost waiting.
+/// pod started just after another): under `--cgroup` its sockets' events
+/// wait for their owner and are kept, instead of being left out until the
+/// next walk (up to 2 s later: a whole pooled exchange here); without a
+/// filter the reuse carries it (the process's own cgroup file told it in
+/// the meantime). Nothing is lost waiting.
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
@@ -242,9 +243,14 @@ fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
             seen.iter().filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest).collect();
         ensure!(r.len() == 2, "{who}: two reuses: {r:#?}");
         ensure!(reused_from(&seen, &late_rel) == 1, "{who}: the late reuse carries its cgroup: {r:#?}");
-        let established =
-            seen.iter().filter(|e| e.kind == EventKind::Established && e.cgroup() == Some(late_rel.as_str())).count();
-        ensure!(established == 1, "{who}: its connection's establishment too: {seen:#?}");
+        if who == "--cgroup" {
+            // The first event of the new cgroup waited for its owner.
+            let established = seen
+                .iter()
+                .filter(|e| e.kind == EventKind::Established && e.cgroup() == Some(late_rel.as_str()))
+                .count();
+            ensure!(established == 1, "{who}: its connection's establishment too: {seen:#?}");
+        }
     }
     for (who, d) in [("unfiltered", &all), ("--cgroup", &by_cgroup)] {
         let metrics = d.metrics()?;

@@ -1,9 +1,10 @@
-//! Events waiting for their owner. An event whose cgroup id the resolver
-//! is still looking for waits here, and every later event waits behind
-//! it, so the sinks see events in the kernel's order, each with its owner
-//! (and `--cgroup` can tell whether it belongs). Bounded: at most
-//! [`MAX_HELD`] events, none longer than [`MAX_HOLD`]; past either, the
-//! oldest goes on with whatever is known of its owner.
+//! Events waiting for their owner, under `--cgroup`. An event whose
+//! cgroup id the resolver is still looking for waits here, and every later
+//! event waits behind it, so the sinks see events in the kernel's order and
+//! `--cgroup` can tell whether each belongs. Bounded: at most [`MAX_HELD`]
+//! events, none longer than [`MAX_HOLD`]; past either, the oldest goes on
+//! with whatever is known of its owner. (Without `--cgroup` nothing waits:
+//! evidence held in memory is what a `kill -9` loses.)
 
 use std::{
     collections::VecDeque,

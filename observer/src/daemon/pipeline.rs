@@ -9,6 +9,7 @@ use super::held::{Held, Released};
     reason = "one module split by concern: the parent's imports and siblings' items"
 )]
 use super::*;
+use crate::kernel::owner::Owner;
 
 /// Where decoded events go.
 pub(crate) struct Sinks {
@@ -43,10 +44,18 @@ pub(crate) struct Sinks {
 }
 
 impl Sinks {
-    /// Take one event from the ring: it waits behind any held event, and
-    /// for its own owner if that is still being looked for.
-    pub(crate) fn handle(&mut self, ev: SockEvent) {
+    /// Take one event from the ring. Under `--cgroup` it waits behind any
+    /// held event, and for its own owner if that is still being looked for:
+    /// whether it belongs depends on it. Otherwise it goes on at once with
+    /// the owner known now (the lookup it starts names the later events):
+    /// a wait would keep evidence in memory only, which a `kill -9` loses.
+    pub(crate) fn handle(&mut self, mut ev: SockEvent) {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
+        if self.filter.cgroup.is_none() {
+            ev.owner = self.owners.known(ev.cgroup_id, ev.pid).map(|o| Owner::clone(&o));
+            self.deliver(ev);
+            return;
+        }
         self.held.push(ev);
         self.release(false);
     }

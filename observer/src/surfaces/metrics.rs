@@ -377,7 +377,7 @@ impl DaemonFamilies {
             owner_wait: register(
                 r,
                 "observer_events_awaiting_owner",
-                "Events held until the cgroup of their process is resolved (each waits at most 30 s; 16,384 at most)",
+                "Under --cgroup, events held until the cgroup of their process is resolved (each waits at most 30 s; 16,384 at most)",
                 None,
                 Gauge::default(),
             ),
