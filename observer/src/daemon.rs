@@ -228,6 +228,16 @@ pub async fn run(args: RunArgs) -> Result<()> {
         runtimes: crate::kernel::runtime::Runtimes::start(),
         filter,
     };
+    // Before the daemon says it runs: a supervisor's SIGTERM right after
+    // that line must stop it cleanly, not kill it (the default action).
+    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    // Only with --bench-toggle: otherwise SIGUSR1 keeps its default action.
+    let mut sigusr1 = if args.bench_toggle {
+        Some(signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?)
+    } else {
+        None
+    };
     // One pass of the reader before the daemon says it runs: /healthz is
     // 200 from the first request a supervisor makes after that line. One
     // walk of the sockets too: it enters the listeners older than the
@@ -249,14 +259,6 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // and is closed only when the AsyncFd is dropped.
     let ring = unsafe { AsyncFd::register_with_interest(ring_fd, Interest::READABLE) }
         .map_err(|e| anyhow::anyhow!("watching the ring buffer: {e}"))?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    // Only with --bench-toggle: otherwise SIGUSR1 keeps its default action.
-    let mut sigusr1 = if args.bench_toggle {
-        Some(signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?)
-    } else {
-        None
-    };
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + SOCKET_REFRESH, SOCKET_REFRESH);
     let mut reported = KernelCounters::default();
