@@ -68,10 +68,11 @@ pub struct SockState {
     pub hello: u8,
     /// The failed-write hook's bookkeeping ([`crate::watch`]).
     pub watch: u8,
-    /// 1: first seen after it was established (`flags::PREEXISTING` in its
-    /// events). Its own byte: in `flags` it once shared a bit with
-    /// `st::UNREAD_BEFORE_REQ`, and a request's end cleared it.
-    pub adopted: u8,
+    /// `crate::flags` bits every event of this socket carries
+    /// (`PREEXISTING`: first seen after it was established). Apart from
+    /// `flags`, where `PREEXISTING` once shared a bit with
+    /// `st::UNREAD_BEFORE_REQ` and a request's end cleared it.
+    pub event_flags: u8,
 }
 
 impl SockState {
@@ -107,7 +108,7 @@ impl SockState {
         dead: 0,
         hello: 0,
         watch: 0,
-        adopted: 0,
+        event_flags: 0,
     };
 }
 

@@ -75,7 +75,7 @@ fn sock_state_layout_is_stable() {
     assert_eq!(offset_of!(SockState, cgroup_id), 168);
     assert_eq!(offset_of!(SockState, netns), 176);
     assert_eq!(offset_of!(SockState, watch), 182);
-    assert_eq!(offset_of!(SockState, adopted), 183);
+    assert_eq!(offset_of!(SockState, event_flags), 183);
     assert_eq!(core::mem::size_of::<SockState>(), SOCK_STATE_SIZE);
 }
 

@@ -6,7 +6,7 @@
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::generated::{bpf_seq_write, bpf_sk_storage_get, bpf_skc_to_tcp_sock};
-use observer_common::{flags, role, tcp_state, SockRecord, SockState, SOCK_RECORD_SIZE};
+use observer_common::{role, tcp_state, SockRecord, SockState, SOCK_RECORD_SIZE};
 
 use crate::common::{enter_listener, field, last_activity, netns_read, storage_map, OFFSETS};
 
@@ -55,7 +55,7 @@ pub extern "C" fn iter_tcp(ctx: *mut c_void) -> i32 {
             dport: st.dport,
             family: st.family,
             role: st.role,
-            flags: if st.adopted != 0 { flags::PREEXISTING } else { 0 },
+            flags: st.event_flags,
             netns: st.netns,
             pad: 0,
             cgroup_id: st.cgroup_id,

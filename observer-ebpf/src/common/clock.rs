@@ -15,6 +15,16 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_boot_ns() }
 }
 
+/// Nanoseconds since a kernel jiffy stamp (`tcp_jiffies32`: `u32`, so
+/// counted back from now across a wrap), at `tick` ns a jiffy.
+#[inline(always)]
+pub(crate) fn since_stamp(stamp: u32, tick: u64) -> u64 {
+    // SAFETY: helper without preconditions.
+    #[allow(clippy::cast_possible_truncation, reason = "the low 32 bits, as the kernel's u32 stamps keep them")]
+    let now = unsafe { bpf_jiffies64() } as u32;
+    u64::from(now.wrapping_sub(stamp)) * tick
+}
+
 /// `CLOCK_OFFSET` slots.
 pub(crate) const SLOT_SUSPENDED: u32 = 0;
 pub(crate) const SLOT_JIFFY_EPOCH: u32 = 1;

@@ -231,10 +231,7 @@ pub(crate) fn keepalive_death(sk: *const c_void, st: &SockState, now: u64, last:
     if tick == 0 || last == 0 || !keepalive(sk).0 {
         return;
     }
-    let rcv: u32 = field(sk, &raw const OFFSETS.rcv_tstamp);
-    // SAFETY: helper without preconditions.
-    let jiffies = unsafe { bpf_jiffies64() } as u32;
-    let silent = u64::from(jiffies.wrapping_sub(rcv)) * tick;
+    let silent = since_stamp(field(sk, &raw const OFFSETS.rcv_tstamp), tick);
     emit(sk, st, kind::PEER_CLOSE, now, |e| {
         e.idle_ns = silent;
         e.elapsed_ns = now.saturating_sub(last);

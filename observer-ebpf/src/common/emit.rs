@@ -44,7 +44,7 @@ pub(crate) unsafe fn header<'a>(p: *mut Event, sk: *const c_void, st: &SockState
     copy16(&raw mut e.comm, &raw const st.comm);
     e.cgroup_id = st.cgroup_id;
     e.netns = st.netns;
-    e.flags = if st.adopted != 0 { flags::PREEXISTING } else { 0 };
+    e.flags = st.event_flags;
     if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED && kind != kind::HELLO {
         let (on, jiffies) = keepalive(sk);
         if on {

@@ -108,7 +108,7 @@ pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
         if !init(sk, st) {
             return None;
         }
-        st.adopted = 1;
+        st.event_flags |= flags::PREEXISTING;
         // SAFETY: lookups of plain keys; only presence is read.
         let listening = unsafe {
             if LISTENERS.get(role::listener_key(st.netns, st.sport)).is_some() {
@@ -138,16 +138,9 @@ fn seed_clock(sk: *const c_void, st: &mut SockState) {
     if tick == 0 || global(&raw const OFFSETS.lsndtime) == 0 || global(&raw const OFFSETS.lrcvtime) == 0 {
         return;
     }
-    let sent: u32 = field(sk, &raw const OFFSETS.lsndtime);
-    let received: u32 = field(sk, &raw const OFFSETS.lrcvtime);
-    // SAFETY: helpers without preconditions.
-    let (boot, jiffies) = unsafe { (now(), bpf_jiffies64()) };
-    // Jiffies since each (the u32 stamps wrap: counted back from now).
-    #[allow(clippy::cast_possible_truncation, reason = "the low 32 bits, as the kernel's u32 stamps keep them")]
-    let low = jiffies as u32;
-    let ago = |stamp: u32| u64::from(low.wrapping_sub(stamp)) * tick;
-    st.last_send_ns = boot.saturating_sub(ago(sent)).max(1);
-    st.last_recv_ns = boot.saturating_sub(ago(received)).max(1);
+    let boot = now();
+    st.last_send_ns = boot.saturating_sub(since_stamp(field(sk, &raw const OFFSETS.lsndtime), tick)).max(1);
+    st.last_recv_ns = boot.saturating_sub(since_stamp(field(sk, &raw const OFFSETS.lrcvtime), tick)).max(1);
 }
 
 /// A socket started listening (`sk`, the state hook's): its port is a

@@ -64,8 +64,8 @@ impl Sinks {
     /// every one, as at shutdown).
     pub(crate) fn release(&mut self, all: bool) {
         while let Some(Released { event, unresolved }) = self.held.next(&self.owners, all) {
-            if unresolved && self.filter.cgroup.is_some() {
-                // Under --cgroup it cannot be shown to belong.
+            if unresolved {
+                // Only --cgroup holds events: it cannot be shown to belong.
                 self.shared.metrics.lost(metrics::reason::OWNER_UNRESOLVED, 1);
                 continue;
             }

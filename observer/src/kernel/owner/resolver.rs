@@ -134,11 +134,17 @@ impl Resolver {
         if k.missed.contains(&id) {
             return Lookup::Unknown;
         }
-        if !k.wanted.contains_key(&id) {
-            if k.wanted.len() >= MAX_CACHED {
-                return Lookup::Unknown;
+        let full = k.wanted.len() >= MAX_CACHED;
+        match k.wanted.get_mut(&id) {
+            // The latest process seen in it: the likeliest to be alive
+            // when the thread asks (a lookup without one, the socket
+            // table's, must not stand in for a later event's).
+            Some(asked) if pid != 0 => *asked = pid,
+            Some(_) => {}
+            None if full => return Lookup::Unknown,
+            None => {
+                k.wanted.insert(id, pid);
             }
-            k.wanted.insert(id, pid);
         }
         drop(k);
         // Full: a wake is already queued, and it reads this id too.

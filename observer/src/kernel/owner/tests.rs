@@ -206,3 +206,26 @@ fn an_id_the_walk_did_not_find_starts_no_more_walks() {
     std::thread::sleep(Duration::from_millis(50));
     assert_eq!(r.scans(), 2, "a gone cgroup walks the tree once, not every 2 s");
 }
+
+/// The socket table asks without a process (pid 0). An event's lookup of
+/// the same id, with its process, is what the thread asks: no walk waits.
+#[test]
+fn a_lookup_with_a_process_replaces_one_without() {
+    let tree = tempfile::tempdir().unwrap();
+    let proc = tempfile::tempdir().unwrap();
+    let app = tree.path().join("app.service");
+    std::fs::create_dir(proc.path().join("41")).unwrap();
+    std::fs::write(proc.path().join("41/cgroup"), "0::/app.service\n").unwrap();
+    let r = Resolver::with_proc(Some(tree.path().to_owned()), proc.path().to_owned());
+    // A first walk, so the next one is held back 2 s.
+    assert_eq!(settled(&r, u64::MAX - 3, 0), Lookup::Unknown);
+    assert_eq!(r.scans(), 1);
+    // Made after that walk: only a walk 2 s on, or process 41, can tell it.
+    std::fs::create_dir(&app).unwrap();
+    let app_id = std::fs::metadata(&app).unwrap().ino();
+    assert_eq!(r.lookup(app_id, 0), Lookup::Pending);
+    let asked = Instant::now();
+    assert_eq!(found(settled(&r, app_id, 41)).unit.as_deref(), Some("app.service"));
+    assert_eq!(r.scans(), 1, "told by process 41's file, not by a walk");
+    assert!(asked.elapsed() < Duration::from_secs(1), "no walk waited for: {:?}", asked.elapsed());
+}
