@@ -148,6 +148,8 @@ const TEST_PACKAGES: &[&str] = &[
     "postgresql",
     "nodejs",
     "systemd",
+    // tests/systemd_unit.rs boots a systemd to start the shipped unit.
+    "systemd-container",
     // The container image: podman builds it; runc runs it where crun refuses
     // a hybrid cgroup v1/v2 host (these machines).
     "podman",

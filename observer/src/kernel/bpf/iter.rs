@@ -97,22 +97,38 @@ pub fn own_netns() -> u64 {
     std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino())
 }
 
-/// One `/proc/PID/ns/net` path per network namespace in use, other
-/// than ours, with the namespace's inode.
-pub fn other_netns() -> Vec<(PathBuf, u64)> {
+/// Network namespaces in use other than ours, as found in `/proc`.
+pub struct OtherNetns {
+    /// One `/proc/PID/ns/net` path per namespace, with its inode.
+    pub found: Vec<(PathBuf, u64)>,
+    /// The first `/proc/PID/ns/net` we were not allowed to read: another
+    /// user's process (or one with more capabilities than ours) needs
+    /// `CAP_SYS_PTRACE`, so its namespace may be missing from `found`.
+    pub refused: Option<(PathBuf, io::Error)>,
+}
+
+/// The network namespaces processes use, other than ours. A process that
+/// ends while we look is skipped; a link we may not read is reported.
+pub fn other_netns() -> OtherNetns {
     let own = own_netns();
     let mut seen = HashSet::from([own]);
-    let mut out = Vec::new();
+    let mut out = OtherNetns { found: Vec::new(), refused: None };
     let Ok(dir) = std::fs::read_dir("/proc") else { return out };
     for entry in dir.flatten() {
         if !entry.file_name().to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
         let path = entry.path().join("ns/net");
-        if let Ok(m) = std::fs::metadata(&path) {
-            if seen.insert(m.ino()) {
-                out.push((path, m.ino()));
+        match std::fs::metadata(&path) {
+            Ok(m) => {
+                if seen.insert(m.ino()) {
+                    out.found.push((path, m.ino()));
+                }
             }
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied && out.refused.is_none() => {
+                out.refused = Some((path, e));
+            }
+            Err(_) => {}
         }
     }
     out

@@ -91,7 +91,7 @@ pub enum BpfError {
     Load(#[from] aya::EbpfError),
     /// EPERM with the capabilities held, under a seccomp filter.
     #[error(
-        "the kernel refused a call with EPERM although observer holds CAP_BPF and CAP_PERFMON, and this process runs under a seccomp filter that may refuse bpf(2) or perf_event_open(2): allow both (deploy/kubernetes/seccomp-observer.json does: podman/docker `--security-opt seccomp=FILE`, Kubernetes `seccompProfile` of type Localhost); the refusal: {0}"
+        "the kernel refused a call with EPERM although observer holds CAP_BPF and CAP_PERFMON, and this process runs under a seccomp filter that may refuse bpf(2) or perf_event_open(2): allow both (deploy/kubernetes/seccomp-observer.json does: podman/docker `--security-opt seccomp=FILE`, Kubernetes `seccompProfile` of type Localhost; systemd `SystemCallFilter=@system-service bpf perf_event_open`, as deploy/systemd/observer.service does); the refusal: {0}"
     )]
     SeccompRefused(Box<BpfError>),
     #[error("program {name}: {source}")]
@@ -478,25 +478,33 @@ impl Probes {
             iter::stream(iter::create(&self.iter_link).map_err(BpfError::Iter)?, &mut f).map_err(BpfError::Iter)?;
         self.walked(iter::own_netns());
         let others = iter::other_netns();
-        self.forget_gone_netns(&others);
-        for (ns, inode) in others {
+        if let Some((path, e)) = &others.refused {
+            self.netns_refused_once(&format!("reading {}: {e}", path.display()));
+        }
+        self.forget_gone_netns(&others.found);
+        for (ns, inode) in others.found {
             match iter::create_in(&ns, &self.iter_link) {
                 Ok(file) => {
                     n += iter::stream(file, &mut f).map_err(BpfError::Iter)?;
                     self.walked(inode);
                 }
                 Err(e) => {
-                    if !self.netns_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                        log::warn!(
-                            "the at-risk view covers this network namespace only: entering {}: {e}",
-                            ns.display()
-                        );
-                    }
+                    self.netns_refused_once(&format!("entering {}: {e}", ns.display()));
                     break;
                 }
             }
         }
         Ok(n)
+    }
+
+    /// Say once that other network namespaces are out of the at-risk
+    /// view, and what it takes to see them.
+    fn netns_refused_once(&self, what: &str) {
+        if !self.netns_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            log::warn!(
+                "the at-risk view may cover this network namespace only: {what} (finding other namespaces in other users' /proc/PID/ns/net takes CAP_SYS_PTRACE, entering them CAP_SYS_ADMIN)"
+            );
+        }
     }
 
     /// The iterator walked network namespace `inode` to its end, so every
