@@ -28,6 +28,8 @@ pub enum Command {
     Path(PathCommand),
     /// Write the evidence report for one destination (reads the store; no daemon needed).
     Report(ReportArgs),
+    /// Measure a path's idle timeout now: idle connections and TCP keep-alive probes, no request at risk (exit 0 measured, 1 nothing closed within --up-to, 2 bad input or unreachable).
+    Probe(ProbeArgs),
     /// Tools for tests and benchmarks.
     #[command(subcommand, hide = true)]
     Debug(DebugCommand),
@@ -140,6 +142,39 @@ pub enum DebugCommand {
         #[arg(long)]
         metrics_histograms: bool,
     },
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProbeArgs {
+    /// The destination, `host:port` (IPv6 as `[addr]:port`).
+    pub destination: String,
+    /// The longest idle age to try.
+    #[arg(long, value_parser = parse_duration, default_value = "15m")]
+    pub up_to: Duration,
+    /// Connections at a time, one verdict each (1 to 64).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub connections: u32,
+    /// First exchange: an HTTP/1.1 GET of this path with Host (over TLS with --tls).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["tcp", "request"])]
+    pub http: Option<String>,
+    /// A TLS handshake with SNI (alone, or under --http or --request). The default on port 443.
+    #[arg(long, conflicts_with = "tcp")]
+    pub tls: bool,
+    /// The TCP handshake only. The default on other ports than 443.
+    #[arg(long)]
+    pub tcp: bool,
+    /// First exchange: this file's bytes (at most 64 KiB), then the server's answer until it is quiet.
+    #[arg(long, value_name = "FILE", conflicts_with = "tcp")]
+    pub request: Option<PathBuf>,
+    /// The name for SNI and Host, when the destination is an address.
+    #[arg(long, value_name = "NAME")]
+    pub server_name: Option<String>,
+    /// Stop narrowing a silent drop after this long (default: three times --up-to).
+    #[arg(long, value_parser = parse_duration)]
+    pub budget: Option<Duration>,
+    /// Output format.
+    #[arg(long, short = 'o', alias = "output", value_enum, default_value = "text")]
+    pub format: Output,
 }
 
 #[derive(Debug, Subcommand)]

@@ -15,7 +15,7 @@
 //!   [`surfaces::status`], [`surfaces::report`], [`surfaces::store`] (the
 //!   evidence store);
 //! - beside them: [`path`] (path files and their check against what was
-//!   observed), and the program: [`cli`] (arguments), [`config`] (the config
+//!   observed), [`probe`] (measuring a path's idle timeout on demand), and the program: [`cli`] (arguments), [`config`] (the config
 //!   file), [`daemon`] (the `run` command wiring the three), [`bench`]
 //!   (benchmark helpers); [`units`] writes durations for all of them.
 
@@ -28,5 +28,6 @@ pub mod files;
 pub mod kernel;
 mod names;
 pub mod path;
+pub mod probe;
 pub mod surfaces;
 pub mod units;

@@ -6,7 +6,7 @@ use anyhow::{Context as _, Result};
 use clap::Parser as _;
 use observer::{
     cli::{Cli, Command, DebugCommand, LogFormat},
-    path,
+    path, probe,
     surfaces::{report, status, store},
 };
 
@@ -77,6 +77,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Analyze(args) => status::analyze_command(&args)?,
         Command::Path(cmd) => return Ok(path::command(&cmd)),
         Command::Report(args) => report::command(&args)?,
+        Command::Probe(args) => return Ok(probe::command(&args)),
         Command::Debug(DebugCommand::WriteEvidence { data_dir, records, destinations }) => {
             store::debug_write_evidence(&data_dir, records, destinations)?;
         }

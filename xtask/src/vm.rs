@@ -21,6 +21,7 @@ const HOST_SUITES: &[(&str, &str)] = &[
     ("report_render", "no kernel behaviour (Chromium)"),
     ("deploy", "no kernel behaviour"),
     ("container", "no kernel behaviour (podman)"),
+    ("probe", "plain sockets and TCP keep-alive, no eBPF (`observer probe`)"),
     ("systemd_unit", "no kernel behaviour (systemd-nspawn boots systemd on the host's root)"),
     ("faults", "the daemon's own outputs: pipes, a full tmpfs, kill -9"),
     (

@@ -1,0 +1,198 @@
+//! `observer probe`: the command body (arguments, output, exit code).
+
+use std::{fmt::Write as _, net::ToSocketAddrs as _, process::ExitCode, time::Duration};
+
+use super::{
+    conn::{First, Target},
+    search::{How, Outcome},
+    tls, Limits, Report,
+};
+use crate::{
+    cli::{Output, ProbeArgs},
+    kernel::event::printable,
+    units::fmt_secs,
+};
+
+/// A `--request` file larger than this is refused (a first request is a
+/// few hundred bytes).
+const MAX_REQUEST_BYTES: u64 = 64 << 10;
+
+/// `observer probe`: exit 0 measured, 1 nothing closed within `--up-to`,
+/// 2 bad input or nothing could be measured.
+#[must_use]
+pub fn command(args: &ProbeArgs) -> ExitCode {
+    let (target, limits) = match plan(args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("observer: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut progress = |round: u32, ages: &[u32]| {
+        let list: Vec<String> = ages.iter().map(u32::to_string).collect();
+        eprintln!("round {round}: {} connections, keep-alive probes at {} s of idleness", ages.len(), list.join(", "));
+    };
+    let mut report = match super::measure(&target, limits, &mut progress) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("observer: error: {}: {e}", printable(&args.destination));
+            return ExitCode::from(2);
+        }
+    };
+    report.destination.clone_from(&args.destination);
+    first_exchange_name(&target).clone_into(&mut report.first_exchange);
+    match args.format {
+        Output::Json => match serde_json::to_string_pretty(&report) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("observer: error: {e}");
+                return ExitCode::from(2);
+            }
+        },
+        Output::Text => print!("{}", render(&report)),
+    }
+    if report.finding.how == How::None {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The target and limits from the arguments, or what is wrong with them.
+fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
+    let addr = args
+        .destination
+        .to_socket_addrs()
+        .map_err(|e| format!("{}: {e}; write it as host:port or [ipv6]:port", printable(&args.destination)))?
+        .next()
+        .ok_or_else(|| format!("{} resolves to no address", printable(&args.destination)))?;
+    let host = args.destination.rsplit_once(':').map_or(args.destination.as_str(), |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = args.server_name.clone().unwrap_or_else(|| host.to_owned());
+    let up_to = u32::try_from(args.up_to.as_secs()).unwrap_or(u32::MAX);
+    if up_to == 0 || up_to > 7200 {
+        return Err(format!(
+            "--up-to {}: give 1s to 2h (keep-alive ages are whole seconds)",
+            humantime::format_duration(args.up_to)
+        ));
+    }
+    let first = if let Some(path) = &args.http {
+        if !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_control() || b == b' ') {
+            return Err(format!("--http {}: give a path such as /health", printable(path)));
+        }
+        First::Http(path.clone())
+    } else if let Some(file) = &args.request {
+        let bytes = read_request(file)?;
+        First::Request(bytes)
+    } else if args.tls || (!args.tcp && addr.port() == 443) {
+        First::Nothing
+    } else {
+        First::Tcp
+    };
+    let tls_wanted = args.tls || (!args.tcp && args.http.is_none() && args.request.is_none() && addr.port() == 443);
+    let tls = if tls_wanted { Some(tls::config().map_err(|e| format!("setting up TLS: {e}"))?) } else { None };
+    let budget = args.budget.unwrap_or(Duration::from_secs(u64::from(up_to) * 3));
+    let connections = usize::try_from(args.connections).unwrap_or(8);
+    Ok((Target { addr, name, tls, first }, Limits { up_to, connections, budget }))
+}
+
+fn read_request(file: &std::path::Path) -> Result<Vec<u8>, String> {
+    use std::io::Read as _;
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|f| f.take(MAX_REQUEST_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("--request {}: {e}", file.display()))?;
+    if bytes.is_empty() || bytes.len() as u64 > MAX_REQUEST_BYTES {
+        return Err(format!(
+            "--request {}: give the first request's bytes, 1 to {MAX_REQUEST_BYTES} of them",
+            file.display()
+        ));
+    }
+    Ok(bytes)
+}
+
+fn first_exchange_name(target: &Target) -> &'static str {
+    match (&target.first, target.tls.is_some()) {
+        (First::Tcp, _) => "tcp",
+        (First::Nothing, _) => "tls",
+        (First::Http(_), false) => "http",
+        (First::Http(_), true) => "https",
+        (First::Request(_), false) => "request",
+        (First::Request(_), true) => "tls+request",
+    }
+}
+
+/// The human answer: what closes the path's idle connections, the fix,
+/// and the evidence.
+#[must_use]
+pub fn render(r: &Report) -> String {
+    let f = &r.finding;
+    let mut out = String::new();
+    let dest = printable(&r.destination);
+    let _ = writeln!(out, "{dest} ({}, first exchange: {})", r.address, r.first_exchange);
+    let upper = f.upper_seconds.unwrap_or_default();
+    let line = match f.how {
+        How::Fin | How::Rst => {
+            let kind = if f.how == How::Fin { "FIN" } else { "RST" };
+            let at = f.idle_timeout_seconds.unwrap_or_default();
+            let closes = r.probes.iter().filter(|p| matches!(p.outcome, Outcome::Closed { .. })).count();
+            format!(
+                "a hop closes idle connections with {kind} at {} of idleness (the median of {} closes, from {} to {}): a proxy or server ending its session",
+                fmt_secs(at),
+                closes,
+                fmt_secs(f.lower_seconds),
+                fmt_secs(upper)
+            )
+        }
+        How::SilentDrop => format!(
+            "a hop drops idle flows silently between {} and {} of idleness (alive at {}, gone by {}): a NAT or firewall forgetting the flow{}",
+            fmt_secs(f.lower_seconds),
+            fmt_secs(upper),
+            fmt_secs(f.lower_seconds),
+            fmt_secs(upper),
+            if f.settled { "" } else { "; the time budget ended before the bracket was within 5 %" }
+        ),
+        How::None => format!("nothing closed an idle connection within {} (exit 1)", fmt_secs(f.lower_seconds)),
+    };
+    let _ = writeln!(out, "{line}");
+    if let Some(rec) = f.recommended_pool_idle_timeout_seconds {
+        let _ = writeln!(out, "effective path idle timeout: {}", effective(r));
+        let _ = writeln!(out, "recommended pool idle timeout: at most {} (0.8 x the smallest)", fmt_secs(rec));
+    }
+    if f.contradictions > 0 {
+        let _ = writeln!(
+            out,
+            "{} connection(s) were alive at an age above one found dead: a flow lost for another reason (a failover, a full NAT table); not used for the bracket",
+            f.contradictions
+        );
+    }
+    let _ = writeln!(out, "{} connections in {} round(s), {}", r.connections, r.rounds, fmt_secs(r.elapsed_seconds));
+    let _ = writeln!(out, "\n{:>5}  {:>9}  result", "round", "probe at");
+    for p in &r.probes {
+        let what = match p.outcome {
+            Outcome::Closed { close, idle_seconds } => {
+                format!(
+                    "{} at {} idle",
+                    if close == super::search::Close::Fin { "FIN" } else { "RST" },
+                    fmt_secs(idle_seconds)
+                )
+            }
+            Outcome::Alive => "probe answered: alive".to_owned(),
+            Outcome::Dead { reset: true } => "probe answered with RST: gone".to_owned(),
+            Outcome::Dead { reset: false } => "probe unanswered: gone".to_owned(),
+            Outcome::Cancelled => "not needed (a shorter age was gone)".to_owned(),
+            Outcome::Failed => "connection failed".to_owned(),
+        };
+        let _ = writeln!(out, "{:>5}  {:>8}s  {what}", p.round, p.age_seconds);
+    }
+    out
+}
+
+fn effective(r: &Report) -> String {
+    let f = &r.finding;
+    match (f.how, f.idle_timeout_seconds, f.upper_seconds) {
+        (How::Fin | How::Rst, Some(t), _) => fmt_secs(t),
+        (How::SilentDrop, _, Some(u)) => format!("{} to {}", fmt_secs(f.lower_seconds), fmt_secs(u)),
+        _ => "unknown".to_owned(),
+    }
+}

@@ -1,0 +1,346 @@
+//! One probe connection: opened the way a pool opens one (the first
+//! exchange of [`First`]), then left idle with one TCP keep-alive probe
+//! planned at its age, and watched until the path answers. Plain blocking
+//! sockets and `TCP_INFO`: no eBPF, no root.
+//!
+//! What each answer means follows the socket, not a timer of ours:
+//! - `read` returns 0: the peer's FIN arrived (a hop closed the idle
+//!   connection);
+//! - `ECONNRESET` before the probe: a hop reset it by itself; after the
+//!   probe: the probe was answered with a reset (the flow was gone);
+//! - `ETIMEDOUT`: the kernel's keep-alive probes went unanswered;
+//! - an ACK received after the probe was sent (`tcpi_last_ack_recv`): the
+//!   probe was answered, the flow was alive at that age.
+
+use std::{
+    io::{self, Read, Write},
+    net::{SocketAddr, TcpStream},
+    os::fd::AsRawFd as _,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use rustls::{pki_types::ServerName, ClientConnection, StreamOwned};
+
+use super::search::{Close, Outcome};
+
+/// Connect and first-exchange deadline.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Keep-alive probes after the first, one second apart: a flow is dead
+/// when `KEEPALIVE_COUNT` probes in a row go unanswered.
+const KEEPALIVE_COUNT: u32 = 3;
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
+/// An ACK this much younger than the probe's send time can only answer
+/// it (the last ACK before it is at least one second, the smallest age,
+/// older).
+const ACK_MARGIN: Duration = Duration::from_millis(500);
+/// Bytes this close before a FIN or RST are part of the close.
+const CLOSING_BYTES: Duration = Duration::from_secs(1);
+/// A user's request is answered whole when nothing follows for this long.
+const QUIET: Duration = Duration::from_millis(300);
+/// Response bytes read at most, per first exchange.
+const MAX_RESPONSE: usize = 1 << 20;
+
+/// The first exchange, which brings a connection into the state of a
+/// pool's idle connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum First {
+    /// The TCP handshake only.
+    Tcp,
+    /// An HTTP/1.1 `GET` of this path with `Host`, its response read whole.
+    Http(String),
+    /// These bytes, then whatever the server answers until it is quiet.
+    Request(Vec<u8>),
+    /// Nothing after the handshake (the TLS handshake alone with `tls`).
+    Nothing,
+}
+
+/// Where and how to open each connection.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub addr: SocketAddr,
+    /// The name sent as SNI and `Host` (an address sends no SNI).
+    pub name: String,
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub first: First,
+}
+
+/// Why a connection could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("connecting to {0}: {1}")]
+    Connect(SocketAddr, io::Error),
+    #[error("the TLS handshake: {0}")]
+    Tls(String),
+    #[error("the first exchange: {0}")]
+    Exchange(io::Error),
+    #[error("the server closes after one response ({0}): a pool cannot keep it, there is nothing to measure")]
+    NotReusable(&'static str),
+}
+
+/// An open connection after its first exchange.
+pub struct Opened {
+    sock: TcpStream,
+    /// When the last byte arrived: the keep-alive's idle clock starts there.
+    last_rx: Instant,
+}
+
+/// Open one connection and make its first exchange.
+pub fn open(target: &Target) -> Result<Opened, OpenError> {
+    let sock =
+        TcpStream::connect_timeout(&target.addr, OPEN_TIMEOUT).map_err(|e| OpenError::Connect(target.addr, e))?;
+    let mut last_rx = Instant::now();
+    sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(OpenError::Exchange)?;
+    sock.set_write_timeout(Some(OPEN_TIMEOUT)).map_err(OpenError::Exchange)?;
+    let sock = if let Some(config) = &target.tls {
+        let name = ServerName::try_from(target.name.clone()).map_err(|e| OpenError::Tls(e.to_string()))?;
+        let conn = ClientConnection::new(Arc::clone(config), name).map_err(|e| OpenError::Tls(e.to_string()))?;
+        let mut tls = StreamOwned::new(conn, sock);
+        while tls.conn.is_handshaking() {
+            tls.conn.complete_io(&mut tls.sock).map_err(|e| OpenError::Tls(e.to_string()))?;
+        }
+        last_rx = Instant::now();
+        if let Some(at) = exchange(&mut tls, target)? {
+            last_rx = at;
+        }
+        tls.sock
+    } else {
+        let mut sock = sock;
+        if let Some(at) = exchange(&mut sock, target)? {
+            last_rx = at;
+        }
+        sock
+    };
+    sock.set_read_timeout(None).map_err(OpenError::Exchange)?;
+    Ok(Opened { sock, last_rx })
+}
+
+/// A byte stream over one TCP socket, plain or TLS.
+trait Wire: Read + Write {
+    fn tcp(&self) -> &TcpStream;
+}
+
+impl Wire for TcpStream {
+    fn tcp(&self) -> &TcpStream {
+        self
+    }
+}
+
+impl Wire for StreamOwned<ClientConnection, TcpStream> {
+    fn tcp(&self) -> &TcpStream {
+        &self.sock
+    }
+}
+
+/// The first exchange on `stream`; when its last byte was received.
+fn exchange(stream: &mut impl Wire, target: &Target) -> Result<Option<Instant>, OpenError> {
+    match &target.first {
+        First::Tcp | First::Nothing => Ok(None),
+        First::Http(path) => {
+            let request = format!(
+                "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: observer-probe/{}\r\nAccept: */*\r\n\r\n",
+                host_header(target),
+                env!("CARGO_PKG_VERSION")
+            );
+            stream.write_all(request.as_bytes()).map_err(OpenError::Exchange)?;
+            stream.flush().map_err(OpenError::Exchange)?;
+            read_http_response(stream).map(Some)
+        }
+        First::Request(bytes) => {
+            stream.write_all(bytes).map_err(OpenError::Exchange)?;
+            stream.flush().map_err(OpenError::Exchange)?;
+            read_until_quiet(stream).map(Some)
+        }
+    }
+}
+
+/// `Host`: the name, with the port unless it is the scheme's default.
+fn host_header(target: &Target) -> String {
+    let port = target.addr.port();
+    let default = if target.tls.is_some() { 443 } else { 80 };
+    let name = if target.name.contains(':') { format!("[{}]", target.name) } else { target.name.clone() };
+    if port == default {
+        name
+    } else {
+        format!("{name}:{port}")
+    }
+}
+
+/// Read one HTTP/1.1 response whole (headers, then a `Content-Length` or
+/// chunked body). A response the server ends by closing cannot be pooled.
+fn read_http_response(stream: &mut impl Read) -> Result<Instant, OpenError> {
+    let mut buf = Vec::new();
+    let head_end = loop {
+        if let Some(i) = find(&buf, b"\r\n\r\n") {
+            break i + 4;
+        }
+        read_more(stream, &mut buf)?;
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let header = |name: &str| {
+        head.lines().find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(':')).map(|v| v.trim().to_owned()))
+    };
+    if header("connection").is_some_and(|v| v.split(',').any(|t| t.trim() == "close")) {
+        return Err(OpenError::NotReusable("Connection: close"));
+    }
+    let status: u16 = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    if matches!(status, 100..=199 | 204 | 304) {
+        return Ok(Instant::now());
+    }
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        while find(&buf[head_end..], b"0\r\n\r\n").is_none() {
+            read_more(stream, &mut buf)?;
+        }
+        return Ok(Instant::now());
+    }
+    let Some(length) = header("content-length").and_then(|v| v.parse::<usize>().ok()) else {
+        return Err(OpenError::NotReusable("a body without Content-Length, ended by the close"));
+    };
+    while buf.len() < head_end.saturating_add(length) {
+        read_more(stream, &mut buf)?;
+    }
+    Ok(Instant::now())
+}
+
+/// The answer to a user's request: read until the server is quiet for
+/// [`QUIET`] after its first bytes.
+fn read_until_quiet(stream: &mut impl Wire) -> Result<Instant, OpenError> {
+    let mut buf = Vec::new();
+    read_more(stream, &mut buf)?;
+    let mut last = Instant::now();
+    let quiet = last;
+    let mut chunk = [0u8; 4096];
+    while quiet.elapsed() < OPEN_TIMEOUT && buf.len() < MAX_RESPONSE {
+        // A short wait for more: the answer is whole when nothing follows.
+        stream.tcp().set_read_timeout(Some(QUIET)).map_err(OpenError::Exchange)?;
+        let got = stream.read(&mut chunk);
+        stream.tcp().set_read_timeout(Some(OPEN_TIMEOUT)).map_err(OpenError::Exchange)?;
+        match got {
+            Ok(0) => return Err(OpenError::NotReusable("the server closed after its answer")),
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                last = Instant::now();
+            }
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => return Ok(last),
+            Err(e) => return Err(OpenError::Exchange(e)),
+        }
+    }
+    Ok(last)
+}
+
+fn read_more(stream: &mut impl Read, buf: &mut Vec<u8>) -> Result<(), OpenError> {
+    if buf.len() >= MAX_RESPONSE {
+        return Err(OpenError::Exchange(io::Error::other(format!("a response over {MAX_RESPONSE} bytes"))));
+    }
+    let mut chunk = [0u8; 8192];
+    match stream.read(&mut chunk) {
+        Ok(0) => Err(OpenError::NotReusable("the server closed during its response")),
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            Ok(())
+        }
+        Err(e) => Err(OpenError::Exchange(e)),
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Leave the connection idle with one keep-alive probe planned at `age`
+/// seconds of idleness, and watch it until the path answers or `cancel`
+/// is set.
+#[must_use]
+pub fn watch(opened: Opened, age: u32, cancel: &AtomicBool) -> Outcome {
+    let Opened { mut sock, mut last_rx } = opened;
+    let probe_at = Duration::from_secs(u64::from(age));
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(probe_at)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_COUNT);
+    if socket2::SockRef::from(&sock).set_tcp_keepalive(&keepalive).is_err() {
+        return Outcome::Failed;
+    }
+    let mut buf = [0u8; 4096];
+    // Bytes just before a close belong to it (a TLS close_notify, a
+    // server's goodbye message): the close's age counts from the byte
+    // before them.
+    let mut before_burst = last_rx;
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Outcome::Cancelled;
+        }
+        let ready = readable(&sock, Duration::from_millis(100));
+        // After the wait: the age at which the close or answer was seen.
+        let idle = last_rx.elapsed();
+        let close_age = if idle < CLOSING_BYTES { before_burst.elapsed() } else { idle }.as_secs_f64();
+        match ready {
+            Err(_) => return Outcome::Failed,
+            Ok(false) => {}
+            Ok(true) => match sock.read(&mut buf) {
+                Ok(0) => return Outcome::Closed { close: Close::Fin, idle_seconds: close_age },
+                // Late bytes (a TLS session ticket): the idle clock, ours
+                // and the kernel's keep-alive timer, starts again.
+                Ok(_) => {
+                    if idle >= CLOSING_BYTES {
+                        before_burst = last_rx;
+                    }
+                    last_rx = Instant::now();
+                    continue;
+                }
+                Err(e) => match e.raw_os_error() {
+                    Some(libc::ECONNRESET) if idle >= probe_at => return Outcome::Dead { reset: true },
+                    Some(libc::ECONNRESET) => return Outcome::Closed { close: Close::Rst, idle_seconds: close_age },
+                    Some(libc::ETIMEDOUT) => return Outcome::Dead { reset: false },
+                    _ if e.kind() == io::ErrorKind::Interrupted => continue,
+                    _ => return Outcome::Failed,
+                },
+            },
+        }
+        if let Some(since_probe) = idle.checked_sub(probe_at) {
+            if last_ack_age(&sock).is_some_and(|ack| ack < since_probe + ACK_MARGIN && ack + ACK_MARGIN < idle) {
+                return Outcome::Alive;
+            }
+            // The kernel ends an unanswered probe in KEEPALIVE_COUNT
+            // intervals; far past that, something else holds the socket.
+            if since_probe > KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 30) {
+                return Outcome::Failed;
+            }
+        }
+    }
+}
+
+/// Whether the socket has something to read (or an error) within `wait`.
+fn readable(sock: &TcpStream, wait: Duration) -> io::Result<bool> {
+    let mut fd = libc::pollfd { fd: sock.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    let ms = i32::try_from(wait.as_millis()).unwrap_or(i32::MAX);
+    // SAFETY: one valid pollfd for the duration of the call.
+    let n = unsafe { libc::poll(&raw mut fd, 1, ms) };
+    match n {
+        n if n < 0 => {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+        0 => Ok(false),
+        _ => Ok(true),
+    }
+}
+
+/// How long ago the socket last received an ACK (`tcpi_last_ack_recv`).
+fn last_ack_age(sock: &TcpStream) -> Option<Duration> {
+    // SAFETY: tcp_info is plain data; zeroed is a valid value.
+    let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).ok()?;
+    // SAFETY: getsockopt writes at most `len` bytes into `info`.
+    let r = unsafe {
+        libc::getsockopt(sock.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO, (&raw mut info).cast(), &raw mut len)
+    };
+    (r == 0).then(|| Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
+}
