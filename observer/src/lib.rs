@@ -15,9 +15,11 @@
 //!   [`surfaces::status`], [`surfaces::report`], [`surfaces::store`] (the
 //!   evidence store);
 //! - beside them: [`path`] (path files and their check against what was
-//!   observed), [`probe`] (measuring a path's idle timeout on demand), and the program: [`cli`] (arguments), [`config`] (the config
-//!   file), [`daemon`] (the `run` command wiring the three), [`bench`]
-//!   (benchmark helpers); [`units`] writes durations for all of them.
+//!   observed), [`probe`] (a path's idle timeout measured on demand, with
+//!   plain sockets), and the program: [`cli`] (arguments), [`config`] (the
+//!   config file), [`daemon`] (the `run` command wiring the three),
+//!   [`bench`] (benchmark helpers); [`units`] writes durations for all of
+//!   them.
 
 pub mod bench;
 pub mod cli;

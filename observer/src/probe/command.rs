@@ -4,7 +4,7 @@ use std::{fmt::Write as _, net::ToSocketAddrs as _, process::ExitCode, time::Dur
 
 use super::{
     conn::{First, Target},
-    search::{How, Outcome},
+    search::{Close, How, Outcome},
     tls, Limits, Report,
 };
 use crate::{
@@ -28,8 +28,9 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut progress = |round: u32, ages: &[u32]| {
-        let list: Vec<String> = ages.iter().map(u32::to_string).collect();
+    let mut progress = |round: u32, ages: &[f64]| {
+        let list: Vec<String> =
+            ages.iter().map(|a| format!("{a:.3}").trim_end_matches('0').trim_end_matches('.').to_owned()).collect();
         eprintln!("round {round}: {} connections, keep-alive probes at {} s of idleness", ages.len(), list.join(", "));
     };
     let mut report = match super::measure(&target, limits, &mut progress) {
@@ -69,12 +70,9 @@ fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
     let host = args.destination.rsplit_once(':').map_or(args.destination.as_str(), |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let name = args.server_name.clone().unwrap_or_else(|| host.to_owned());
-    let up_to = u32::try_from(args.up_to.as_secs()).unwrap_or(u32::MAX);
-    if up_to == 0 || up_to > 7200 {
-        return Err(format!(
-            "--up-to {}: give 1s to 2h (keep-alive ages are whole seconds)",
-            humantime::format_duration(args.up_to)
-        ));
+    let up_to = args.up_to.as_secs_f64();
+    if !(1.0..=7200.0).contains(&up_to) {
+        return Err(format!("--up-to {}: give 1s to 2h", humantime::format_duration(args.up_to)));
     }
     let first = if let Some(path) = &args.http {
         if !path.starts_with('/') || path.bytes().any(|b| b.is_ascii_control() || b == b' ') {
@@ -91,7 +89,7 @@ fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
     };
     let tls_wanted = args.tls || (!args.tcp && args.http.is_none() && args.request.is_none() && addr.port() == 443);
     let tls = if tls_wanted { Some(tls::config().map_err(|e| format!("setting up TLS: {e}"))?) } else { None };
-    let budget = args.budget.unwrap_or(Duration::from_secs(u64::from(up_to) * 3));
+    let budget = args.budget.unwrap_or(Duration::from_secs_f64(up_to * 3.0));
     let connections = usize::try_from(args.connections).unwrap_or(8);
     Ok((Target { addr, name, tls, first }, Limits { up_to, connections, budget }))
 }
@@ -167,23 +165,22 @@ pub fn render(r: &Report) -> String {
         );
     }
     let _ = writeln!(out, "{} connections in {} round(s), {}", r.connections, r.rounds, fmt_secs(r.elapsed_seconds));
-    let _ = writeln!(out, "\n{:>5}  {:>9}  result", "round", "probe at");
-    for p in &r.probes {
-        let what = match p.outcome {
-            Outcome::Closed { close, idle_seconds } => {
-                format!(
-                    "{} at {} idle",
-                    if close == super::search::Close::Fin { "FIN" } else { "RST" },
-                    fmt_secs(idle_seconds)
-                )
+    let _ = writeln!(out, "\n{:>5}  {:>8}  {:>9}  result", "round", "planned", "idle age");
+    let mut probes = r.probes.clone();
+    probes.sort_by(|a, b| a.round.cmp(&b.round).then(a.planned_seconds.total_cmp(&b.planned_seconds)));
+    for p in &probes {
+        let (at, what) = match p.outcome {
+            Outcome::Closed { close, at_seconds } => {
+                (Some(at_seconds), if close == Close::Fin { "FIN: a hop closed it" } else { "RST: a hop reset it" })
             }
-            Outcome::Alive => "probe answered: alive".to_owned(),
-            Outcome::Dead { reset: true } => "probe answered with RST: gone".to_owned(),
-            Outcome::Dead { reset: false } => "probe unanswered: gone".to_owned(),
-            Outcome::Cancelled => "not needed (a shorter age was gone)".to_owned(),
-            Outcome::Failed => "connection failed".to_owned(),
+            Outcome::Alive { at_seconds } => (Some(at_seconds), "probe answered: alive"),
+            Outcome::Dead { reset: true, at_seconds } => (Some(at_seconds), "probe answered with RST: gone"),
+            Outcome::Dead { reset: false, at_seconds } => (Some(at_seconds), "probe unanswered: gone"),
+            Outcome::Cancelled => (None, "not needed (a shorter age was gone)"),
+            Outcome::Failed => (None, "connection failed"),
         };
-        let _ = writeln!(out, "{:>5}  {:>8}s  {what}", p.round, p.age_seconds);
+        let at = at.map_or_else(|| "-".to_owned(), fmt_secs);
+        let _ = writeln!(out, "{:>5}  {:>8}  {at:>9}  {what}", p.round, fmt_secs(p.planned_seconds));
     }
     out
 }

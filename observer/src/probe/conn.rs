@@ -33,10 +33,17 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
 /// when `KEEPALIVE_COUNT` probes in a row go unanswered.
 const KEEPALIVE_COUNT: u32 = 3;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(1);
-/// An ACK this much younger than the probe's send time can only answer
-/// it (the last ACK before it is at least one second, the smallest age,
-/// older).
-const ACK_MARGIN: Duration = Duration::from_millis(500);
+/// `TCP_KEEPIDLE`'s largest value (9 h): keep-alive armed, never firing
+/// by itself within `--up-to` (at most 2 h).
+const KEEPIDLE_MAX: u32 = 32_767;
+/// An ACK must be this much younger than the idle time to be new (the
+/// last one before the probe is as old as the idle time, at least half a
+/// second, the shortest age planned).
+const ACK_MARGIN: Duration = Duration::from_millis(200);
+/// `tcpi_last_ack_recv` counts in jiffies (4 ms at 250 Hz).
+const JIFFY_SLACK: Duration = Duration::from_millis(20);
+/// How often a waiting connection looks at its socket.
+const POLL: Duration = Duration::from_millis(100);
 /// Bytes this close before a FIN or RST are part of the close.
 const CLOSING_BYTES: Duration = Duration::from_secs(1);
 /// A user's request is answered whole when nothing follows for this long.
@@ -250,15 +257,23 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
-/// Leave the connection idle with one keep-alive probe planned at `age`
-/// seconds of idleness, and watch it until the path answers or `cancel`
+/// Leave the connection idle and send one keep-alive probe at `age`
+/// seconds of idleness, then watch it until the path answers or `cancel`
 /// is set.
+///
+/// The probe leaves when we say, not when the kernel's keep-alive timer
+/// fires: that timer sits on the timer wheel, which rounds long timers up
+/// (by 16 s at 134 s on a 250 Hz kernel), so a probe planned at 44 s was
+/// seen to leave past a 45 s conntrack timeout while data at 44.8 s still
+/// passed. Keep-alive is armed with the longest idle time (9 h); at the
+/// planned age, lowering `TCP_KEEPIDLE` below the idle time already spent
+/// makes the kernel send the probe at once.
 #[must_use]
-pub fn watch(opened: Opened, age: u32, cancel: &AtomicBool) -> Outcome {
+pub fn watch(opened: Opened, age: f64, cancel: &AtomicBool) -> Outcome {
     let Opened { mut sock, mut last_rx } = opened;
-    let probe_at = Duration::from_secs(u64::from(age));
+    let probe_at = Duration::from_secs_f64(age.max(0.0));
     let keepalive = socket2::TcpKeepalive::new()
-        .with_time(probe_at)
+        .with_time(Duration::from_secs(u64::from(KEEPIDLE_MAX)))
         .with_interval(KEEPALIVE_INTERVAL)
         .with_retries(KEEPALIVE_COUNT);
     if socket2::SockRef::from(&sock).set_tcp_keepalive(&keepalive).is_err() {
@@ -269,47 +284,95 @@ pub fn watch(opened: Opened, age: u32, cancel: &AtomicBool) -> Outcome {
     // server's goodbye message): the close's age counts from the byte
     // before them.
     let mut before_burst = last_rx;
+    // The idle age at which the probe was sent.
+    let mut sent: Option<Duration> = None;
     loop {
         if cancel.load(Ordering::Relaxed) {
             return Outcome::Cancelled;
         }
-        let ready = readable(&sock, Duration::from_millis(100));
+        let wait = match sent {
+            Some(_) => POLL,
+            None => probe_at.saturating_sub(last_rx.elapsed()).min(POLL),
+        };
+        let ready = readable(&sock, wait);
         // After the wait: the age at which the close or answer was seen.
         let idle = last_rx.elapsed();
-        let close_age = if idle < CLOSING_BYTES { before_burst.elapsed() } else { idle }.as_secs_f64();
+        let close_age = ms(if idle < CLOSING_BYTES { before_burst.elapsed() } else { idle });
         match ready {
             Err(_) => return Outcome::Failed,
             Ok(false) => {}
             Ok(true) => match sock.read(&mut buf) {
-                Ok(0) => return Outcome::Closed { close: Close::Fin, idle_seconds: close_age },
-                // Late bytes (a TLS session ticket): the idle clock, ours
-                // and the kernel's keep-alive timer, starts again.
-                Ok(_) => {
+                Ok(0) => return Outcome::Closed { close: Close::Fin, at_seconds: close_age },
+                // Late bytes (a TLS session ticket) before the probe: the
+                // idle clock starts again.
+                Ok(_) if sent.is_none() => {
                     if idle >= CLOSING_BYTES {
                         before_burst = last_rx;
                     }
                     last_rx = Instant::now();
                     continue;
                 }
-                Err(e) => match e.raw_os_error() {
-                    Some(libc::ECONNRESET) if idle >= probe_at => return Outcome::Dead { reset: true },
-                    Some(libc::ECONNRESET) => return Outcome::Closed { close: Close::Rst, idle_seconds: close_age },
-                    Some(libc::ETIMEDOUT) => return Outcome::Dead { reset: false },
-                    _ if e.kind() == io::ErrorKind::Interrupted => continue,
-                    _ => return Outcome::Failed,
-                },
+                // Bytes after the probe answer it as well as an ACK would.
+                Ok(_) => return Outcome::Alive { at_seconds: ms(sent.unwrap_or(idle)) },
+                Err(e) => {
+                    return match (e.raw_os_error(), sent) {
+                        // The reset answered the probe.
+                        (Some(libc::ECONNRESET), Some(at)) => Outcome::Dead { reset: true, at_seconds: ms(at) },
+                        (Some(libc::ECONNRESET), None) => Outcome::Closed { close: Close::Rst, at_seconds: close_age },
+                        // KEEPALIVE_COUNT probes went unanswered.
+                        (Some(libc::ETIMEDOUT), Some(at)) => Outcome::Dead { reset: false, at_seconds: ms(at) },
+                        _ if e.kind() == io::ErrorKind::Interrupted => continue,
+                        _ => Outcome::Failed,
+                    };
+                }
             },
         }
-        if let Some(since_probe) = idle.checked_sub(probe_at) {
-            if last_ack_age(&sock).is_some_and(|ack| ack < since_probe + ACK_MARGIN && ack + ACK_MARGIN < idle) {
-                return Outcome::Alive;
+        match sent {
+            None if idle >= probe_at => {
+                if set_keepidle(&sock, 1).is_err() {
+                    return Outcome::Failed;
+                }
+                sent = Some(last_rx.elapsed());
             }
-            // The kernel ends an unanswered probe in KEEPALIVE_COUNT
-            // intervals; far past that, something else holds the socket.
-            if since_probe > KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 30) {
-                return Outcome::Failed;
+            None => {}
+            Some(at) => {
+                let since = idle.saturating_sub(at);
+                // An ACK that arrived after the probe left answers it.
+                if tcp_ack_age(&sock).is_some_and(|ack| ack <= since + JIFFY_SLACK && ack + ACK_MARGIN < idle) {
+                    return Outcome::Alive { at_seconds: ms(at) };
+                }
+                // The kernel ends an unanswered probe in KEEPALIVE_COUNT
+                // intervals; far past that, something else holds the socket.
+                if since > KEEPALIVE_INTERVAL * (KEEPALIVE_COUNT + 30) {
+                    return Outcome::Failed;
+                }
             }
         }
+    }
+}
+
+/// Seconds, to the millisecond (the clocks here are no finer).
+fn ms(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+/// `TCP_KEEPIDLE` in seconds: below the idle time already spent, the
+/// kernel sends a probe at once.
+fn set_keepidle(sock: &TcpStream, secs: i32) -> io::Result<()> {
+    // SAFETY: setsockopt reads one int from the pointer we pass.
+    let r = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            (&raw const secs).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<i32>()).map_err(io::Error::other)?,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
@@ -334,7 +397,7 @@ fn readable(sock: &TcpStream, wait: Duration) -> io::Result<bool> {
 }
 
 /// How long ago the socket last received an ACK (`tcpi_last_ack_recv`).
-fn last_ack_age(sock: &TcpStream) -> Option<Duration> {
+fn tcp_ack_age(sock: &TcpStream) -> Option<Duration> {
     // SAFETY: tcp_info is plain data; zeroed is a valid value.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = libc::socklen_t::try_from(std::mem::size_of::<libc::tcp_info>()).ok()?;

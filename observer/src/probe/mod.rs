@@ -48,7 +48,7 @@ pub struct Report {
 /// What the measurement needs besides the target.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
-    pub up_to: u32,
+    pub up_to: f64,
     pub connections: usize,
     pub budget: Duration,
 }
@@ -62,7 +62,7 @@ pub enum ProbeError {
 
 /// Run rounds until the search is done or the budget would be exceeded;
 /// `progress` hears of each round as it starts.
-pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[u32])) -> Result<Report, ProbeError> {
+pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[f64])) -> Result<Report, ProbeError> {
     let started = Instant::now();
     let mut search = Search::default();
     let mut ages = search::first_round(limits.up_to, limits.connections);
@@ -79,7 +79,7 @@ pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[
             }
         }
         let Some(next) = search.next_round(limits.connections) else { break };
-        let longest = Duration::from_secs(u64::from(next.iter().copied().max().unwrap_or(0)) + 5);
+        let longest = Duration::from_secs_f64(next.iter().copied().fold(0.0, f64::max) + 5.0);
         if started.elapsed() + longest > limits.budget {
             break;
         }
@@ -100,9 +100,9 @@ pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[
 /// One round: a thread per connection; a connection whose age is past
 /// one already found dead is cancelled (its verdict could add nothing).
 /// Returns how many connections gave a verdict, and the first open error.
-fn run_round(target: &Target, ages: &[u32], round: u32, search: &mut Search) -> (usize, Option<OpenError>) {
+fn run_round(target: &Target, ages: &[f64], round: u32, search: &mut Search) -> (usize, Option<OpenError>) {
     let (tx, rx) = mpsc::channel();
-    let cancels: Vec<(u32, Arc<AtomicBool>)> = ages.iter().map(|&a| (a, Arc::new(AtomicBool::new(false)))).collect();
+    let cancels: Vec<(f64, Arc<AtomicBool>)> = ages.iter().map(|&a| (a, Arc::new(AtomicBool::new(false)))).collect();
     std::thread::scope(|s| {
         for (age, cancel) in &cancels {
             let tx = tx.clone();
@@ -125,7 +125,7 @@ fn run_round(target: &Target, ages: &[u32], round: u32, search: &mut Search) -> 
             if !matches!(outcome, Outcome::Failed | Outcome::Cancelled) {
                 verdicts += 1;
             }
-            search.record(Probe { round, age_seconds: age, outcome });
+            search.record(Probe { round, planned_seconds: age, outcome });
             for (a, cancel) in &cancels {
                 if !search.worth_waiting(*a) {
                     cancel.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -2,16 +2,18 @@
 //! round of probe connections and the bracket they leave. Pure logic: the
 //! connections themselves are in [`super::conn`].
 //!
-//! Ages are whole seconds because a keep-alive probe's idle time
-//! (`TCP_KEEPIDLE`) is. A round's connections all start together; each
-//! gives one [`Outcome`] and is not used again (an answered probe also
-//! refreshes a NAT's timer).
+//! A round's connections all start together; each gives one [`Outcome`]
+//! and is not used again (an answered probe also refreshes a NAT's timer).
 
 use serde::Serialize;
 
 /// The bracket is narrow enough when it is within this fraction of its
-/// upper end (or within one second, the keep-alive clock's step).
+/// upper end, or within [`FLOOR`].
 pub const WITHIN: f64 = 0.05;
+/// The narrowest bracket worth another round, seconds.
+pub const FLOOR: f64 = 0.5;
+/// The first round's smallest age, seconds.
+pub const SHORTEST: f64 = 1.0;
 
 /// A probe found dead this close before a hop's own close was racing it.
 pub const RACE: f64 = 0.5;
@@ -30,13 +32,14 @@ pub enum Close {
 pub enum Outcome {
     /// A hop closed the idle connection at this idle age, before or
     /// without a keep-alive probe: a direct measure.
-    Closed { close: Close, idle_seconds: f64 },
-    /// The keep-alive probe sent at the planned age was acknowledged: the
-    /// flow was alive at that age.
-    Alive,
-    /// The keep-alive probe sent at the planned age got no answer (the
-    /// kernel gave up: `ETIMEDOUT`) or a reset: the flow was gone by then.
-    Dead { reset: bool },
+    Closed { close: Close, at_seconds: f64 },
+    /// The keep-alive probe was acknowledged: the flow was alive at the
+    /// idle age the probe left at.
+    Alive { at_seconds: f64 },
+    /// The keep-alive probe got no answer (the kernel gave up:
+    /// `ETIMEDOUT`) or a reset: the flow was gone by the idle age the
+    /// probe left at.
+    Dead { reset: bool, at_seconds: f64 },
     /// Stopped before its planned age: a shorter age in the same round
     /// already found the flow dead.
     Cancelled,
@@ -48,8 +51,9 @@ pub enum Outcome {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Probe {
     pub round: u32,
-    /// The planned idle age of its keep-alive probe, seconds.
-    pub age_seconds: u32,
+    /// The idle age its keep-alive probe was planned for; results carry
+    /// the age measured when the probe left.
+    pub planned_seconds: f64,
     #[serde(flatten)]
     pub outcome: Outcome,
 }
@@ -81,8 +85,8 @@ pub struct Finding {
     /// 0.8 x the measured close, or 0.8 x the lower end of a silent
     /// drop's bracket (the flow is known alive only up to there).
     pub recommended_pool_idle_timeout_seconds: Option<f64>,
-    /// Whether a silent drop's bracket is within [`WITHIN`] (or one
-    /// second); false when the time budget ended first.
+    /// Whether a silent drop's bracket is within [`WITHIN`] (or
+    /// [`FLOOR`]); false when the time budget ended first.
     pub settled: bool,
     /// Connections alive at an age above one found dead: a flow dropped
     /// for another reason (a failover, a full NAT table). Reported, not
@@ -96,32 +100,29 @@ pub struct Search {
     probes: Vec<Probe>,
 }
 
-/// `n` distinct whole-second ages from 1 to `up_to`, spread geometrically
-/// (a 5 s backend and a 350 s NAT are both within a round's reach).
+/// `n` ages from [`SHORTEST`] to `up_to`, spread geometrically (a 5 s
+/// backend and a 350 s NAT are both within a round's reach), to the
+/// millisecond.
 #[must_use]
-pub fn first_round(up_to: u32, n: usize) -> Vec<u32> {
-    let up_to = up_to.max(1);
+pub fn first_round(up_to: f64, n: usize) -> Vec<f64> {
+    let up_to = up_to.max(SHORTEST);
     if n <= 1 {
         return vec![up_to];
     }
-    let mut ages: Vec<u32> = Vec::with_capacity(n);
-    for i in 0..n {
-        #[allow(clippy::cast_precision_loss, reason = "at most 64 connections")]
-        let f = i as f64 / (n - 1) as f64;
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "between 1 and up_to")]
-        let geometric = f64::from(up_to).powf(f).round() as u32;
-        let next = ages.last().map_or(1, |a| a + 1).max(geometric);
-        if next > up_to {
-            break;
-        }
-        ages.push(next);
-    }
-    if ages.last() != Some(&up_to) {
-        if let Some(last) = ages.last_mut() {
-            *last = up_to;
-        }
-    }
+    let mut ages: Vec<f64> = (0..n)
+        .map(|i| {
+            #[allow(clippy::cast_precision_loss, reason = "at most 64 connections")]
+            let f = i as f64 / (n - 1) as f64;
+            millis(SHORTEST * (up_to / SHORTEST).powf(f))
+        })
+        .collect();
+    ages.dedup();
     ages
+}
+
+/// Rounded to the millisecond (what the output shows).
+fn millis(s: f64) -> f64 {
+    (s * 1000.0).round() / 1000.0
 }
 
 impl Search {
@@ -136,23 +137,33 @@ impl Search {
 
     fn closes(&self) -> impl Iterator<Item = (Close, f64)> + '_ {
         self.probes.iter().filter_map(|p| match p.outcome {
-            Outcome::Closed { close, idle_seconds } => Some((close, idle_seconds)),
+            Outcome::Closed { close, at_seconds } => Some((close, at_seconds)),
             _ => None,
         })
     }
 
     /// The smallest age found dead.
-    fn dead(&self) -> Option<u32> {
-        self.probes.iter().filter(|p| matches!(p.outcome, Outcome::Dead { .. })).map(|p| p.age_seconds).min()
+    fn dead(&self) -> Option<f64> {
+        self.probes
+            .iter()
+            .filter_map(|p| match p.outcome {
+                Outcome::Dead { at_seconds, .. } => Some(at_seconds),
+                _ => None,
+            })
+            .min_by(f64::total_cmp)
+    }
+
+    /// The ages found alive.
+    fn alive(&self) -> impl Iterator<Item = f64> + '_ {
+        self.probes.iter().filter_map(|p| match p.outcome {
+            Outcome::Alive { at_seconds } => Some(at_seconds),
+            _ => None,
+        })
     }
 
     /// The largest age found alive below `below`.
-    fn alive_below(&self, below: Option<u32>) -> Option<u32> {
-        self.probes
-            .iter()
-            .filter(|p| p.outcome == Outcome::Alive && below.is_none_or(|d| p.age_seconds < d))
-            .map(|p| p.age_seconds)
-            .max()
+    fn alive_below(&self, below: Option<f64>) -> Option<f64> {
+        self.alive().filter(|a| below.is_none_or(|d| *a < d)).max_by(f64::total_cmp)
     }
 
     /// The earliest close a hop made by itself.
@@ -166,56 +177,54 @@ impl Search {
     /// the close's), so it must be [`RACE`] earlier.
     fn silent_first(&self) -> bool {
         match (self.dead(), self.earliest_close()) {
-            (Some(d), Some(c)) => f64::from(d) < c - RACE,
+            (Some(d), Some(c)) => d < c - RACE,
             (Some(_), None) => true,
             (None, _) => false,
         }
     }
 
-    /// The next round's ages (at most `n`), or `None` when the search is
-    /// done: a hop's own close was measured, a silent drop is bracketed
-    /// within [`WITHIN`] or one second, or nothing closed within the ages
-    /// tried.
+    /// The next round's planned ages (`n`, spread evenly inside the
+    /// bracket), or `None` when the search is done: a hop's own close was
+    /// measured, a silent drop is bracketed within [`WITHIN`] or
+    /// [`FLOOR`], or nothing closed within the ages tried.
     #[must_use]
-    pub fn next_round(&self, n: usize) -> Option<Vec<u32>> {
+    pub fn next_round(&self, n: usize) -> Option<Vec<f64>> {
         if !self.silent_first() {
             return None;
         }
         let dead = self.dead()?;
-        let alive = self.alive_below(Some(dead)).unwrap_or(0);
+        let alive = self.alive_below(Some(dead)).unwrap_or(0.0);
         if narrow(alive, dead) {
             return None;
         }
-        let gap = dead - alive;
-        let k = usize::try_from(gap - 1).unwrap_or(usize::MAX).min(n.max(1));
-        let mut ages: Vec<u32> = (1..=k)
+        let n = n.max(1);
+        let mut ages: Vec<f64> = (1..=n)
             .map(|j| {
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "within the gap")]
                 #[allow(clippy::cast_precision_loss, reason = "at most 64 connections")]
-                let step = (f64::from(gap) * j as f64 / (k + 1) as f64).round() as u32;
-                alive + step.clamp(1, gap - 1)
+                let f = j as f64 / (n + 1) as f64;
+                millis(alive + (dead - alive) * f)
             })
+            .filter(|a| *a >= SHORTEST / 2.0)
             .collect();
         ages.dedup();
-        Some(ages)
+        (!ages.is_empty()).then_some(ages)
     }
 
     /// What the results so far show.
     #[must_use]
     pub fn finding(&self) -> Finding {
         let dead = self.dead();
-        let contradictions =
-            dead.map_or(0, |d| self.probes.iter().filter(|p| p.outcome == Outcome::Alive && p.age_seconds > d).count());
+        let contradictions = dead.map_or(0, |d| self.alive().filter(|a| *a > d).count());
         if self.silent_first() {
             let upper = dead.unwrap_or_default();
-            let lower = self.alive_below(dead).unwrap_or(0);
+            let lower = self.alive_below(dead).unwrap_or(0.0);
             return Finding {
                 how: How::SilentDrop,
                 idle_timeout_seconds: None,
-                lower_seconds: f64::from(lower),
-                upper_seconds: Some(f64::from(upper)),
-                recommended_pool_idle_timeout_seconds: (lower > 0)
-                    .then(|| f64::from(lower) * crate::diagnosis::estimate::POOL_FRACTION),
+                lower_seconds: lower,
+                upper_seconds: Some(upper),
+                recommended_pool_idle_timeout_seconds: (lower > 0.0)
+                    .then_some(lower * crate::diagnosis::estimate::POOL_FRACTION),
                 settled: narrow(lower, upper),
                 contradictions,
             };
@@ -224,7 +233,7 @@ impl Search {
             return Finding {
                 how: How::None,
                 idle_timeout_seconds: None,
-                lower_seconds: f64::from(self.alive_below(None).unwrap_or(0)),
+                lower_seconds: self.alive_below(None).unwrap_or(0.0),
                 upper_seconds: None,
                 recommended_pool_idle_timeout_seconds: None,
                 settled: true,
@@ -251,18 +260,18 @@ impl Search {
         }
     }
 
-    /// Whether a connection planned at `age` can still tell anything: not
-    /// when a shorter age already found the flow dead.
+    /// Whether a connection planned at `planned` s can still tell
+    /// anything: not when a shorter age already found the flow dead.
     #[must_use]
-    pub fn worth_waiting(&self, age: u32) -> bool {
-        self.dead().is_none_or(|d| age < d)
+    pub fn worth_waiting(&self, planned: f64) -> bool {
+        self.dead().is_none_or(|d| planned < d)
     }
 }
 
 /// A silent drop's bracket is narrow enough.
-fn narrow(alive: u32, dead: u32) -> bool {
-    let gap = f64::from(dead.saturating_sub(alive));
-    gap <= 1.0 || gap <= WITHIN * f64::from(dead)
+fn narrow(alive: f64, dead: f64) -> bool {
+    let gap = dead - alive;
+    gap <= FLOOR || gap <= WITHIN * dead
 }
 
 #[cfg(test)]
