@@ -169,6 +169,9 @@ pub struct ProbeArgs {
     /// The name for SNI and Host, when the destination is an address.
     #[arg(long, value_name = "NAME")]
     pub server_name: Option<String>,
+    /// A path file (as for `path check`): print its declared idle timeouts beside the measured one.
+    #[arg(long, value_name = "FILE")]
+    pub path: Option<PathBuf>,
     /// Stop narrowing a silent drop after this long (default: three times --up-to).
     #[arg(long, value_parser = parse_duration)]
     pub budget: Option<Duration>,

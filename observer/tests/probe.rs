@@ -30,9 +30,14 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 "#;
 
-/// `observer probe ARGS --format json` in `ns` (or here), its JSON and exit code.
+/// `observer probe ARGS --format json` in `ns` (or here), its JSON and
+/// exit code. It runs as `nobody` when the test runs as root: the command
+/// needs no privilege.
 fn probe(topo: Option<&Topology>, args: &str) -> Result<(serde_json::Value, Output)> {
-    let cmd = format!("{} probe {args} --format json", *OBSERVER);
+    // SAFETY: geteuid has no preconditions.
+    let as_nobody =
+        if unsafe { libc::geteuid() } == 0 { "setpriv --reuid=nobody --regid=nogroup --clear-groups " } else { "" };
+    let cmd = format!("{as_nobody}{} probe {args} --format json", *OBSERVER);
     let out = match topo {
         Some(t) => Command::new("ip").args(["netns", "exec", t.ns.name(t.client), "sh", "-c", &cmd]).output()?,
         None => Command::new("sh").args(["-c", &cmd]).output()?,
@@ -47,7 +52,8 @@ fn secs(j: &serde_json::Value, key: &str) -> Result<f64> {
 }
 
 /// nginx over TLS with a 2 s `keepalive_timeout`: one HTTPS request per
-/// connection, then its FIN at 2 s of idleness, measured in one round.
+/// connection, then its FIN at 2 s of idleness, measured in one round;
+/// with `--path`, set beside a file that declares 60 s.
 #[test]
 #[ignore = "needs root (namespaces): run `cargo xtask test`"]
 fn an_nginx_keepalive_close_over_https_is_measured_at_its_fin() -> Result<()> {
@@ -56,9 +62,22 @@ fn an_nginx_keepalive_close_over_https_is_measured_at_its_fin() -> Result<()> {
     sh(&format!("{} cert {}", common::tlstool()?.display(), dir.path().display()))?;
     let tls = format!("ssl; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem", d = dir.path().display());
     let _nginx = start_nginx_with(&topo, dir.path(), 2, 8443, &tls)?;
+    // On paper the balancer keeps idle connections 60 s and the pool 90 s
+    // (a file `nobody` can read).
+    std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    let path = dir.path().join("path.toml");
+    std::fs::write(
+        &path,
+        "[[hop]]\nname = \"pool\"\nclient = true\nidle_timeout = \"90s\"\n\n\
+         [[hop]]\nname = \"balancer\"\nidle_timeout = \"60s\"\n",
+    )?;
     let (j, out) = probe(
         Some(&topo),
-        &format!("{}:8443 --tls --http / --server-name api.partner.example --up-to 10s", topo.server_v4),
+        &format!(
+            "{}:8443 --tls --http / --server-name api.partner.example --up-to 10s --path {}",
+            topo.server_v4,
+            path.display()
+        ),
     )?;
     ensure!(out.status.code() == Some(0), "exit {:?}: {j:#}", out.status.code());
     ensure!(j["how"] == "fin" && j["first_exchange"] == "https", "{j:#}");
@@ -67,6 +86,10 @@ fn an_nginx_keepalive_close_over_https_is_measured_at_its_fin() -> Result<()> {
     let rec = secs(&j, "recommended_pool_idle_timeout_seconds")?;
     ensure!((rec - 0.8 * t).abs() < 1e-6, "{rec}");
     ensure!(j["rounds"] == 1 && j["connections"] == 8, "{j:#}");
+    // The file's 60 s is not what ends connections, and the pool is above
+    // the recommendation.
+    ensure!(j["path"][0]["agreement"] == "earlier_than_declared" && j["path"][0]["hop"] == "balancer", "{j:#}");
+    ensure!(j["path"][1]["agreement"] == "pool_above_recommended", "{j:#}");
     eprintln!("MEASURED probe nginx TLS keepalive_timeout 2s: FIN at {t:.3} s, recommended {rec:.3} s");
     Ok(())
 }

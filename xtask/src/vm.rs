@@ -21,7 +21,6 @@ const HOST_SUITES: &[(&str, &str)] = &[
     ("report_render", "no kernel behaviour (Chromium)"),
     ("deploy", "no kernel behaviour"),
     ("container", "no kernel behaviour (podman)"),
-    ("probe", "plain sockets and TCP keep-alive, no eBPF (`observer probe`)"),
     ("systemd_unit", "no kernel behaviour (systemd-nspawn boots systemd on the host's root)"),
     ("faults", "the daemon's own outputs: pipes, a full tmpfs, kill -9"),
     (
@@ -54,12 +53,14 @@ pub const HOST_ONLY: &[(&str, &str, &str)] = &[
 /// path's failures and stalls (`dead_sockets`, `multiplexed`) and the
 /// first-bytes read (`names`) run on 6.1, whose send hook and `iov_iter`
 /// layout are the ones that differ from the host's (the host's 6.18 has
-/// the tracepoint send hook and the `bpf_rdonly_cast` receive). The suites
+/// the tracepoint send hook and the `bpf_rdonly_cast` receive). So does
+/// `observer probe` (`probe`: no eBPF, but its keep-alive trigger is
+/// kernel behaviour, checked on the oldest kernel here). The suites
 /// that add userspace judgement over the same events run on 6.12 (x86-64).
 /// Each suite runs in one guest at least (`tests` below holds the rule):
 /// two full copies of the matrix do not fit `.ci/run`'s hour on these
 /// 2-core machines under TCG.
-const X86_61_SUITES: &[&str] = &["foundation", "probes", "wire_truth", "dead_sockets", "multiplexed", "names"];
+const X86_61_SUITES: &[&str] = &["foundation", "probes", "wire_truth", "dead_sockets", "multiplexed", "names", "probe"];
 const X86_612_SUITES: &[&str] = &["foundation", "owners", "servers", "prometheus", "diagnosis"];
 const ARM64_SUITES: &[&str] = &["foundation", "probes"];
 

@@ -21,7 +21,8 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 /// 2 bad input or nothing could be measured.
 #[must_use]
 pub fn command(args: &ProbeArgs) -> ExitCode {
-    let (target, limits) = match plan(args) {
+    let planned = plan(args).and_then(|p| Ok((p, declared_hops(args)?)));
+    let ((target, limits), hops) = match planned {
         Ok(p) => p,
         Err(e) => {
             eprintln!("observer: error: {e}");
@@ -41,6 +42,7 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
         }
     };
     report.destination.clone_from(&args.destination);
+    report.path = super::declared::compare(&hops, &report.finding);
     first_exchange_name(&target).clone_into(&mut report.first_exchange);
     match args.format {
         Output::Json => match serde_json::to_string_pretty(&report) {
@@ -92,6 +94,14 @@ fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
     let budget = args.budget.unwrap_or(Duration::from_secs_f64(up_to * 3.0));
     let connections = usize::try_from(args.connections).unwrap_or(8);
     Ok((Target { addr, name, tls, first }, Limits { up_to, connections, budget }))
+}
+
+/// The hops of `--path FILE` (none without it).
+fn declared_hops(args: &ProbeArgs) -> Result<Vec<crate::path::Hop>, String> {
+    let Some(file) = &args.path else { return Ok(Vec::new()) };
+    let src = crate::files::read_text(file, crate::files::MAX_TEXT_BYTES)
+        .map_err(|e| format!("--path {}: {e}", file.display()))?;
+    crate::path::parse(&src).map_err(|e| format!("--path {}: {e}", file.display()))
 }
 
 fn read_request(file: &std::path::Path) -> Result<Vec<u8>, String> {

@@ -12,6 +12,7 @@
 
 mod command;
 pub mod conn;
+pub mod declared;
 pub mod search;
 mod tls;
 
@@ -43,6 +44,9 @@ pub struct Report {
     pub rounds: u32,
     /// Every connection's planned age and what it showed.
     pub probes: Vec<Probe>,
+    /// With `--path FILE`: the declared idle timeouts beside the measure.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<declared::Comparison>,
 }
 
 /// What the measurement needs besides the target.
@@ -94,6 +98,7 @@ pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[
         connections: opened,
         rounds: round,
         probes: search.probes().to_vec(),
+        path: Vec::new(),
     })
 }
 
