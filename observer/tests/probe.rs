@@ -110,21 +110,29 @@ fn a_server_reset_at_idle_is_measured_as_rst() -> Result<()> {
     Ok(())
 }
 
+/// `observer probe --tcp` through a conntrack router that forgets flows
+/// idle 5 s and gives their next packets `verdict`; the JSON and the
+/// bracket, checked to hold the 5 s within half a second.
+fn through_a_forgetting_router(tag: &str, verdict: &str, port: u16) -> Result<(serde_json::Value, f64, f64)> {
+    let topo = Topology::routed(tag, 5, verdict)?;
+    let echo = common::script(ECHO_SERVER)?;
+    let _s = start_server(&topo.ns, topo.server, &format!("python3 {} {} {port}", echo.display(), topo.server_v4))?;
+    let (j, out) = probe(Some(&topo), &format!("{}:{port} --tcp --up-to 20s", topo.server_v4))?;
+    ensure!(out.status.code() == Some(0), "exit {:?}: {j:#}", out.status.code());
+    ensure!(j["how"] == "silent_drop" && j["settled"] == true, "{j:#}");
+    let (lo, hi) = (secs(&j, "lower_seconds")?, secs(&j, "upper_seconds")?);
+    // The router's timer and the probe's age count from the same packet.
+    ensure!(lo <= 5.0 && hi >= 5.0 && hi - lo <= 0.5, "[{lo}, {hi}] for a 5 s conntrack timeout");
+    Ok((j, lo, hi))
+}
+
 /// A conntrack router forgets flows idle 5 s and drops their next
 /// packets: no close ever reaches the client, so only keep-alive probes
 /// find it, bracketed to within half a second.
 #[test]
 #[ignore = "needs root (namespaces, nftables, conntrack): run `cargo xtask test`"]
 fn a_silent_drop_is_bracketed_by_keepalive_probes() -> Result<()> {
-    let topo = Topology::routed("prs", 5, "drop")?;
-    let echo = common::script(ECHO_SERVER)?;
-    let _s = start_server(&topo.ns, topo.server, &format!("python3 {} {} 7301", echo.display(), topo.server_v4))?;
-    let (j, out) = probe(Some(&topo), &format!("{}:7301 --tcp --up-to 20s", topo.server_v4))?;
-    ensure!(out.status.code() == Some(0), "exit {:?}: {j:#}", out.status.code());
-    ensure!(j["how"] == "silent_drop" && j["settled"] == true, "{j:#}");
-    let (lo, hi) = (secs(&j, "lower_seconds")?, secs(&j, "upper_seconds")?);
-    // The router's timer and the probe's age count from the same packet.
-    ensure!(lo <= 5.0 && hi >= 5.0 && hi - lo <= 0.5, "[{lo}, {hi}] for a 5 s conntrack timeout");
+    let (j, lo, hi) = through_a_forgetting_router("prs", "drop", 7301)?;
     ensure!(j["idle_timeout_seconds"].is_null(), "{j:#}");
     let rec = secs(&j, "recommended_pool_idle_timeout_seconds")?;
     ensure!((rec - 0.8 * lo).abs() < 1e-6, "{rec}");
@@ -177,14 +185,7 @@ fn a_refused_destination_or_bad_input_exits_2() -> Result<()> {
 #[test]
 #[ignore = "needs root (namespaces, nftables, conntrack): run `cargo xtask test`"]
 fn a_forgotten_flow_that_resets_the_probe_is_bracketed_too() -> Result<()> {
-    let topo = Topology::routed("prj", 5, "reject with tcp reset")?;
-    let echo = common::script(ECHO_SERVER)?;
-    let _s = start_server(&topo.ns, topo.server, &format!("python3 {} {} 7302", echo.display(), topo.server_v4))?;
-    let (j, out) = probe(Some(&topo), &format!("{}:7302 --tcp --up-to 20s", topo.server_v4))?;
-    ensure!(out.status.code() == Some(0), "exit {:?}: {j:#}", out.status.code());
-    ensure!(j["how"] == "silent_drop", "{j:#}");
-    let (lo, hi) = (secs(&j, "lower_seconds")?, secs(&j, "upper_seconds")?);
-    ensure!(lo <= 5.0 && hi >= 5.0 && hi - lo <= 0.5, "[{lo}, {hi}] for a 5 s conntrack timeout");
+    let (j, lo, hi) = through_a_forgetting_router("prj", "reject with tcp reset", 7302)?;
     let probes = j["probes"].as_array().context("probes")?;
     ensure!(probes.iter().any(|p| p["outcome"] == "dead" && p["reset"] == true), "a probe answered by a reset: {j:#}");
     eprintln!("MEASURED probe conntrack 5 s reject: [{lo}, {hi}] s, {:.1} s", secs(&j, "elapsed_seconds")?);
