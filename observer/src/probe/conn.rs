@@ -407,3 +407,41 @@ fn tcp_ack_age(sock: &TcpStream) -> Option<Duration> {
     };
     (r == 0).then(|| Duration::from_millis(u64::from(info.tcpi_last_ack_recv)))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Cursor;
+
+    use super::{read_http_response, OpenError};
+
+    fn read(response: &str) -> Result<(), OpenError> {
+        let mut c = Cursor::new(response.as_bytes().to_vec());
+        read_http_response(&mut c).map(|_| ())
+    }
+
+    #[test]
+    fn a_response_is_read_whole_by_its_length_or_its_chunks() {
+        assert!(read("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nok\n").is_ok());
+        assert!(read("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nok\n\r\n0\r\n\r\n").is_ok());
+        assert!(read("HTTP/1.1 204 No Content\r\n\r\n").is_ok());
+        // A body shorter than its length: the server closed mid-response.
+        assert!(matches!(
+            read("HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nok\n"),
+            Err(OpenError::NotReusable("the server closed during its response"))
+        ));
+    }
+
+    #[test]
+    fn a_response_a_pool_cannot_keep_is_refused_with_the_reason() {
+        for (response, why) in [
+            ("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n", "Connection: close"),
+            ("HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\nContent-Length: 0\r\n\r\n", "Connection: close"),
+            ("HTTP/1.1 200 OK\r\n\r\nbody until the close", "a body without Content-Length, ended by the close"),
+        ] {
+            match read(response) {
+                Err(OpenError::NotReusable(r)) => assert_eq!(r, why, "{response:?}"),
+                other => panic!("{response:?}: {other:?}"),
+            }
+        }
+    }
+}
