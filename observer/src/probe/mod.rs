@@ -62,6 +62,12 @@ pub struct Limits {
 pub enum ProbeError {
     #[error("no connection of the first round could be used: {0}")]
     Unreachable(OpenError),
+    /// Every connection opened but none gave a verdict (the socket failed
+    /// otherwise): nothing is claimed, not even "nothing closed".
+    #[error(
+        "none of the first round's {0} connections gave a verdict (each failed after opening); nothing was measured"
+    )]
+    NoVerdict(usize),
 }
 
 /// Run rounds until the search is done or the budget would be exceeded;
@@ -78,9 +84,10 @@ pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[
         let (results, first_error) = run_round(target, &ages, round, &mut search);
         opened += ages.len();
         if round == 1 && results == 0 {
-            if let Some(e) = first_error {
-                return Err(ProbeError::Unreachable(e));
-            }
+            return Err(match first_error {
+                Some(e) => ProbeError::Unreachable(e),
+                None => ProbeError::NoVerdict(ages.len()),
+            });
         }
         let Some(next) = search.next_round(limits.connections) else { break };
         let longest = Duration::from_secs_f64(next.iter().copied().fold(0.0, f64::max) + 5.0);
