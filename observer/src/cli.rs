@@ -172,6 +172,9 @@ pub struct ProbeArgs {
     /// A path file (as for `path check`): print its declared idle timeouts beside the measured one.
     #[arg(long, value_name = "FILE")]
     pub path: Option<PathBuf>,
+    /// No progress lines on standard error.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     /// Stop narrowing a silent drop after this long (default: three times --up-to).
     #[arg(long, value_parser = parse_duration)]
     pub budget: Option<Duration>,

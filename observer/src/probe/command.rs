@@ -1,11 +1,17 @@
 //! `observer probe`: the command body (arguments, output, exit code).
 
-use std::{fmt::Write as _, net::ToSocketAddrs as _, process::ExitCode, time::Duration};
+use std::{
+    fmt::Write as _,
+    net::ToSocketAddrs as _,
+    process::ExitCode,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
 
 use super::{
     conn::{First, Target},
     search::{Close, How, Outcome},
-    tls, Limits, Report,
+    tls, Limits, Progress, Report,
 };
 use crate::{
     cli::{Output, ProbeArgs},
@@ -29,12 +35,19 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut progress = |round: u32, ages: &[f64]| {
-        let list: Vec<String> =
-            ages.iter().map(|a| format!("{a:.3}").trim_end_matches('0').trim_end_matches('.').to_owned()).collect();
-        eprintln!("round {round}: {} connections, keep-alive probes at {} s of idleness", ages.len(), list.join(", "));
+    let quiet = args.quiet;
+    let mut progress = |p: Progress<'_>| {
+        if !quiet {
+            eprintln!("{}", progress_line(&p));
+        }
     };
-    let mut report = match super::measure(&target, limits, &mut progress) {
+    // Ctrl-C ends the measurement and prints what is known so far.
+    STOP.store(false, Ordering::Relaxed);
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
+    }
+    let mut report = match super::measure(&target, limits, &STOP, &mut progress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("observer: error: {}: {e}", printable(&args.destination));
@@ -58,6 +71,47 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// Set by SIGINT (Ctrl-C).
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+/// Seconds for a progress line: `1`, `1.5`, `44.631`.
+fn short(s: f64) -> String {
+    format!("{s:.3}").trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// One line on standard error: the round's ages, then after each result
+/// the bracket so far and the time left.
+fn progress_line(p: &Progress<'_>) -> String {
+    match p {
+        Progress::Round { round, ages } => {
+            let list: Vec<String> = ages.iter().map(|a| short(*a)).collect();
+            format!("round {round}: {} connections, keep-alive probes at {} s of idleness", ages.len(), list.join(", "))
+        }
+        Progress::Result { round, done, of, finding, round_ends_in, budget_left } => {
+            let so_far = match finding.how {
+                How::Fin | How::Rst => {
+                    format!("closes at {} s", short(finding.idle_timeout_seconds.unwrap_or_default()))
+                }
+                How::SilentDrop => format!(
+                    "bracket [{}, {}] s",
+                    short(finding.lower_seconds),
+                    short(finding.upper_seconds.unwrap_or_default())
+                ),
+                How::None => format!("alive up to {} s, nothing closed yet", short(finding.lower_seconds)),
+            };
+            format!(
+                "round {round}: {done}/{of} done; {so_far}; this round ends within {} s, budget left {} s (Ctrl-C prints what is known)",
+                round_ends_in.as_secs(),
+                budget_left.as_secs()
+            )
+        }
     }
 }
 
@@ -138,6 +192,9 @@ pub fn render(r: &Report) -> String {
     let mut out = String::new();
     let dest = printable(&r.destination);
     let _ = writeln!(out, "{dest} ({}, first exchange: {})", r.address, r.first_exchange);
+    if r.interrupted {
+        let _ = writeln!(out, "interrupted (Ctrl-C): what was known then");
+    }
     let upper = f.upper_seconds.unwrap_or_default();
     let line = match f.how {
         How::Fin | How::Rst => {

@@ -40,7 +40,9 @@ const KEEPIDLE_MAX: u32 = 32_767;
 /// last one before the probe is as old as the idle time, at least half a
 /// second, the shortest age planned).
 const ACK_MARGIN: Duration = Duration::from_millis(200);
-/// `tcpi_last_ack_recv` counts in jiffies (4 ms at 250 Hz).
+/// A jiffy and more (10 ms at 100 Hz, 4 ms at 250 Hz): how late the
+/// kernel's timer may send the probe after we ask, and how coarse
+/// `tcpi_last_ack_recv` is.
 const JIFFY_SLACK: Duration = Duration::from_millis(20);
 /// How often a waiting connection looks at its socket.
 const POLL: Duration = Duration::from_millis(100);
@@ -284,8 +286,10 @@ pub fn watch(opened: Opened, age: f64, cancel: &AtomicBool) -> Outcome {
     // server's goodbye message): the close's age counts from the byte
     // before them.
     let mut before_burst = last_rx;
-    // The idle age at which the probe was sent.
-    let mut sent: Option<Duration> = None;
+    // When the probe was sent, as idle ages: not before `.0` (we asked
+    // for it then) and not after `.1` (the kernel's timer runs within a
+    // jiffy of the ask). "Alive" claims the earlier, "gone" the later.
+    let mut sent: Option<(Duration, Duration)> = None;
     loop {
         if cancel.load(Ordering::Relaxed) {
             return Outcome::Cancelled;
@@ -313,14 +317,14 @@ pub fn watch(opened: Opened, age: f64, cancel: &AtomicBool) -> Outcome {
                     continue;
                 }
                 // Bytes after the probe answer it as well as an ACK would.
-                Ok(_) => return Outcome::Alive { at_seconds: ms(sent.unwrap_or(idle)) },
+                Ok(_) => return Outcome::Alive { at_seconds: ms(sent.map_or(idle, |(asked, _)| asked)) },
                 Err(e) => {
                     return match (e.raw_os_error(), sent) {
                         // The reset answered the probe.
-                        (Some(libc::ECONNRESET), Some(at)) => Outcome::Dead { reset: true, at_seconds: ms(at) },
+                        (Some(libc::ECONNRESET), Some((_, by))) => Outcome::Dead { reset: true, at_seconds: ms(by) },
                         (Some(libc::ECONNRESET), None) => Outcome::Closed { close: Close::Rst, at_seconds: close_age },
                         // KEEPALIVE_COUNT probes went unanswered.
-                        (Some(libc::ETIMEDOUT), Some(at)) => Outcome::Dead { reset: false, at_seconds: ms(at) },
+                        (Some(libc::ETIMEDOUT), Some((_, by))) => Outcome::Dead { reset: false, at_seconds: ms(by) },
                         _ if e.kind() == io::ErrorKind::Interrupted => continue,
                         _ => Outcome::Failed,
                     };
@@ -329,17 +333,18 @@ pub fn watch(opened: Opened, age: f64, cancel: &AtomicBool) -> Outcome {
         }
         match sent {
             None if idle >= probe_at => {
+                let asked = last_rx.elapsed();
                 if set_keepidle(&sock, 1).is_err() {
                     return Outcome::Failed;
                 }
-                sent = Some(last_rx.elapsed());
+                sent = Some((asked, last_rx.elapsed() + JIFFY_SLACK));
             }
             None => {}
-            Some(at) => {
-                let since = idle.saturating_sub(at);
-                // An ACK that arrived after the probe left answers it.
+            Some((asked, _)) => {
+                let since = idle.saturating_sub(asked);
+                // An ACK that arrived after the probe was asked for answers it.
                 if tcp_ack_age(&sock).is_some_and(|ack| ack <= since + JIFFY_SLACK && ack + ACK_MARGIN < idle) {
-                    return Outcome::Alive { at_seconds: ms(at) };
+                    return Outcome::Alive { at_seconds: ms(asked) };
                 }
                 // The kernel ends an unanswered probe in KEEPALIVE_COUNT
                 // intervals; far past that, something else holds the socket.

@@ -17,7 +17,10 @@ pub mod search;
 mod tls;
 
 use std::{
-    sync::{atomic::AtomicBool, mpsc, Arc},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc,
+    },
     time::{Duration, Instant},
 };
 
@@ -42,6 +45,8 @@ pub struct Report {
     /// Connections opened in all (each gives one verdict).
     pub connections: usize,
     pub rounds: u32,
+    /// Stopped by Ctrl-C: what was known then.
+    pub interrupted: bool,
     /// Every connection's planned age and what it showed.
     pub probes: Vec<Probe>,
     /// With `--path FILE`: the declared idle timeouts beside the measure.
@@ -70,9 +75,35 @@ pub enum ProbeError {
     NoVerdict(usize),
 }
 
-/// Run rounds until the search is done or the budget would be exceeded;
-/// `progress` hears of each round as it starts.
-pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[f64])) -> Result<Report, ProbeError> {
+/// What the command hears while it measures.
+#[derive(Debug, Clone, Copy)]
+pub enum Progress<'a> {
+    /// A round starts with these planned ages.
+    Round { round: u32, ages: &'a [f64] },
+    /// A connection of the round gave its result.
+    Result {
+        round: u32,
+        /// Results of this round so far, of its connections.
+        done: usize,
+        of: usize,
+        /// What all results so far show.
+        finding: &'a Finding,
+        /// The round's last connection still worth waiting for ends
+        /// about this long from now.
+        round_ends_in: Duration,
+        /// Of `--budget`.
+        budget_left: Duration,
+    },
+}
+
+/// Run rounds until the search is done, the budget would be exceeded, or
+/// `stop` is set (Ctrl-C: the report then holds what is known so far).
+pub fn measure(
+    target: &Target,
+    limits: Limits,
+    stop: &AtomicBool,
+    progress: &mut dyn FnMut(Progress<'_>),
+) -> Result<Report, ProbeError> {
     let started = Instant::now();
     let mut search = Search::default();
     let mut ages = search::first_round(limits.up_to, limits.connections);
@@ -80,14 +111,31 @@ pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[
     let mut opened = 0;
     loop {
         round += 1;
-        progress(round, &ages);
-        let (results, first_error) = run_round(target, &ages, round, &mut search);
+        progress(Progress::Round { round, ages: &ages });
+        let mut on_result = |search: &Search, done: usize, pending_longest: f64, round_started: Instant| {
+            let finding = search.finding();
+            // A probe that leaves at its age is answered at once or ends
+            // after KEEPALIVE_COUNT more seconds.
+            let ends = Duration::from_secs_f64(pending_longest + 4.0).saturating_sub(round_started.elapsed());
+            progress(Progress::Result {
+                round,
+                done,
+                of: ages.len(),
+                finding: &finding,
+                round_ends_in: ends,
+                budget_left: limits.budget.saturating_sub(started.elapsed()),
+            });
+        };
+        let (results, first_error) = run_round(target, &ages, round, &mut search, stop, &mut on_result);
         opened += ages.len();
-        if round == 1 && results == 0 {
+        if round == 1 && results == 0 && !stop.load(Ordering::Relaxed) {
             return Err(match first_error {
                 Some(e) => ProbeError::Unreachable(e),
                 None => ProbeError::NoVerdict(ages.len()),
             });
+        }
+        if stop.load(Ordering::Relaxed) {
+            break;
         }
         let Some(next) = search.next_round(limits.connections) else { break };
         let longest = Duration::from_secs_f64(next.iter().copied().fold(0.0, f64::max) + 5.0);
@@ -104,15 +152,25 @@ pub fn measure(target: &Target, limits: Limits, progress: &mut dyn FnMut(u32, &[
         elapsed_seconds: started.elapsed().as_secs_f64(),
         connections: opened,
         rounds: round,
+        interrupted: stop.load(Ordering::Relaxed),
         probes: search.probes().to_vec(),
         path: Vec::new(),
     })
 }
 
 /// One round: a thread per connection; a connection whose age is past
-/// one already found dead is cancelled (its verdict could add nothing).
+/// one already found dead is cancelled (its verdict could add nothing), and
+/// all are when `stop` is set. `on_result` hears of each result.
 /// Returns how many connections gave a verdict, and the first open error.
-fn run_round(target: &Target, ages: &[f64], round: u32, search: &mut Search) -> (usize, Option<OpenError>) {
+fn run_round(
+    target: &Target,
+    ages: &[f64],
+    round: u32,
+    search: &mut Search,
+    stop: &AtomicBool,
+    on_result: &mut dyn FnMut(&Search, usize, f64, Instant),
+) -> (usize, Option<OpenError>) {
+    let started = Instant::now();
     let (tx, rx) = mpsc::channel();
     let cancels: Vec<(f64, Arc<AtomicBool>)> = ages.iter().map(|&a| (a, Arc::new(AtomicBool::new(false)))).collect();
     std::thread::scope(|s| {
@@ -125,8 +183,21 @@ fn run_round(target: &Target, ages: &[f64], round: u32, search: &mut Search) -> 
             });
         }
         drop(tx);
-        let (mut verdicts, mut first_error) = (0, None);
-        for (age, result) in rx {
+        let (mut verdicts, mut first_error, mut done) = (0, None, 0);
+        let mut pending: Vec<f64> = ages.to_vec();
+        loop {
+            let (age, result) = match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(got) => got,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    if stop.load(Ordering::Relaxed) {
+                        for (_, cancel) in &cancels {
+                            cancel.store(true, Ordering::Relaxed);
+                        }
+                    }
+                    continue;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break,
+            };
             let outcome = match result {
                 Ok(outcome) => outcome,
                 Err(e) => {
@@ -140,9 +211,15 @@ fn run_round(target: &Target, ages: &[f64], round: u32, search: &mut Search) -> 
             search.record(Probe { round, planned_seconds: age, outcome });
             for (a, cancel) in &cancels {
                 if !search.worth_waiting(*a) {
-                    cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+                    cancel.store(true, Ordering::Relaxed);
                 }
             }
+            done += 1;
+            if let Some(i) = pending.iter().position(|p| p.to_bits() == age.to_bits()) {
+                pending.swap_remove(i);
+            }
+            let longest = pending.iter().copied().filter(|a| search.worth_waiting(*a)).fold(0.0, f64::max);
+            on_result(search, done, longest, started);
         }
         (verdicts, first_error)
     })

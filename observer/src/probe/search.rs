@@ -11,7 +11,7 @@ use serde::Serialize;
 /// upper end, or within [`FLOOR`].
 pub const WITHIN: f64 = 0.05;
 /// The narrowest bracket worth another round, seconds.
-pub const FLOOR: f64 = 0.5;
+pub const FLOOR: f64 = 0.2;
 /// The first round's smallest age, seconds.
 pub const SHORTEST: f64 = 1.0;
 

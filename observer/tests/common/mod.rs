@@ -668,7 +668,7 @@ pub fn start_nginx_with(
         format!(
             "daemon off; master_process off; worker_processes 1; pid {d}/nginx.pid; error_log {d}/error.log;\n\
              events {{ worker_connections 256; }}\n\
-             http {{ access_log off; keepalive_timeout {keepalive_s}s;\n\
+             http {{ access_log {d}/access.log; keepalive_timeout {keepalive_s}s;\n\
                server {{ listen {v4}:{port} {listen_extra}; location / {{ return 200 \"ok\\n\"; }} }} }}\n",
             d = dir.display(),
             v4 = topo.server_v4

@@ -153,7 +153,7 @@ proptest! {
         let f = search.finding();
         let (lo, hi) = (f.lower_seconds, f.upper_seconds.unwrap());
         prop_assert!(lo < silent && silent <= hi, "[{}, {}] for {}", lo, hi, silent);
-        prop_assert!(hi - lo <= 0.5 || hi - lo <= 0.05 * hi, "[{}, {}]", lo, hi);
+        prop_assert!(hi - lo <= 0.2 || hi - lo <= 0.05 * hi, "[{}, {}]", lo, hi);
         prop_assert!(rounds <= 12, "{} rounds", rounds);
     }
 }
