@@ -86,18 +86,27 @@ impl Machine {
             .spawn()
             .context("spawning systemd-nspawn (Debian: systemd-container)")?;
         let mut m = Self { nspawn, init: 0, _mounts: mounts, dir };
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let deadline = Instant::now() + Duration::from_mins(1);
+        // The container's PID 1 is systemd itself, a child of nspawn whose
+        // own namespace numbers it 1 (nspawn's intermediate child is not).
         while m.init == 0 {
-            m.init = common::sh(&format!("pgrep -P {}", m.nspawn.id())).map_or(0, |s| s.trim().parse().unwrap_or(0));
+            m.init = container_init(m.nspawn.id()).unwrap_or(0);
             if let Some(status) = m.nspawn.try_wait()? {
                 bail!("systemd-nspawn exited ({status}): {}", m.console());
             }
-            ensure!(Instant::now() < deadline, "no container init after 30 s: {}", m.console());
+            ensure!(Instant::now() < deadline, "no container init after 60 s: {}", m.console());
             std::thread::sleep(Duration::from_millis(100));
         }
-        // `running` or `degraded`: booted either way.
-        let state = m.run("systemctl is-system-running --wait || true")?;
-        ensure!(matches!(state.trim(), "running" | "degraded"), "systemd says {state}: {}", m.console());
+        // `running` or `degraded`: booted either way. Until systemd answers
+        // on its bus, systemctl fails; ask again.
+        loop {
+            let state = m.run("systemctl is-system-running --wait 2>&1 || true")?;
+            if matches!(state.trim(), "running" | "degraded") {
+                break;
+            }
+            ensure!(Instant::now() < deadline, "systemd says {state}: {}", m.console());
+            std::thread::sleep(Duration::from_millis(500));
+        }
         Ok(m)
     }
 
@@ -190,6 +199,18 @@ impl Drop for Machine {
         let _ = self.nspawn.kill();
         let _ = self.nspawn.wait();
     }
+}
+
+/// The host PID of the container's systemd: a child of `nspawn` named
+/// `systemd` whose last `NSpid` is 1.
+fn container_init(nspawn: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{nspawn}/task/{nspawn}/children")).ok()?;
+    children.split_whitespace().filter_map(|p| p.parse::<u32>().ok()).find(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|st| {
+            st.lines().any(|l| l == "Name:\tsystemd")
+                && st.lines().any(|l| l.starts_with("NSpid:") && l.split_whitespace().last() == Some("1"))
+        })
+    })
 }
 
 /// Lazy unmounts, in order, on drop.
