@@ -12,6 +12,21 @@ use std::{
 /// are a few KiB).
 pub const MAX_TEXT_BYTES: u64 = 1 << 20;
 
+/// The file's bytes, at most `max` of them; more is an `InvalidData`
+/// error that says so.
+///
+/// # Errors
+///
+/// The file cannot be opened or read, or is larger than `max` bytes.
+pub fn read_bytes(path: &Path, max: u64) -> std::io::Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?.take(max.saturating_add(1)).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > max {
+        return Err(Error::new(ErrorKind::InvalidData, format!("larger than {max} bytes, which no such file is")));
+    }
+    Ok(bytes)
+}
+
 /// The file's text, at most `max` bytes; larger is an `InvalidData`
 /// error that says so.
 ///
@@ -20,12 +35,7 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 20;
 /// The file cannot be opened or read, is not UTF-8, or is larger than
 /// `max` bytes.
 pub fn read_text(path: &Path, max: u64) -> std::io::Result<String> {
-    let mut text = String::new();
-    std::fs::File::open(path)?.take(max.saturating_add(1)).read_to_string(&mut text)?;
-    if text.len() as u64 > max {
-        return Err(Error::new(ErrorKind::InvalidData, format!("larger than {max} bytes, which no such file is")));
-    }
-    Ok(text)
+    String::from_utf8(read_bytes(path, max)?).map_err(|e| Error::new(ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]

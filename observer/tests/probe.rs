@@ -32,6 +32,15 @@ while True:
     threading.Thread(target=serve, args=(c,), daemon=True).start()
 "#;
 
+/// An echo server on loopback that never closes an idle connection (no
+/// root needed), and its port.
+fn loopback_echo() -> Result<((Killed, tempfile::TempPath), u16)> {
+    let echo = common::script(ECHO_SERVER)?;
+    let port = common::server_port()?;
+    let server = start_server_here(&format!("python3 {} 127.0.0.1 {port}", echo.display()))?;
+    Ok(((server, echo), port))
+}
+
 /// `observer probe ARGS --format json` in `ns` (or here), its JSON and
 /// exit code. It runs as `nobody` when the test runs as root: the command
 /// needs no privilege.
@@ -178,9 +187,7 @@ fn a_silent_drop_is_bracketed_by_keepalive_probes() -> Result<()> {
 /// Nothing closes within `--up-to`: exit 1, `how` none. No root needed.
 #[test]
 fn nothing_closing_within_up_to_exits_1() -> Result<()> {
-    let echo = common::script(ECHO_SERVER)?;
-    let port = common::server_port()?;
-    let _s = start_server_here(&format!("python3 {} 127.0.0.1 {port}", echo.display()))?;
+    let (_s, port) = loopback_echo()?;
     let (j, out) = probe(None, &format!("127.0.0.1:{port} --tcp --up-to 2s --connections 2"))?;
     ensure!(out.status.code() == Some(1), "exit {:?}: {j:#}", out.status.code());
     ensure!(j["how"] == "none" && j["upper_seconds"].is_null(), "{j:#}");
@@ -277,9 +284,7 @@ fn haproxy_keep_alive_timeout_is_measured_at_its_fin() -> Result<()> {
 /// named. No root needed.
 #[test]
 fn a_tls_failure_exits_2_naming_the_handshake() -> Result<()> {
-    let echo = common::script(ECHO_SERVER)?;
-    let port = common::server_port()?;
-    let _s = start_server_here(&format!("python3 {} 127.0.0.1 {port}", echo.display()))?;
+    let (_s, port) = loopback_echo()?;
     let (_, out) = probe(None, &format!("127.0.0.1:{port} --tls --up-to 2s --connections 1"))?;
     let err = String::from_utf8_lossy(&out.stderr);
     ensure!(out.status.code() == Some(2), "exit {:?}: {err}", out.status.code());
@@ -291,9 +296,7 @@ fn a_tls_failure_exits_2_naming_the_handshake() -> Result<()> {
 /// is known so far. No root needed.
 #[test]
 fn ctrl_c_prints_what_is_known_so_far() -> Result<()> {
-    let echo = common::script(ECHO_SERVER)?;
-    let port = common::server_port()?;
-    let _s = start_server_here(&format!("python3 {} 127.0.0.1 {port}", echo.display()))?;
+    let (_s, port) = loopback_echo()?;
     let child = Command::new(*OBSERVER)
         .args(["probe", &format!("127.0.0.1:{port}"), "--tcp", "--up-to", "60s", "--quiet", "--format", "json"])
         .stdout(std::process::Stdio::piped())

@@ -23,10 +23,7 @@ pub fn command(cmd: &PathCommand) -> ExitCode {
             }
         },
         PathCommand::Check(args) => {
-            let result = crate::files::read_text(&args.file, crate::files::MAX_TEXT_BYTES)
-                .map_err(|e| format!("reading {}: {e}", args.file.display()))
-                .and_then(|src| super::parse(&src).map_err(|e| format!("{}: {e}", args.file.display())));
-            let hops = match result {
+            let hops = match super::load(&args.file) {
                 Ok(h) => h,
                 Err(e) => {
                     eprintln!("observer: error: {e}");

@@ -192,6 +192,14 @@ fn line_of(src: &str, offset: usize) -> usize {
     src[..offset.min(src.len())].bytes().filter(|&b| b == b'\n').count() + 1
 }
 
+/// A path file read (at most [`crate::files::MAX_TEXT_BYTES`]) and
+/// parsed; the error names the file.
+pub fn load(file: &std::path::Path) -> Result<Vec<Hop>, String> {
+    let src = crate::files::read_text(file, crate::files::MAX_TEXT_BYTES)
+        .map_err(|e| format!("reading {}: {e}", file.display()))?;
+    parse(&src).map_err(|e| format!("{}: {e}", file.display()))
+}
+
 /// Parse a path file.
 pub fn parse(src: &str) -> Result<Vec<Hop>, PathError> {
     let raw: RawFile = toml::from_str(src).map_err(|e| PathError::Syntax(e.to_string().trim_end().to_owned()))?;

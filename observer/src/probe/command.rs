@@ -47,16 +47,14 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
     unsafe {
         libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
     }
-    let mut report = match super::measure(&target, limits, &STOP, &mut progress) {
+    let mut report = match super::measure(&args.destination, &target, limits, &STOP, &mut progress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("observer: error: {}: {e}", printable(&args.destination));
             return ExitCode::from(2);
         }
     };
-    report.destination.clone_from(&args.destination);
     report.path = super::declared::compare(&hops, &report.finding);
-    first_exchange_name(&target).clone_into(&mut report.first_exchange);
     match args.format {
         Output::Json => match serde_json::to_string_pretty(&report) {
             Ok(j) => println!("{j}"),
@@ -83,7 +81,7 @@ extern "C" fn on_sigint(_: libc::c_int) {
 
 /// Seconds for a progress line: `1`, `1.5`, `44.631`.
 fn short(s: f64) -> String {
-    format!("{s:.3}").trim_end_matches('0').trim_end_matches('.').to_owned()
+    super::search::millis(s).to_string()
 }
 
 /// One line on standard error: the round's ages, then after each result
@@ -138,12 +136,11 @@ fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
     } else if let Some(file) = &args.request {
         let bytes = read_request(file)?;
         First::Request(bytes)
-    } else if args.tls || (!args.tcp && addr.port() == 443) {
-        First::Nothing
     } else {
-        First::Tcp
+        First::Handshake
     };
-    let tls_wanted = args.tls || (!args.tcp && args.http.is_none() && args.request.is_none() && addr.port() == 443);
+    // TLS when asked, and by default for a handshake on 443.
+    let tls_wanted = args.tls || (!args.tcp && first == First::Handshake && addr.port() == 443);
     let tls = if tls_wanted { Some(tls::config().map_err(|e| format!("setting up TLS: {e}"))?) } else { None };
     let budget = args.budget.unwrap_or(Duration::from_secs_f64(up_to * 3.0));
     let connections = usize::try_from(args.connections).unwrap_or(8);
@@ -153,35 +150,16 @@ fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
 /// The hops of `--path FILE` (none without it).
 fn declared_hops(args: &ProbeArgs) -> Result<Vec<crate::path::Hop>, String> {
     let Some(file) = &args.path else { return Ok(Vec::new()) };
-    let src = crate::files::read_text(file, crate::files::MAX_TEXT_BYTES)
-        .map_err(|e| format!("--path {}: {e}", file.display()))?;
-    crate::path::parse(&src).map_err(|e| format!("--path {}: {e}", file.display()))
+    crate::path::load(file).map_err(|e| format!("--path {e}"))
 }
 
 fn read_request(file: &std::path::Path) -> Result<Vec<u8>, String> {
-    use std::io::Read as _;
-    let mut bytes = Vec::new();
-    std::fs::File::open(file)
-        .and_then(|f| f.take(MAX_REQUEST_BYTES + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("--request {}: {e}", file.display()))?;
-    if bytes.is_empty() || bytes.len() as u64 > MAX_REQUEST_BYTES {
-        return Err(format!(
-            "--request {}: give the first request's bytes, 1 to {MAX_REQUEST_BYTES} of them",
-            file.display()
-        ));
+    let bytes =
+        crate::files::read_bytes(file, MAX_REQUEST_BYTES).map_err(|e| format!("--request {}: {e}", file.display()))?;
+    if bytes.is_empty() {
+        return Err(format!("--request {}: empty; give the first request's bytes", file.display()));
     }
     Ok(bytes)
-}
-
-fn first_exchange_name(target: &Target) -> &'static str {
-    match (&target.first, target.tls.is_some()) {
-        (First::Tcp, _) => "tcp",
-        (First::Nothing, _) => "tls",
-        (First::Http(_), false) => "http",
-        (First::Http(_), true) => "https",
-        (First::Request(_), false) => "request",
-        (First::Request(_), true) => "tls+request",
-    }
 }
 
 /// The human answer: what closes the path's idle connections, the fix,

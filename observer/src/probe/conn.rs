@@ -25,7 +25,7 @@ use std::{
 
 use rustls::{pki_types::ServerName, ClientConnection, StreamOwned};
 
-use super::search::{Close, Outcome};
+use super::search::{millis, Close, Outcome};
 
 /// Connect and first-exchange deadline.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -57,14 +57,12 @@ const MAX_RESPONSE: usize = 1 << 20;
 /// pool's idle connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum First {
-    /// The TCP handshake only.
-    Tcp,
+    /// The handshake only: TCP's, and TLS's with `Target::tls`.
+    Handshake,
     /// An HTTP/1.1 `GET` of this path with `Host`, its response read whole.
     Http(String),
     /// These bytes, then whatever the server answers until it is quiet.
     Request(Vec<u8>),
-    /// Nothing after the handshake (the TLS handshake alone with `tls`).
-    Nothing,
 }
 
 /// Where and how to open each connection.
@@ -75,6 +73,22 @@ pub struct Target {
     pub name: String,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub first: First,
+}
+
+impl Target {
+    /// How the first exchange is named in the output: `tcp`, `tls`,
+    /// `http`, `https`, `request` or `tls+request`.
+    #[must_use]
+    pub fn exchange_name(&self) -> &'static str {
+        match (&self.first, self.tls.is_some()) {
+            (First::Handshake, false) => "tcp",
+            (First::Handshake, true) => "tls",
+            (First::Http(_), false) => "http",
+            (First::Http(_), true) => "https",
+            (First::Request(_), false) => "request",
+            (First::Request(_), true) => "tls+request",
+        }
+    }
 }
 
 /// Why a connection could not be used.
@@ -147,7 +161,7 @@ impl Wire for StreamOwned<ClientConnection, TcpStream> {
 /// The first exchange on `stream`; when its last byte was received.
 fn exchange(stream: &mut impl Wire, target: &Target) -> Result<Option<Instant>, OpenError> {
     match &target.first {
-        First::Tcp | First::Nothing => Ok(None),
+        First::Handshake => Ok(None),
         First::Http(path) => {
             let request = format!(
                 "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: observer-probe/{}\r\nAccept: */*\r\n\r\n",
@@ -264,10 +278,10 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 /// is set.
 ///
 /// The probe leaves when we say, not when the kernel's keep-alive timer
-/// fires: that timer sits on the timer wheel, which rounds long timers up
-/// (by 16 s at 134 s on a 250 Hz kernel), so a probe planned at 44 s was
-/// seen to leave past a 45 s conntrack timeout while data at 44.8 s still
-/// passed. Keep-alive is armed with the longest idle time (9 h); at the
+/// fires: that timer sits on the timer wheel, which fires long timers late
+/// (planned at 20, 44 and 134 s, answered at 21.6, 44.1 and 138.3 s here),
+/// so a probe planned at 44 s found a 45 s conntrack timeout's flow gone
+/// while data at 44.8 s still passed. Keep-alive is armed with the longest idle time (9 h); at the
 /// planned age, lowering `TCP_KEEPIDLE` below the idle time already spent
 /// makes the kernel send the probe at once.
 #[must_use]
@@ -358,7 +372,7 @@ pub fn watch(opened: Opened, age: f64, cancel: &AtomicBool) -> Outcome {
 
 /// Seconds, to the millisecond (the clocks here are no finer).
 fn ms(d: Duration) -> f64 {
-    (d.as_secs_f64() * 1000.0).round() / 1000.0
+    millis(d.as_secs_f64())
 }
 
 /// `TCP_KEEPIDLE` in seconds: below the idle time already spent, the

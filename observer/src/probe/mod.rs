@@ -96,9 +96,11 @@ pub enum Progress<'a> {
     },
 }
 
-/// Run rounds until the search is done, the budget would be exceeded, or
-/// `stop` is set (Ctrl-C: the report then holds what is known so far).
+/// Run rounds against `destination` (as the user wrote it) until the
+/// search is done, the budget would be exceeded, or `stop` is set (Ctrl-C:
+/// the report then holds what is known so far).
 pub fn measure(
+    destination: &str,
     target: &Target,
     limits: Limits,
     stop: &AtomicBool,
@@ -145,9 +147,9 @@ pub fn measure(
         ages = next;
     }
     Ok(Report {
-        destination: String::new(),
+        destination: destination.to_owned(),
         address: target.addr.to_string(),
-        first_exchange: String::new(),
+        first_exchange: target.exchange_name().to_owned(),
         finding: search.finding(),
         elapsed_seconds: started.elapsed().as_secs_f64(),
         connections: opened,

@@ -121,7 +121,7 @@ pub fn first_round(up_to: f64, n: usize) -> Vec<f64> {
 }
 
 /// Rounded to the millisecond (what the output shows).
-fn millis(s: f64) -> f64 {
+pub(crate) fn millis(s: f64) -> f64 {
     (s * 1000.0).round() / 1000.0
 }
 

@@ -29,6 +29,7 @@ mod hooks;
 mod iter;
 mod kernel;
 mod losses;
+mod netns;
 mod watch;
 
 #[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
@@ -189,12 +190,8 @@ pub struct Probes {
     iter_link: std::os::fd::OwnedFd,
     /// The dead sockets processes hold (`DOOMED`: socket id -> record).
     doomed: HashMap<MapData, u64, DoomedRecord>,
-    /// Whether reading other network namespaces' sockets was refused (logged once).
-    netns_refused: std::sync::atomic::AtomicBool,
     /// Network namespaces whose listeners were walked (`WALKED_NETNS`).
-    walked_netns: HashMap<MapData, u32, u8>,
-    /// Namespaces that could not be entered there (the first is logged).
-    walked_full: u64,
+    walked: netns::Walked,
     /// What the `CLOSED_IDLE` LRU map evicted.
     evictions: std::sync::Mutex<losses::Evictions>,
     /// Owns the programs and their links: dropping it detaches everything.
@@ -301,16 +298,14 @@ impl Probes {
         let iter_link =
             iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
         let doomed = take_map(&mut ebpf, maps::DOOMED)?;
-        let walked_netns = take_map(&mut ebpf, maps::WALKED_NETNS)?;
+        let walked = netns::Walked::new(take_map(&mut ebpf, maps::WALKED_NETNS)?);
         let closed_idle = take_map(&mut ebpf, maps::CLOSED_IDLE)?;
         let ring = take_map(&mut ebpf, maps::EVENTS)?;
         let counters = take_map(&mut ebpf, maps::COUNTERS)?;
         Ok(Self {
             iter_link,
             doomed,
-            netns_refused: std::sync::atomic::AtomicBool::new(false),
-            walked_netns,
-            walked_full: 0,
+            walked,
             evictions: std::sync::Mutex::new(losses::Evictions::new(closed_idle)),
             ebpf,
             failed_writes,
@@ -458,7 +453,7 @@ impl Probes {
             reuse_unresolved: sum(counter::REUSE_UNRESOLVED)?,
             doomed_full: sum(counter::DOOMED_FULL)?,
             listeners_full: sum(counter::LISTENERS_FULL)?,
-            walked_netns_full: self.walked_full,
+            walked_netns_full: self.walked.full,
             closed_idle_evicted,
             recursion_misses: losses::recursion_misses(&self.ebpf),
             failed_write_unseen: sum(counter::FAILED_WRITE_UNSEEN)?,
@@ -476,63 +471,25 @@ impl Probes {
     pub fn for_each_socket(&mut self, mut f: impl FnMut(&SockRecord)) -> Result<usize, BpfError> {
         let mut n =
             iter::stream(iter::create(&self.iter_link).map_err(BpfError::Iter)?, &mut f).map_err(BpfError::Iter)?;
-        self.walked(iter::own_netns());
+        self.walked.walked(iter::own_netns());
         let others = iter::other_netns();
         if let Some((path, e)) = &others.refused {
-            self.netns_refused_once(&format!("reading {}: {e}", path.display()));
+            self.walked.refused_once(&format!("reading {}: {e}", path.display()));
         }
-        self.forget_gone_netns(&others.found);
+        self.walked.forget_gone(&others.found);
         for (ns, inode) in others.found {
             match iter::create_in(&ns, &self.iter_link) {
                 Ok(file) => {
                     n += iter::stream(file, &mut f).map_err(BpfError::Iter)?;
-                    self.walked(inode);
+                    self.walked.walked(inode);
                 }
                 Err(e) => {
-                    self.netns_refused_once(&format!("entering {}: {e}", ns.display()));
+                    self.walked.refused_once(&format!("entering {}: {e}", ns.display()));
                     break;
                 }
             }
         }
         Ok(n)
-    }
-
-    /// Say once that other network namespaces are out of the at-risk
-    /// view, and what it takes to see them.
-    fn netns_refused_once(&self, what: &str) {
-        if !self.netns_refused.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            log::warn!(
-                "the at-risk view may cover this network namespace only: {what} (finding other namespaces in other users' /proc/PID/ns/net takes CAP_SYS_PTRACE, entering them CAP_SYS_ADMIN)"
-            );
-        }
-    }
-
-    /// The iterator walked network namespace `inode` to its end, so every
-    /// listener in it is in `LISTENERS` now (see `role::of_adopted`). A
-    /// full table leaves the namespace to the ports' rule.
-    fn walked(&mut self, inode: u64) {
-        let Ok(inode) = u32::try_from(inode) else { return };
-        if inode == 0 || self.walked_netns.get(&inode, 0).is_ok() {
-            return;
-        }
-        if let Err(e) = self.walked_netns.insert(inode, 1, 0) {
-            if self.walked_full == 0 {
-                log::warn!("network namespace {inode}: not entered in the walked table ({e}); its sockets older than observer take their role from the ports");
-            }
-            self.walked_full += 1;
-        }
-    }
-
-    /// Namespaces no process uses any more leave the walked table, so it
-    /// holds the namespaces in use, not every one ever seen.
-    fn forget_gone_netns(&mut self, others: &[(std::path::PathBuf, u64)]) {
-        let present: std::collections::HashSet<u64> =
-            others.iter().map(|(_, inode)| *inode).chain([iter::own_netns()]).collect();
-        let gone: Vec<u32> =
-            self.walked_netns.keys().filter_map(Result::ok).filter(|k| !present.contains(&u64::from(*k))).collect();
-        for k in gone {
-            let _ = self.walked_netns.remove(&k);
-        }
     }
 
     /// Call `f` on every client socket that is dead while a process still
