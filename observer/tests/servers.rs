@@ -169,6 +169,7 @@ def connect():
 def exchange(s):
     q = b"SELECT 1\0"
     s.sendall(b"Q" + struct.pack("!I", 4 + len(q)) + q)
+    wrote(s)
     until_ready(s)
 def local(s):
     return s.getsockname()[:2]

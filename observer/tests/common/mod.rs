@@ -520,6 +520,16 @@ pub fn client_records(stdout: &str) -> Result<Vec<ClientReuse>> {
 /// wire, and under QEMU's TCG a Python read can return long after its data
 /// arrived (seen once in CI: 4.198 s on the wire, 4.004 s by the client's
 /// clock).
+///
+/// And `sent(c, t)`, called right after a write: when the last data left
+/// socket `c`, from `tcpi_last_data_sent` (offset 44; a retransmission
+/// moves it too, so it is read at once, long before any RTO), but never
+/// before `t`, the client's clock just before it wrote. The reuse's idle
+/// age ends there: under TCG a Python write can reach the kernel long after
+/// the client read its clock (seen once in CI: 1.625 s on the wire, 1.507 s
+/// by the client's clock). A write that failed keeps `t`. `wrote(c)` is
+/// the same for the `exchange(c)` of `reuse_loop!`, which calls it after
+/// its request is written.
 macro_rules! arrived_fn {
     () => {
         r#"
@@ -528,6 +538,18 @@ def arrived(c):
     s = getattr(c, "sock", c)
     info = s.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, 104)
     return _time.monotonic() - _struct.unpack_from("I", info, 52)[0] / 1000.0
+def sent(c, t):
+    s = getattr(c, "sock", c)
+    if s is None:
+        return t
+    try:
+        info = s.getsockopt(_socket.IPPROTO_TCP, _socket.TCP_INFO, 104)
+    except OSError:
+        return t
+    return max(t, _time.monotonic() - _struct.unpack_from("I", info, 44)[0] / 1000.0)
+_wrote = [None]
+def wrote(c):
+    _wrote[0] = sent(c, 0.0)
 "#
     };
 }
@@ -562,6 +584,7 @@ for g in gaps:
     rec = {"gap": g, "idle": t - last, "local": s.getsockname()[:2], "remote": s.getpeername()[:2]}
     try:
         s.sendall(b"ping")
+        rec["idle"] = sent(s, t) - last
         d = s.recv(100)
         rec["result"] = "ok" if d else "eof"
     except socket.timeout:
@@ -580,7 +603,8 @@ s.close()
 );
 
 /// The loop of the reconnecting clients, after their prelude defines
-/// `gaps`, `connect()`, `exchange(c)`, `local(c)` and `EOF_ERRORS`: reuse
+/// `gaps`, `connect()`, `exchange(c)` (calling `wrote(c)` once its request
+/// is written), `local(c)` and `EOF_ERRORS`: reuse
 /// the connection after each gap, print one JSON line per reuse (the
 /// client's own idle measurement and the result), and after a failure go
 /// on with a fresh connection (one fresh exchange first).
@@ -596,6 +620,7 @@ for g in gaps:
     time.sleep(max(0.0, last + g - time.monotonic()))
     t = time.monotonic()
     rec = {"gap": g, "idle": t - last, "local": local(c)}
+    _wrote[0] = None
     try:
         exchange(c)
         rec["result"] = "ok"
@@ -603,6 +628,8 @@ for g in gaps:
         rec["result"] = "eof"
     except (ConnectionResetError, BrokenPipeError):
         rec["result"] = "reset"
+    if _wrote[0] is not None:
+        rec["idle"] = max(t, _wrote[0]) - last
     print(json.dumps(rec), flush=True)
     if rec["result"] != "ok":
         c.close()
@@ -630,6 +657,7 @@ def connect():
     return c
 def exchange(c):
     c.request("GET", "/")
+    wrote(c)
     r = c.getresponse()
     r.read()
 def local(c):
