@@ -41,6 +41,7 @@ use std::{
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::{Observation, Observed},
+    diagnosis::probed::ProbeEvidence,
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
     kernel::hello::Protocol,
 };
@@ -278,6 +279,28 @@ impl Aggregator {
         Some(Ingested { id: key.id(), obs: o })
     }
 
+    /// Take what `observer probe` measured for a row (the latest one
+    /// counts): the row is made when it has none yet, since the probe's
+    /// own connections never make one. A probe older than the window, or
+    /// older than the one the row holds, changes nothing.
+    pub fn add_probe(&mut self, p: &ProbeEvidence) {
+        if p.id.role != Role::Client || p.ts_unix_ns.saturating_add(self.config.window_ns) < self.latest_ns {
+            return;
+        }
+        let Ok(addr) = p.id.destination.parse::<SocketAddr>() else { return };
+        // A probe is an event of its row too: the row's clock moves to it.
+        self.latest_ns = self.latest_ns.max(p.ts_unix_ns);
+        let key = self.slot(addr, Role::Client, self.netns_of(p.id.netns.unwrap_or(0)));
+        if key.dest == Destination::Other {
+            return;
+        }
+        let window = self.config.window_ns;
+        let st = self.dests.entry(key).or_insert_with(|| DestState::new(window));
+        if st.probe.as_ref().is_none_or(|old| old.ts_unix_ns <= p.ts_unix_ns) {
+            st.probe = Some(ProbeEvidence { id: key.id(), ..p.clone() });
+        }
+    }
+
     /// Bring the table to `now_ns`: commit held peer closes, expire
     /// evidence and drop rows that have none left.
     pub fn tick(&mut self, now_ns: u64) {
@@ -296,7 +319,10 @@ impl Aggregator {
         self.changes.extend(changes);
         self.restarts.extend(restart);
         st.ev.expire(now);
-        if !(st.ev.is_empty() && st.pending.is_empty()) {
+        if st.probe.as_ref().is_some_and(|p| p.ts_unix_ns.saturating_add(self.config.window_ns) < now) {
+            st.probe = None;
+        }
+        if !(st.ev.is_empty() && st.pending.is_empty() && st.probe.is_none()) {
             return true;
         }
         self.dests.remove(&key);

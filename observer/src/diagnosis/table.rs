@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::names::named;
 
-use crate::{kernel::event::Role, kernel::owner::Owner};
+use crate::{diagnosis::probed::ProbeEvidence, kernel::event::Role, kernel::owner::Owner};
 
 /// A destination's address, or the overflow row past the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -146,6 +146,10 @@ named! {
         /// checks): valid for every hop, and the connections never went
         /// longer without one, so nothing longer is known.
         Pings => "pings",
+        /// `observer probe`'s connections: each kept silent until its one
+        /// keep-alive probe, the first packet after its idle age, was
+        /// answered (see the row's `probe`): valid for every hop.
+        Probe => "probe",
     }
 }
 
@@ -217,6 +221,15 @@ pub struct DestinationRow {
     /// Which survivals the lower bound rests on (null without one).
     #[serde(default)]
     pub path_lower_basis: Option<LowerBasis>,
+    /// The latest `observer probe` of this destination within the window
+    /// (null: none).
+    #[serde(default)]
+    pub probe: Option<ProbeEvidence>,
+    /// The path estimate rests on that probe (its bracket narrowed the
+    /// interval); false when the passive evidence already proved as much,
+    /// or contradicts it (then it is shown, not used).
+    #[serde(default)]
+    pub probe_used: bool,
     /// A timeout enforced by a sweep or a coarse clock: the band of its
     /// peer closes, `[earliest, latest]` (null: a sharp timeout). The point
     /// and the recommendation then come from the earliest edge.

@@ -55,6 +55,9 @@ pub struct ClientFindings {
     /// Failed reuses at or above the interval's cut.
     pub consistent_failures: usize,
     pub failure_mode: Option<FailureMode>,
+    /// What `observer probe` measured, when the interval rests on it
+    /// ("FIN at 2.001 s").
+    pub probe: Option<String>,
 }
 
 /// What the evidence of a server row established.
@@ -133,6 +136,9 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
             ", the largest idle age proven to survive, by pings only{}: the connections never went longer without one",
             every(f.ping_every)
         ),
+        (None, Some(LowerBasis::Probe)) => {
+            format!(", measured by observer probe: {}", f.probe.as_deref().unwrap_or("its connections"))
+        }
         (None, _) => ", the largest idle age proven to survive".to_owned(),
     };
     let recommendation = match (verdict, recommended, path) {
@@ -151,6 +157,10 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
         ),
         (Verdict::Ok, _, _) => "none: the pool closes idle sockets before the path does".to_owned(),
         (_, Some(r), Some(p)) => format!("keep the pool idle timeout at most {r:.3} s (0.8 x the path's {p:.3} s{source})"),
+        _ if !timeout_seen && f.lower_basis == Some(LowerBasis::Probe) => format!(
+            "none: no idle timeout has shown on this path; observer probe's connections survived up to {:.3} s idle",
+            i.lower.unwrap_or_default()
+        ),
         _ if !timeout_seen && i.lower.is_some() => format!(
             "none: no idle timeout has shown on this path (no failed reuse, no peer idle close, no pool idle close); reuses survived up to {:.3} s idle{}",
             i.lower.unwrap_or_default(),

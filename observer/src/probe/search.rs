@@ -58,16 +58,9 @@ pub struct Probe {
     pub outcome: Outcome,
 }
 
-/// How the path ended idle connections, as far as the probes show.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum How {
-    Fin,
-    Rst,
-    SilentDrop,
-    /// Nothing closed within `--up-to`.
-    None,
-}
+/// How the path ended idle connections, as far as the probes show (the
+/// store and the daemon's rows name it too).
+pub use crate::diagnosis::probed::How;
 
 /// What the probes found: the JSON of `observer probe --format json`
 /// without its destination and timing (see `super::Report`).

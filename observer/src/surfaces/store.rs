@@ -22,6 +22,9 @@
 //! - One stored row that does not decode is skipped with a warning.
 //! - A directory it creates is 0700, a database it creates 0600; what
 //!   exists keeps its mode. Readers open it read-only (`open.rs`).
+//! - `observer probe` adds its result to the `probes` table of an
+//!   existing store (schema 3; schemas 1 and 2 are migrated in place by
+//!   the daemon); the daemon reads new ones as they come.
 //! - Every row carries its destination, role and network namespace (the
 //!   row identity of [`crate::diagnosis::table::RowId`]); schema 1 had no
 //!   namespace and is migrated in place on open: evidence and changes take
@@ -45,6 +48,7 @@ use rusqlite::{params, Connection};
 use crate::{
     diagnosis::aggregate::{destination_of, Change},
     diagnosis::evidence::Observed,
+    diagnosis::probed::ProbeEvidence,
     kernel::event::{clock_ns, EventKind, Role, SockEvent},
 };
 
@@ -59,8 +63,8 @@ pub use writer::*;
 
 /// Name of the database file in the data directory.
 pub const DB_FILE: &str = "evidence.sqlite";
-/// Schema 2: a `netns` column on every table.
-pub const SCHEMA_VERSION: i64 = 2;
+/// Schema 3: the `probes` table (schema 2: a `netns` column on every table).
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
@@ -71,18 +75,18 @@ pub enum StoreError {
         "opening the evidence store {path}: {error}; check the file and the permissions, or choose another --data-dir"
     )]
     Open { path: PathBuf, error: rusqlite::Error },
-    #[error("the evidence store {path} has schema version {found} (0: none), this observer understands 1 and {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
+    #[error("the evidence store {path} has schema version {found} (0: none), this observer understands 1 to {SCHEMA_VERSION}; use a matching observer or another --data-dir")]
     Schema { path: PathBuf, found: i64 },
-    #[error("migrating the evidence store {path} from schema 1 to {SCHEMA_VERSION}: {error}; the file is unchanged (the migration is one transaction): free disk space or choose another --data-dir")]
-    Migrate { path: PathBuf, error: rusqlite::Error },
+    #[error("migrating the evidence store {path} from schema {from} to {SCHEMA_VERSION}: {error}; the file is unchanged (each step is one transaction): free disk space or choose another --data-dir")]
+    Migrate { path: PathBuf, from: i64, error: rusqlite::Error },
     #[error("the evidence store {path} is not an SQLite database or is damaged ({error}); move the file aside (observer then starts a new store there) or choose another --data-dir")]
     Corrupt { path: PathBuf, error: rusqlite::Error },
     #[error("{path} is a database of another program (it has tables but no observer schema); observer leaves it untouched: choose another --data-dir")]
     Foreign { path: PathBuf },
     #[error("no evidence store at {path}: give the daemon's --data-dir (default /var/lib/observer), or a recording with --recording FILE")]
     Missing { path: PathBuf },
-    #[error("the evidence store {path} has schema 1, which only the daemon migrates (a reader never changes a store): run `observer run --data-dir` on it once, then read it")]
-    NotMigrated { path: PathBuf },
+    #[error("the evidence store {path} has schema {found}, which only the daemon migrates (a reader or a probe never changes a store): run `observer run --data-dir` on it once (a daemon of this version), then read it")]
+    NotMigrated { path: PathBuf, found: i64 },
     #[error("evidence store: {0}")]
     Sql(rusqlite::Error),
     #[error("evidence store: a stored record is not valid: {0}")]
@@ -142,6 +146,8 @@ impl Default for Limits {
 pub enum Record {
     Event(SockEvent),
     Change(Change),
+    /// What `observer probe` measured.
+    Probe(ProbeEvidence),
     /// New connections to one destination in one minute.
     Volume {
         minute: u64,
@@ -246,6 +252,9 @@ impl Store {
             let mut ch_stmt = tx.prepare_cached(
                 "INSERT INTO changes (ts_unix_ns, destination, role, netns, change) VALUES (?1, ?2, ?3, ?4, ?5)",
             )?;
+            let mut probe_stmt = tx.prepare_cached(
+                "INSERT INTO probes (ts_unix_ns, destination, role, netns, probe) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
             for r in records {
                 match r {
                     Record::Event(ev) => {
@@ -283,6 +292,16 @@ impl Store {
                             netns,
                             i64::try_from(*connections).unwrap_or(i64::MAX)
                         ])?;
+                    }
+                    Record::Probe(p) => {
+                        probe_stmt.execute(params![
+                            i64::try_from(p.ts_unix_ns).unwrap_or(i64::MAX),
+                            p.id.destination,
+                            p.id.role.as_str(),
+                            p.id.netns,
+                            serde_json::to_string(p)?
+                        ])?;
+                        n += 1;
                     }
                     Record::Change(c) => {
                         let ts = i64::try_from(c.ts_unix_ns).unwrap_or(i64::MAX);
@@ -373,6 +392,37 @@ impl Store {
         Ok(out)
     }
 
+    /// At most this many probes are read at once: the store keeps every
+    /// probe of the retention, and one reader must not hold them all.
+    pub const MAX_PROBES_READ: usize = 1024;
+
+    /// Probes stored after row `after_id` and since `since_ns`, oldest
+    /// first, each with its row id (the next call's `after_id`); at most
+    /// [`Self::MAX_PROBES_READ`]. One that does not decode is skipped.
+    pub fn probes_after(&self, after_id: i64, since_ns: u64) -> Result<Vec<(i64, ProbeEvidence)>, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let fail = |e| StoreError::of(&self.path, e);
+        let mut stmt = self
+            .conn
+            .prepare("SELECT id, probe FROM probes WHERE id > ?1 AND ts_unix_ns >= ?2 ORDER BY id LIMIT ?3")
+            .map_err(fail)?;
+        let limit = i64::try_from(Self::MAX_PROBES_READ).unwrap_or(i64::MAX);
+        let rows = stmt
+            .query_map(params![after_id, since, limit], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+            .map_err(fail)?;
+        let mut out = Vec::new();
+        for r in rows {
+            let (id, json) = r.map_err(fail)?;
+            match serde_json::from_str(&json) {
+                Ok(p) => out.push((id, p)),
+                Err(e) => {
+                    warn!("evidence store {}: skipping a stored probe that does not decode: {e}", self.path.display());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// New connections per minute for a destination, per role and namespace.
     pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<VolumeCount>, StoreError> {
         let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);
@@ -426,6 +476,7 @@ impl Store {
         let mut pruned = Pruned::default();
         let n = self.conn.execute("DELETE FROM evidence WHERE ts_unix_ns < ?1", [cutoff])?;
         self.conn.execute("DELETE FROM changes WHERE ts_unix_ns < ?1", [cutoff])?;
+        self.conn.execute("DELETE FROM probes WHERE ts_unix_ns < ?1", [cutoff])?;
         self.conn.execute("DELETE FROM volume WHERE minute < ?1", [cutoff / 60_000_000_000])?;
         pruned.by_age = n as u64;
         self.compact()?;
@@ -438,9 +489,12 @@ impl Store {
         while self.live_bytes()? > limits.max_bytes && rounds < 64 {
             // Every table counts toward the limit: the oldest tenth of each.
             let mut deleted = 0;
-            for (table, order) in
-                [("evidence", "ts_unix_ns, id"), ("changes", "ts_unix_ns, id"), ("volume", "minute, destination, role")]
-            {
+            for (table, order) in [
+                ("evidence", "ts_unix_ns, id"),
+                ("changes", "ts_unix_ns, id"),
+                ("probes", "ts_unix_ns, id"),
+                ("volume", "minute, destination, role"),
+            ] {
                 let total: i64 = self.conn.query_row(&format!("SELECT COUNT(*) FROM {table}"), [], |r| r.get(0))?;
                 if total == 0 {
                     continue;

@@ -7,6 +7,7 @@ use super::{interval_of, DestState};
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::IDLE_BUCKETS,
+    diagnosis::probed::{self, Merged, ProbeEvidence},
     diagnosis::table::{Bucket, DestKey, DestinationRow, FailureMode, LowerBasis, PathShare, Verdict},
     diagnosis::verdict::{self, ClientFindings, ServerFindings},
     kernel::event::Role,
@@ -40,6 +41,8 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
         path_point_evidence: 0,
         path_outliers: 0,
         path_lower_basis: None,
+        probe: st.probe.clone(),
+        probe_used: false,
         path_idle_timeout_spread_seconds: None,
         mixed_paths: Vec::new(),
         pool_idle_timeout_seconds: None,
@@ -119,6 +122,13 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
             let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
             interval = estimate::smallest_path_interval(&alive, &dead, peer_clusters[0].value);
         }
+        // What `observer probe` measured narrows the interval where the
+        // passive evidence agrees with it.
+        let merged = st.probe.as_ref().map(|p| probed::merge(&mut interval, p));
+        if merged == Some(Merged::RaisedLower) {
+            basis = Some(LowerBasis::Probe);
+        }
+        r.probe_used = merged.is_some_and(Merged::used);
         // Failure mode: the most common among dead evidence of this epoch.
         let mut modes: BTreeMap<&'static str, (usize, FailureMode)> = BTreeMap::new();
         for d in ev.dead() {
@@ -139,6 +149,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
             pool: estimate::cluster(&ev.local_closes()).map(|c| c.value),
             consistent_failures: interval.upper.map_or(0, |u| ev.dead().filter(|d| d.reuse && d.idle >= u).count()),
             failure_mode: mode,
+            probe: st.probe.as_ref().filter(|_| r.probe_used).map(ProbeEvidence::summary),
         };
         r.failure_mode = mode.unwrap_or(FailureMode::None);
         r.path_idle_timeout_seconds = f.point;

@@ -8,6 +8,7 @@ use super::{CHANGE_AFTER, CHANGE_SPREAD_NS, MAX_CHANGES, MAX_CONTRADICTIONS, RES
 use crate::{
     diagnosis::estimate::{self, Interval},
     diagnosis::evidence::{Evidence, Observation, Observed},
+    diagnosis::probed::ProbeEvidence,
     diagnosis::table::{Change, DestKey, LowerBasis, ProcessOwner, Restart},
     kernel::runtime::ClientRuntime,
 };
@@ -46,6 +47,8 @@ pub(crate) struct DestState {
     pub(crate) cached: Option<Interval>,
     pub(crate) since_cache: usize,
     pub(crate) kept: usize,
+    /// The latest `observer probe` of this row, until it leaves the window.
+    pub(crate) probe: Option<ProbeEvidence>,
 }
 
 /// The interval and which survivals its lower bound rests on: silent
@@ -93,6 +96,7 @@ impl DestState {
             cached: None,
             since_cache: 0,
             kept: 0,
+            probe: None,
         }
     }
 

@@ -1025,3 +1025,92 @@ fn a_connection_kept_by_pings_says_so_and_gives_no_number() {
     agg.ingest(&sized(1.0, e, 1.0, 0));
     assert_eq!(row(&table(&mut agg), e).path_lower_basis, Some(LowerBasis::Silent));
 }
+
+fn probed(ts_s: f64, d: &str, how: crate::diagnosis::probed::How, lower: f64, upper: Option<f64>) -> ProbeEvidence {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test times are small and positive")]
+    let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
+    ProbeEvidence {
+        ts_unix_ns: ts,
+        id: RowId { destination: d.to_owned(), role: Role::Client, netns: None },
+        target: "api.partner.example:443".to_owned(),
+        first_exchange: "tls".to_owned(),
+        how,
+        idle_timeout_seconds: matches!(how, crate::diagnosis::probed::How::Fin).then_some(lower),
+        lower_seconds: lower,
+        upper_seconds: upper,
+        settled: true,
+        connections: 8,
+        elapsed_seconds: 12.0,
+        interrupted: false,
+    }
+}
+
+#[test]
+fn a_probe_alone_makes_a_row_with_its_bracket_but_no_verdict_of_its_own() {
+    use crate::diagnosis::probed::How as ProbeHow;
+    let mut agg = Aggregator::new(Config::default());
+    agg.add_probe(&probed(10.0, "10.0.0.9:443", ProbeHow::Fin, 2.0, Some(2.002)));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.9:443");
+    assert!(r.probe_used);
+    assert_eq!(r.probe.as_ref().map(|p| p.how), Some(ProbeHow::Fin));
+    assert_eq!(r.path_lower_basis, Some(LowerBasis::Probe));
+    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (2.0, Some(2.002)));
+    // The probe held its connections idle itself: no pool evidence, no
+    // peer-close verdict, and no reuse of any application.
+    assert_eq!(r.path_idle_timeout_seconds, None);
+    assert_eq!(r.verdict, Verdict::Unknown);
+    assert_eq!((r.reuses, r.failures, r.peer_closes_window), (0, 0, 0));
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(1.6));
+    assert!(r.recommendation.contains("measured by observer probe: FIN at 2.000 s"), "{}", r.recommendation);
+}
+
+#[test]
+fn a_pool_idler_than_the_probed_path_is_a_mismatch_on_its_idle_timeout() {
+    use crate::diagnosis::probed::How as ProbeHow;
+    let mut agg = Aggregator::new(Config::default());
+    for k in 0..5 {
+        let e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
+        agg.ingest(&e);
+    }
+    agg.add_probe(&probed(110.0, "10.0.0.3:5432", ProbeHow::SilentDrop, 2.9, Some(3.1)));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.3:5432");
+    assert!(r.pool_idle_timeout_seconds.is_some_and(|p| (8.0..8.05).contains(&p)), "{r:?}");
+    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.evidence, Some(VerdictEvidence::PoolIdleTimeout));
+    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(2.32));
+    assert!(r.recommendation.contains("a silent drop in [2.900, 3.100] s"), "{}", r.recommendation);
+}
+
+#[test]
+fn a_probe_the_passive_evidence_contradicts_is_shown_not_used() {
+    use crate::diagnosis::probed::How as ProbeHow;
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, "10.0.0.2:443", 100.0, &[50.0, 60.0, 70.0], Outcome::Reset);
+    agg.add_probe(&probed(ts, "10.0.0.2:443", ProbeHow::Fin, 30.0, Some(30.0)));
+    let rows = table(&mut agg);
+    let r = row(&rows, "10.0.0.2:443");
+    assert!(r.probe.is_some());
+    assert!(!r.probe_used);
+    assert_eq!(r.path_idle_timeout_lower_seconds, 70.0);
+    assert_ne!(r.path_lower_basis, Some(LowerBasis::Probe));
+}
+
+#[test]
+fn a_probe_leaves_with_the_window_and_an_older_one_never_replaces_a_newer() {
+    use crate::diagnosis::probed::How as ProbeHow;
+    let config = Config { window_ns: 60 * S, ..Config::default() };
+    let mut agg = Aggregator::new(config);
+    agg.add_probe(&probed(10.0, "10.0.0.9:443", ProbeHow::Fin, 2.0, Some(2.0)));
+    agg.add_probe(&probed(5.0, "10.0.0.9:443", ProbeHow::Fin, 9.0, Some(9.0)));
+    let now = agg.latest_ns();
+    let rows = agg.rows(now);
+    assert_eq!(row(&rows, "10.0.0.9:443").probe.as_ref().map(|p| p.lower_seconds), Some(2.0));
+    assert!(agg.rows(now + 61 * S).is_empty(), "a probe-only row goes with its probe");
+    // One older than the window is not taken at all.
+    agg.ingest(&reuse(200.0, "10.0.0.1:80", 1.0, Outcome::Ok));
+    agg.add_probe(&probed(100.0, "10.0.0.9:443", ProbeHow::Fin, 2.0, Some(2.0)));
+    assert!(agg.rows(agg.latest_ns()).iter().all(|r| r.id.destination != "10.0.0.9:443"));
+}

@@ -1,14 +1,16 @@
 //! Opening the evidence store. The daemon opens it read-write: it creates
 //! the directory (0700) and the database (0600) when they are missing,
-//! checks the schema before it writes anything, and migrates schema 1.
-//! Readers (`report`, `debug evidence-keys`) open it read-only: they never
+//! checks the schema before it writes anything, and migrates schemas 1
+//! and 2. `observer probe` opens an existing store read-write to add its
+//! result, and does nothing else. Readers (`report`, `debug
+//! evidence-keys`) open it read-only: they never
 //! create, chmod, migrate or switch the journal mode of what they are
 //! given (`SQLite` may add its own `-wal`/`-shm` side files to read a WAL
 //! store that no daemon holds open).
 
 use std::{
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
-    path::Path,
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -16,7 +18,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension as _};
 
 use super::{Store, StoreError, DB_FILE, SCHEMA_VERSION};
 
-/// Schema 2, as a fresh store creates it.
+/// Schema 3, as a fresh store creates it.
 const SCHEMA: &str = "CREATE TABLE evidence (
          id INTEGER PRIMARY KEY,
          ts_unix_ns INTEGER NOT NULL,
@@ -40,7 +42,35 @@ const SCHEMA: &str = "CREATE TABLE evidence (
          role TEXT NOT NULL,
          netns INTEGER NOT NULL,
          connections INTEGER NOT NULL,
-         PRIMARY KEY (minute, destination, role, netns));";
+         PRIMARY KEY (minute, destination, role, netns));
+     CREATE TABLE probes (
+         id INTEGER PRIMARY KEY,
+         ts_unix_ns INTEGER NOT NULL,
+         destination TEXT NOT NULL,
+         role TEXT NOT NULL,
+         netns INTEGER,
+         probe TEXT NOT NULL);
+     CREATE INDEX probes_ts ON probes(ts_unix_ns);";
+
+/// Schema 2 to 3: the `probes` table, empty.
+fn migrate_2_to_3(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "BEGIN IMMEDIATE;
+         CREATE TABLE probes (
+             id INTEGER PRIMARY KEY,
+             ts_unix_ns INTEGER NOT NULL,
+             destination TEXT NOT NULL,
+             role TEXT NOT NULL,
+             netns INTEGER,
+             probe TEXT NOT NULL);
+         CREATE INDEX probes_ts ON probes(ts_unix_ns);
+         UPDATE meta SET value = 3 WHERE key = 'schema';
+         COMMIT;",
+    )
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })
+}
 
 /// Schema 1 to 2 in one transaction: evidence and changes take their
 /// namespace (and a change its role) from their stored JSON; connection
@@ -133,10 +163,34 @@ impl Store {
                 conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
-            Some(1) => migrate_1_to_2(&conn).map_err(|error| StoreError::Migrate { path: path.clone(), error })?,
+            Some(from @ (1 | 2)) => {
+                let migrate = |error| StoreError::Migrate { path: path.clone(), from, error };
+                if from == 1 {
+                    migrate_1_to_2(&conn).map_err(migrate)?;
+                }
+                migrate_2_to_3(&conn).map_err(migrate)?;
+            }
             found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
         }
         Ok(Self { conn, path })
+    }
+
+    /// Open the store in `dir` read-write as it is, for `observer probe`:
+    /// it adds its result to the daemon's store and nothing else. A
+    /// missing store is not created (root's new file would lock out the
+    /// daemon's user), and one of another schema is neither migrated nor
+    /// written (the daemon owns both).
+    pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
+        let path = dir.join(DB_FILE);
+        if !path.is_file() {
+            return Err(StoreError::Missing { path });
+        }
+        let conn =
+            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+                .map_err(|error| StoreError::Open { path: path.clone(), error })?;
+        let fail = |source| StoreError::of(&path, source);
+        conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
+        Self::checked(conn, path)
     }
 
     /// Open the store in `dir` read-only, as it is: a missing store, a
@@ -152,6 +206,12 @@ impl Store {
                 .map_err(|error| StoreError::Open { path: path.clone(), error })?;
         let fail = |source| StoreError::of(&path, source);
         conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
+        Self::checked(conn, path)
+    }
+
+    /// A store opened as it is, if it has this observer's schema.
+    fn checked(conn: Connection, path: PathBuf) -> Result<Self, StoreError> {
+        let fail = |source| StoreError::of(&path, source);
         let tables = tables(&conn).map_err(fail)?;
         if !tables.iter().any(|t| t == "meta") {
             return Err(if tables.is_empty() {
@@ -164,7 +224,7 @@ impl Store {
             conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
         match version {
             Some(v) if v == SCHEMA_VERSION => Ok(Self { conn, path }),
-            Some(1) => Err(StoreError::NotMigrated { path }),
+            Some(found @ (1 | 2)) => Err(StoreError::NotMigrated { path, found }),
             found => Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
         }
     }

@@ -559,3 +559,73 @@ fn a_reader_does_not_make_the_size_prune_delete_everything() {
     assert!(store.size_bytes().unwrap() <= limit, "the file shrinks once the reader lets go");
     assert_eq!(store.events(None, 0).unwrap().len(), left, "and nothing more is deleted for it");
 }
+
+fn probe_at(ts: u64, destination: &str) -> crate::diagnosis::probed::ProbeEvidence {
+    crate::diagnosis::probed::ProbeEvidence {
+        ts_unix_ns: ts,
+        id: crate::diagnosis::table::RowId { destination: destination.to_owned(), role: Role::Client, netns: Some(7) },
+        target: "api:443".to_owned(),
+        first_exchange: "tls".to_owned(),
+        how: crate::diagnosis::probed::How::Fin,
+        idle_timeout_seconds: Some(2.0),
+        lower_seconds: 2.0,
+        upper_seconds: Some(2.001),
+        settled: true,
+        connections: 8,
+        elapsed_seconds: 9.5,
+        interrupted: false,
+    }
+}
+
+#[test]
+fn schema_2_gains_the_probes_table_and_only_the_daemon_migrates_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let written;
+    {
+        // Schema 2 is schema 3 without the probes table.
+        let mut store = Store::open(dir.path()).unwrap();
+        store.insert(&scenario()).unwrap();
+        written = store.events(None, 0).unwrap().len();
+        store.conn.execute_batch("DROP TABLE probes; UPDATE meta SET value = 2 WHERE key = 'schema';").unwrap();
+    }
+    let db = dir.path().join(DB_FILE);
+    let before = std::fs::read(&db).unwrap();
+    for e in [Store::open_read_only(dir.path()).err(), Store::open_existing(dir.path()).err()] {
+        let e = e.expect("schema 2 is not read or written as 3");
+        assert!(matches!(e, StoreError::NotMigrated { found: 2, .. }), "{e}");
+        assert!(e.to_string().contains("observer run --data-dir"), "{e}");
+    }
+    assert_eq!(std::fs::read(&db).unwrap(), before, "neither a reader nor a probe changed it");
+    let store = Store::open(dir.path()).unwrap();
+    let version: i64 = store.conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, 3);
+    assert_eq!(store.events(None, 0).unwrap().len(), written, "the evidence stays");
+    assert!(store.probes_after(0, 0).unwrap().is_empty());
+}
+
+#[test]
+fn a_probe_adds_to_an_existing_store_and_never_makes_one() {
+    let empty = tempfile::tempdir().unwrap();
+    let Err(e) = Store::open_existing(empty.path()) else { panic!("no store to add to") };
+    assert!(matches!(e, StoreError::Missing { .. }), "{e}");
+    assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0, "nothing created");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut daemon = Store::open(dir.path()).unwrap();
+    daemon.insert(&scenario()).unwrap();
+    let mut probe = Store::open_existing(dir.path()).unwrap();
+    probe.insert(&[Record::Probe(probe_at(T0 + 10 * S, "10.0.0.2:443"))]).unwrap();
+    probe.insert(&[Record::Probe(probe_at(T0 + 20 * S, "10.0.0.3:443"))]).unwrap();
+    drop(probe);
+    // The daemon reads what came since the last id it saw.
+    let all = daemon.probes_after(0, 0).unwrap();
+    assert_eq!(all.len(), 2);
+    assert_eq!(all[0].1, probe_at(T0 + 10 * S, "10.0.0.2:443"));
+    let after = daemon.probes_after(all[0].0, 0).unwrap();
+    assert_eq!(after.iter().map(|(_, p)| p.id.destination.as_str()).collect::<Vec<_>>(), ["10.0.0.3:443"]);
+    assert_eq!(daemon.probes_after(0, T0 + 15 * S).unwrap().len(), 1, "since a time");
+    // Retention takes them like any evidence.
+    let limits = Limits { retention_ns: 100 * S, ..Limits::default() };
+    daemon.prune(T0 + 115 * S, limits).unwrap();
+    assert_eq!(daemon.probes_after(0, 0).unwrap().len(), 1);
+}
