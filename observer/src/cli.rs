@@ -145,6 +145,7 @@ pub enum DebugCommand {
 }
 
 #[derive(Debug, Clone, clap::Args)]
+#[allow(clippy::struct_excessive_bools, reason = "command-line switches, each its own flag")]
 pub struct ProbeArgs {
     /// The destination, `host:port` (IPv6 as `[addr]:port`).
     pub destination: String,
@@ -178,6 +179,12 @@ pub struct ProbeArgs {
     /// Stop narrowing a silent drop after this long (default: three times --up-to).
     #[arg(long, value_parser = parse_duration)]
     pub budget: Option<Duration>,
+    /// Add the result to the daemon's evidence store in this directory (an existing store: the probe never creates or migrates one).
+    #[arg(long, default_value = DEFAULT_DATA_DIR, env = "OBSERVER_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Do not add the result to the evidence store.
+    #[arg(long)]
+    pub no_store: bool,
     /// Output format.
     #[arg(long, short = 'o', alias = "output", value_enum, default_value = "text")]
     pub format: Output,

@@ -35,6 +35,7 @@ mod api;
 mod held;
 mod outputs;
 mod pipeline;
+mod probed;
 
 #[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 pub use api::*;
@@ -183,6 +184,45 @@ fn serve_http(args: &RunArgs, shared: &Arc<Shared>) -> Result<()> {
     Ok(())
 }
 
+/// The pipeline's sinks for this run.
+fn new_sinks(
+    args: &RunArgs,
+    shared: &Arc<Shared>,
+    writer: Writer,
+    record: Option<Recording>,
+    filter: Filter,
+    cgroup_root: Option<std::path::PathBuf>,
+) -> Result<Sinks> {
+    Ok(Sinks {
+        print: args.events,
+        connections: args.connections,
+        record,
+        record_lost: 0,
+        events_out: if args.events.is_some() {
+            Some(EventsOut::start().context("starting the --events writer thread")?)
+        } else {
+            None
+        },
+        stop: false,
+        more: false,
+        decode_errors: 0,
+        shared: Arc::clone(shared),
+        store: Some(writer),
+        store_dropped: 0,
+        store_failed: 0,
+        store_failed_other: 0,
+        store_dropped_other: 0,
+        volume: store::Volume::default(),
+        owners: Resolver::new(cgroup_root),
+        held: held::Held::default(),
+        waiting_since: None,
+        runtimes: crate::kernel::runtime::Runtimes::start(),
+        filter,
+        probe_sockets: probed::ProbeSockets::default(),
+        probe_feed: probed::ProbeFeed::new(&args.data_dir, nanos(args.window)),
+    })
+}
+
 /// Run the daemon until SIGINT or SIGTERM.
 pub async fn run(args: RunArgs) -> Result<()> {
     // Before the store or the listen socket: a missing capability is named
@@ -202,32 +242,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);
     serve_http(&args, &shared)?;
-    let mut sinks = Sinks {
-        print: args.events,
-        connections: args.connections,
-        record,
-        record_lost: 0,
-        events_out: if args.events.is_some() {
-            Some(EventsOut::start().context("starting the --events writer thread")?)
-        } else {
-            None
-        },
-        stop: false,
-        more: false,
-        decode_errors: 0,
-        shared: Arc::clone(&shared),
-        store: Some(writer),
-        store_dropped: 0,
-        store_failed: 0,
-        store_failed_other: 0,
-        store_dropped_other: 0,
-        volume: store::Volume::default(),
-        owners: Resolver::new(cgroup_root),
-        held: held::Held::default(),
-        waiting_since: None,
-        runtimes: crate::kernel::runtime::Runtimes::start(),
-        filter,
-    };
+    let mut sinks = new_sinks(&args, &shared, writer, record, filter, cgroup_root)?;
     // Before the daemon says it runs: a supervisor's SIGTERM right after
     // that line must stop it cleanly, not kill it (the default action).
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
@@ -245,6 +260,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // them from then on (before it, by its ports).
     drain(&mut probes, &mut sinks);
     refresh_sockets(&mut probes, &mut sinks);
+    sinks.poll_probes();
     info!(
         "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
         probes.probe_set().name(),
@@ -325,6 +341,7 @@ fn every_second(probes: &mut Probes, sinks: &mut Sinks, reported: &mut KernelCou
     sinks.report_store_losses();
     sinks.flush_record();
     sinks.flush_volume();
+    sinks.poll_probes();
 }
 
 /// Read what is left, detach the probes, and store the last evidence.

@@ -315,3 +315,96 @@ fn ctrl_c_prints_what_is_known_so_far() -> Result<()> {
     ensure!(out.status.code() == Some(1) && out.stderr.is_empty(), "{out:?}");
     Ok(())
 }
+
+/// With the daemon running beside it: the probe's result (nginx's 2 s FIN)
+/// lands in the daemon's store, the destination's row takes it with its
+/// basis, and the probe's own connections, whose idle time the probe
+/// chose, are no reuse, no pool idle close and no peer-close evidence of
+/// the application; an application's reuses on the same destination still
+/// count. `observer report` on that store then shows the probe, labelled.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn beside_the_daemon_the_row_takes_the_probe_and_none_of_its_connections() -> Result<()> {
+    use observer::diagnosis::{aggregate::Verdict, table::LowerBasis};
+    let topo = Topology::pair("prd")?;
+    let dir = tempfile::tempdir()?;
+    let _nginx = common::start_nginx(&topo, dir.path(), 2)?;
+    let data = tempfile::tempdir()?;
+    let data_dir = data.path().to_str().context("a UTF-8 temporary path")?;
+    let daemon = common::Daemon::start(&["--data-dir", data_dir, "--min-idle", "400ms"])?;
+    let dest = format!("{}:8080", topo.server_v4);
+    // As root: the store is the daemon's, private to its user.
+    let cmd = format!("{} probe {dest} --http / --up-to 6s --format json --data-dir {data_dir}", *OBSERVER);
+    let out = Command::new("ip").args(["netns", "exec", topo.ns.name(topo.client), "sh", "-c", &cmd]).output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(0), "exit {:?}: {err}", out.status.code());
+    ensure!(err.contains("stored as probe evidence in"), "{err}");
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(j["how"] == "fin", "{j:#}");
+    let t = secs(&j, "idle_timeout_seconds")?;
+    let lower = secs(&j, "lower_seconds")?;
+    // The daemon reads the store every second.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let row = loop {
+        let rows = daemon.status()?;
+        if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.probe.is_some()) {
+            break r;
+        }
+        ensure!(std::time::Instant::now() < deadline, "no row of {dest} took the probe: {:#?}", daemon.status()?);
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    ensure!(row.probe_used && row.path_lower_basis == Some(LowerBasis::Probe), "{row:#?}");
+    ensure!((row.path_idle_timeout_lower_seconds - lower).abs() < 1e-6, "{row:#?}");
+    let recommended = row.recommended_pool_idle_timeout_seconds.context("a recommendation")?;
+    ensure!((recommended - 0.8 * lower).abs() < 0.002, "0.8 x {lower}: {row:#?}");
+    ensure!(row.recommendation.contains("measured by observer probe: FIN at"), "{}", row.recommendation);
+    // None of the probe's connections is the application's evidence.
+    ensure!(row.reuses == 0 && row.failures == 0 && row.peer_closes_window == 0, "{row:#?}");
+    ensure!(row.pool_idle_timeout_seconds.is_none() && row.verdict == Verdict::Unknown, "{row:#?}");
+    ensure!(
+        daemon.events().iter().all(|e| e.remote.to_string() != dest),
+        "an event of the probe's connections reached the daemon's output"
+    );
+    // Another user's probe cannot add to the daemon's private store: it
+    // says so, measures all the same, and stores nothing.
+    let (other, out) = probe(Some(&topo), &format!("{dest} --http / --up-to 3s --data-dir {data_dir}"))?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    ensure!(out.status.code() == Some(0) && other["how"] == "fin", "exit {:?}: {err}", out.status.code());
+    ensure!(err.contains("not stored") && err.contains("not open to this user"), "{err}");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let metrics = daemon.metrics()?;
+    let seen = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("observer_probe_connection_events_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .context("observer_probe_connection_events_total")?;
+    ensure!(seen >= 2.0, "the daemon saw the probe's connections: {seen} events");
+    ensure!(metrics.contains("observer_probe_results_total 1"), "{metrics}");
+    // An application's reuses on that destination still count, beside the probe.
+    let client = common::script(common::HTTP_RECONNECTING)?;
+    let app = topo.ns.exec(topo.client, &format!("python3 {} {} 8080 0.5,1", client.display(), topo.server_v4))?;
+    ensure!(common::client_records(&app)?.len() == 2, "{app}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let rows = daemon.status()?;
+        let r = rows.iter().find(|r| r.id.destination == dest).context("the row")?;
+        if r.reuses == 2 {
+            ensure!(r.probe_used && r.failures == 0, "{r:#?}");
+            break;
+        }
+        ensure!(std::time::Instant::now() < deadline, "the application's 2 reuses: {r:#?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The report on the daemon's store shows the probe, labelled.
+    let report = Command::new(*OBSERVER)
+        .args(["report", "--destination", &dest, "--data-dir", data_dir, "--format", "md"])
+        .output()?;
+    let md = String::from_utf8_lossy(&report.stdout);
+    ensure!(report.status.success(), "report: {}", String::from_utf8_lossy(&report.stderr));
+    ensure!(md.contains("Measured by observer probe") && md.contains("FIN at"), "{md}");
+    eprintln!(
+        "MEASURED probe beside the daemon: FIN at {t:.3} s; the row's bound {:.3} s, recommendation {recommended:.3} s, {seen} probe events left out",
+        row.path_idle_timeout_lower_seconds
+    );
+    Ok(())
+}

@@ -4,11 +4,13 @@
 //! views, and the kernel's loss counters reported.
 
 use super::held::{Held, Released};
+use super::probed::{ProbeFeed, ProbeSockets};
 #[allow(
     clippy::wildcard_imports,
     reason = "one module split by concern: the parent's imports and siblings' items"
 )]
 use super::*;
+use crate::diagnosis::probed::PROBE_THREAD;
 use crate::kernel::owner::Owner;
 
 /// Where decoded events go.
@@ -41,6 +43,10 @@ pub(crate) struct Sinks {
     /// The reusing clients' runtimes, for the fix in their own terms.
     pub(crate) runtimes: crate::kernel::runtime::Runtimes,
     pub(crate) filter: Filter,
+    /// `observer probe`'s connections, left out of every row.
+    pub(crate) probe_sockets: ProbeSockets,
+    /// `observer probe`'s results, read from the store.
+    pub(crate) probe_feed: ProbeFeed,
 }
 
 impl Sinks {
@@ -51,6 +57,12 @@ impl Sinks {
     /// a wait would keep evidence in memory only, which a `kill -9` loses.
     pub(crate) fn handle(&mut self, mut ev: SockEvent) {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
+        // The probe chose its connections' idle time, not the application:
+        // they are no reuse, no pool close and no at-risk socket of it.
+        if self.probe_sockets.take(&ev) {
+            self.shared.metrics.probe_event();
+            return;
+        }
         if self.filter.cgroup.is_none() {
             ev.owner = self.owners.known(ev.cgroup_id, ev.pid).map(|o| Owner::clone(&o));
             self.deliver(ev);
@@ -180,6 +192,11 @@ impl Sinks {
         }
     }
 
+    /// Take `observer probe`'s new results from the store into the table.
+    pub(crate) fn poll_probes(&mut self) {
+        self.probe_feed.poll(&self.shared, &self.filter, clock_ns(libc::CLOCK_REALTIME));
+    }
+
     /// Hand the connection counts of the minute so far to the store (it
     /// adds them up): a `kill -9` loses one second of them, not a minute.
     pub(crate) fn flush_volume(&mut self) {
@@ -248,6 +265,7 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
         // `--netns`/`--cgroup` keep the at-risk view to their sockets too.
         if v.role == crate::kernel::event::Role::Client
             && v.idle_seconds > floor
+            && !sinks.probe_sockets.contains(v.id)
             && (sinks.filter.is_empty() || {
                 let owner = sinks.owners.known(v.cgroup_id, 0);
                 sinks.filter.keeps(v.netns, owner.as_deref().map(|o| o.cgroup.as_str()))
@@ -266,6 +284,9 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, sinks: &mut Sinks) {
     let mut doomed = Vec::new();
     let walked = probes.for_each_doomed(|rec| {
         let Some(d) = crate::kernel::event::doomed_of(rec, now) else { return };
+        if d.comm == PROBE_THREAD {
+            return;
+        }
         let owner = sinks.owners.known(d.cgroup_id, d.pid);
         if !sinks.filter.is_empty() && !sinks.filter.keeps(d.netns, owner.as_deref().map(|o| o.cgroup.as_str())) {
             return;

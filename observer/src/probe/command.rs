@@ -3,6 +3,8 @@
 use std::{
     fmt::Write as _,
     net::ToSocketAddrs as _,
+    os::unix::fs::MetadataExt as _,
+    path::{Path, PathBuf},
     process::ExitCode,
     sync::atomic::{AtomicBool, Ordering},
     time::Duration,
@@ -15,7 +17,8 @@ use super::{
 };
 use crate::{
     cli::{Output, ProbeArgs},
-    kernel::event::printable,
+    kernel::event::{clock_ns, printable},
+    surfaces::store::{Record, Store, StoreError},
     units::fmt_secs,
 };
 
@@ -55,6 +58,23 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
         }
     };
     report.path = super::declared::compare(&hops, &report.finding);
+    if !args.no_store {
+        match store(&report, &args.data_dir) {
+            Stored::In(path) if !quiet => {
+                eprintln!(
+                    "stored as probe evidence in {}: a daemon on that store shows it in the row of {} within seconds",
+                    path.display(),
+                    report.address
+                );
+            }
+            Stored::NoStore(why) if !quiet => {
+                eprintln!("observer: note: the result was not stored: {why} (--no-store skips this)");
+            }
+            // A store that is there but refused the result: said even under --quiet.
+            Stored::Failed(e) => eprintln!("observer: warning: the result was not stored: {e}"),
+            _ => {}
+        }
+    }
     match args.format {
         Output::Json => match serde_json::to_string_pretty(&report) {
             Ok(j) => println!("{j}"),
@@ -77,6 +97,53 @@ static STOP: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_sigint(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
+}
+
+/// What became of the result in the store.
+enum Stored {
+    In(PathBuf),
+    /// It proves nothing worth storing.
+    Nothing,
+    /// No store this user can reach at `--data-dir`.
+    NoStore(String),
+    /// A store that refused it.
+    Failed(String),
+}
+
+/// Add the result to the daemon's store in `dir` (an existing one).
+fn store(report: &Report, dir: &Path) -> Stored {
+    if !report.proves_anything() {
+        return Stored::Nothing;
+    }
+    // The store is private to the daemon's user: say so rather than "missing".
+    let private = |what: &Path| {
+        Stored::NoStore(format!(
+            "{} is not open to this user (the daemon's store is private to its user: run the probe as root or as that user)",
+            what.display()
+        ))
+    };
+    if dir.is_dir() && std::fs::read_dir(dir).is_err() {
+        return private(dir);
+    }
+    let mut store = match Store::open_existing(dir) {
+        Ok(s) => s,
+        Err(StoreError::Missing { path }) => {
+            return Stored::NoStore(format!(
+                "no evidence store at {} (give a running daemon's --data-dir)",
+                path.display()
+            ))
+        }
+        Err(StoreError::Open { path, .. }) => return private(&path),
+        Err(e) => return Stored::Failed(e.to_string()),
+    };
+    // The probe's own network namespace: its row is the one the daemon
+    // keeps for sockets in it.
+    let netns = std::fs::metadata("/proc/self/ns/net").ok().and_then(|m| u32::try_from(m.ino()).ok());
+    let now = clock_ns(libc::CLOCK_REALTIME);
+    match store.insert(&[Record::Probe(report.evidence(netns, now))]) {
+        Ok(_) => Stored::In(store.path().to_path_buf()),
+        Err(e) => Stored::Failed(e.to_string()),
+    }
 }
 
 /// Seconds for a progress line: `1`, `1.5`, `44.631`.

@@ -102,6 +102,8 @@ pub enum OpenError {
     Exchange(io::Error),
     #[error("the server closes after one response ({0}): a pool cannot keep it, there is nothing to measure")]
     NotReusable(&'static str),
+    #[error("starting a connection's thread: {0}")]
+    Thread(String),
 }
 
 /// An open connection after its first exchange.

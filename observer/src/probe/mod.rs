@@ -28,7 +28,13 @@ use serde::Serialize;
 
 pub use command::command;
 use conn::{OpenError, Target};
-use search::{Finding, Outcome, Probe, Search};
+use search::{Finding, How, Outcome, Probe, Search};
+
+use crate::{
+    diagnosis::probed::{ProbeEvidence, PROBE_THREAD},
+    diagnosis::table::RowId,
+    kernel::event::Role,
+};
 
 /// The result of `observer probe`: its JSON (`--format json`).
 #[derive(Debug, Clone, Serialize)]
@@ -52,6 +58,36 @@ pub struct Report {
     /// With `--path FILE`: the declared idle timeouts beside the measure.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub path: Vec<declared::Comparison>,
+}
+
+impl Report {
+    /// The result as stored evidence of the row it measured: the address
+    /// connected to, as a client, in the probe's network namespace
+    /// (`netns`, its inode); `ts_unix_ns` is when it ended.
+    #[must_use]
+    pub fn evidence(&self, netns: Option<u32>, ts_unix_ns: u64) -> ProbeEvidence {
+        ProbeEvidence {
+            ts_unix_ns,
+            id: RowId { destination: self.address.clone(), role: Role::Client, netns },
+            target: self.destination.clone(),
+            first_exchange: self.first_exchange.clone(),
+            how: self.finding.how,
+            idle_timeout_seconds: self.finding.idle_timeout_seconds,
+            lower_seconds: self.finding.lower_seconds,
+            upper_seconds: self.finding.upper_seconds,
+            settled: self.finding.settled,
+            connections: self.connections,
+            elapsed_seconds: self.elapsed_seconds,
+            interrupted: self.interrupted,
+        }
+    }
+
+    /// Whether the result proves anything worth storing: a close, or an
+    /// idle age the path kept.
+    #[must_use]
+    pub fn proves_anything(&self) -> bool {
+        self.finding.how != How::None || self.finding.lower_seconds > 0.0
+    }
 }
 
 /// What the measurement needs besides the target.
@@ -177,12 +213,17 @@ fn run_round(
     let cancels: Vec<(f64, Arc<AtomicBool>)> = ages.iter().map(|&a| (a, Arc::new(AtomicBool::new(false)))).collect();
     std::thread::scope(|s| {
         for (age, cancel) in &cancels {
-            let tx = tx.clone();
+            let (tx, failed) = (tx.clone(), tx.clone());
             let (age, cancel) = (*age, Arc::clone(cancel));
-            s.spawn(move || {
+            // Named: the kernel keeps the name on the socket, and a daemon
+            // beside the probe leaves these connections out of its rows.
+            let spawned = std::thread::Builder::new().name(PROBE_THREAD.to_owned()).spawn_scoped(s, move || {
                 let result = conn::open(target).map(|c| conn::watch(c, age, &cancel));
                 let _ = tx.send((age, result));
             });
+            if let Err(e) = spawned {
+                let _ = failed.send((age, Err(OpenError::Thread(e.to_string()))));
+            }
         }
         drop(tx);
         let (mut verdicts, mut first_error, mut done) = (0, None, 0);

@@ -311,6 +311,8 @@ struct DaemonFamilies {
     failed_write_attaches: Counter,
     owner_wait: Gauge,
     store_records_lost: Family<ReasonLabels, Counter>,
+    probe_events: Counter,
+    probe_results: Counter,
 }
 
 impl DaemonFamilies {
@@ -373,6 +375,20 @@ impl DaemonFamilies {
                 "Per-minute connection counts and estimate changes the store could not keep, by reason (store_error, store_backlog; events lost are in observer_events_lost_total)",
                 None,
                 Family::default(),
+            ),
+            probe_events: register(
+                r,
+                "observer_probe_connection_events",
+                "Events of observer probe's own connections (thread observer-probe), left out of every row",
+                None,
+                Counter::default(),
+            ),
+            probe_results: register(
+                r,
+                "observer_probe_results",
+                "observer probe results read from the evidence store into their rows",
+                None,
+                Counter::default(),
             ),
             owner_wait: register(
                 r,
@@ -473,6 +489,16 @@ impl Metrics {
             kernel: kernel.to_owned(),
         })
         .set(1);
+    }
+
+    /// Count an event of `observer probe`'s own connections.
+    pub fn probe_event(&self) {
+        self.daemon.probe_events.inc();
+    }
+
+    /// Count `observer probe` results taken from the store.
+    pub fn probe_results(&self, n: u64) {
+        self.daemon.probe_results.inc_by(n);
     }
 
     /// Count a record that did not decode.

@@ -19,6 +19,7 @@ pub use markdown::markdown;
 
 use crate::{
     diagnosis::aggregate::{Aggregator, Change, Config, DestinationRow, FailureMode},
+    diagnosis::probed::ProbeEvidence,
     diagnosis::table::{Select, SelectError},
     kernel::event::{EventKind, Role, SockEvent},
     surfaces::store::VolumeCount,
@@ -41,6 +42,8 @@ pub struct Input {
     /// New connections per minute, of every row of the destination.
     pub volume: Vec<VolumeCount>,
     pub changes: Vec<Change>,
+    /// What `observer probe` measured for the destination, oldest first.
+    pub probes: Vec<ProbeEvidence>,
     /// Which row (`--role`, `--netns`); by default the client row if the
     /// destination was seen as one, else its only row.
     pub select: Select,
@@ -188,6 +191,10 @@ pub struct Report {
     pub samples: Samples,
     pub questions: Vec<Question>,
     pub changes: Vec<Change>,
+    /// The latest `observer probe` of the row in the window (null: none),
+    /// and whether the estimate rests on it.
+    pub probe: Option<ProbeEvidence>,
+    pub probe_used: bool,
     /// Further findings as `(what, value)` lines: the verdict's evidence,
     /// restarts, mixed paths, the lower bound's basis, observed deadlines
     /// and, for a server, its clients' behaviour.
@@ -266,6 +273,7 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
             .map(|((minute, role, netns), connections)| VolumeCount { minute, role, netns: Some(netns), connections })
             .collect(),
         changes: Vec::new(),
+        probes: Vec::new(),
         select: Select::default(),
         host_netns: 0,
     }
@@ -436,6 +444,25 @@ fn findings(row: &DestinationRow) -> Vec<(String, String)> {
             "proven only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for NAT or conntrack".into(),
         );
     }
+    if let Some(p) = &row.probe {
+        add(
+            "Measured by observer probe",
+            format!(
+                "{} ({}, first exchange {}, {} connections in {}, {}){}",
+                p.summary(),
+                p.target,
+                p.first_exchange,
+                p.connections,
+                fmt_secs(p.elapsed_seconds),
+                utc(p.ts_unix_ns),
+                if row.probe_used {
+                    "; the estimate above rests on it"
+                } else {
+                    "; not used: the passive evidence proves as much, or contradicts it"
+                }
+            ),
+        );
+    }
     if row.mixed_paths.len() > 1 {
         let parts: Vec<String> = row
             .mixed_paths
@@ -495,6 +522,9 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         },
         &input.events,
     );
+    for p in &input.probes {
+        agg.add_probe(p);
+    }
     let rows = agg.rows(input.until_ns);
     if rows.is_empty() {
         return Err(NoEvidence::Empty(input.destination.clone()));
@@ -567,6 +597,8 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         questions: questions(&row, &text),
         changes,
         findings: findings(&row),
+        probe: row.probe.clone(),
+        probe_used: row.probe_used,
     })
 }
 

@@ -423,6 +423,30 @@ impl Store {
         Ok(out)
     }
 
+    /// The latest probes of one destination since `since_ns` (at most
+    /// [`Self::MAX_PROBES_READ`]), oldest first.
+    pub fn probes(&self, destination: &str, since_ns: u64) -> Result<Vec<ProbeEvidence>, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let fail = |e| StoreError::of(&self.path, e);
+        let mut stmt = self
+            .conn
+            .prepare("SELECT probe FROM probes WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY id DESC LIMIT ?3")
+            .map_err(fail)?;
+        let limit = i64::try_from(Self::MAX_PROBES_READ).unwrap_or(i64::MAX);
+        let rows = stmt.query_map(params![destination, since, limit], |r| r.get::<_, String>(0)).map_err(fail)?;
+        let mut out = Vec::new();
+        for r in rows {
+            match serde_json::from_str(&r.map_err(fail)?) {
+                Ok(p) => out.push(p),
+                Err(e) => {
+                    warn!("evidence store {}: skipping a stored probe that does not decode: {e}", self.path.display());
+                }
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+
     /// New connections per minute for a destination, per role and namespace.
     pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<VolumeCount>, StoreError> {
         let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);

@@ -213,6 +213,7 @@ fn window_and_last_hour() {
 /// An idle client socket to `remote`, as the socket table gives it.
 fn view(idle: f64, remote: &str) -> SocketView {
     SocketView {
+        id: 1,
         local: "10.0.0.1:40001".parse().unwrap(),
         remote: remote.parse().unwrap(),
         role: Role::Client,

@@ -10,6 +10,8 @@ use super::*;
 /// One tracked socket as the kernel's table shows it now (the at-risk view).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SocketView {
+    /// Per-boot socket number, as events carry it (`sock_id`).
+    pub id: u64,
     pub local: SocketAddr,
     pub remote: SocketAddr,
     pub role: Role,
@@ -38,6 +40,7 @@ pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
         r => r,
     };
     Some(SocketView {
+        id: rec.id,
         local,
         remote,
         role,

@@ -30,6 +30,7 @@ pub fn command(args: &ReportArgs) -> Result<()> {
             events: store.events(Some(&destination), since_ns)?,
             volume: store.volume(&destination, since_ns)?,
             changes: store.changes(&destination, since_ns)?,
+            probes: store.probes(&destination, since_ns)?,
             destination,
             since_ns,
             until_ns: now,

@@ -232,3 +232,70 @@ fn the_protocol_is_on_our_side() {
     assert!(markdown(&r).contains("| Protocol | h2 |"));
     assert!(html(&r).contains("<tr><th>Protocol</th><td>h2</td></tr>"));
 }
+
+fn probe_of(dest: &str, ts_unix_ns: u64, lower: f64, upper: f64) -> ProbeEvidence {
+    ProbeEvidence {
+        ts_unix_ns,
+        id: crate::diagnosis::table::RowId { destination: dest.to_owned(), role: Role::Client, netns: None },
+        target: "partner.example:8080".to_owned(),
+        first_exchange: "http".to_owned(),
+        how: crate::diagnosis::probed::How::Fin,
+        idle_timeout_seconds: Some(lower),
+        lower_seconds: lower,
+        upper_seconds: Some(upper),
+        settled: true,
+        connections: 8,
+        elapsed_seconds: 7.5,
+        interrupted: false,
+    }
+}
+
+#[test]
+fn probe_evidence_is_shown_labelled_beside_the_passive_evidence() {
+    let events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    let mut input = input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000);
+    // nginx's 2 s FIN, as a probe measured it after the recording.
+    input.probes = vec![probe_of(DEST, input.until_ns, 2.0, 2.001)];
+    let r = build(&input).unwrap();
+    let p = r.probe.as_ref().expect("the probe is in the report");
+    assert_eq!(p.how, crate::diagnosis::probed::How::Fin);
+    let line = r.findings.iter().find(|(k, _)| k == "Measured by observer probe").expect("a labelled line");
+    assert!(
+        line.1.starts_with("FIN at 2.000 s (partner.example:8080, first exchange http, 8 connections"),
+        "{}",
+        line.1
+    );
+    for text in [markdown(&r), html(&r)] {
+        assert!(text.contains("Measured by observer probe") && text.contains("FIN at 2.000 s"), "{text}");
+    }
+    let v = serde_json::to_value(&r).unwrap();
+    assert_eq!(v["probe"]["how"], "fin");
+    assert!(v["probe_used"].is_boolean());
+    // The passive evidence is untouched: the same reuses and failures.
+    let plain = fin_report();
+    assert_eq!((r.summary.reuses, r.summary.failures), (plain.summary.reuses, plain.summary.failures));
+    assert!(plain.probe.is_none() && !plain.findings.iter().any(|(k, _)| k == "Measured by observer probe"));
+}
+
+#[test]
+fn a_destination_only_a_probe_measured_has_a_report() {
+    let events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    let until = events.last().unwrap().ts_unix_ns;
+    let input = Input {
+        destination: "10.9.9.9:443".to_owned(),
+        since_ns: until - 3_600_000_000_000,
+        until_ns: until,
+        events: Vec::new(),
+        volume: Vec::new(),
+        changes: Vec::new(),
+        probes: vec![probe_of("10.9.9.9:443", until - 1_000_000_000, 59.9, 60.1)],
+        select: Select::default(),
+        host_netns: 0,
+    };
+    let r = build(&input).unwrap();
+    assert!(r.probe_used);
+    assert_eq!(r.summary.reuses, 0);
+    assert!((r.summary.path_idle_timeout_lower_seconds - 59.9).abs() < 1e-9);
+    assert_eq!(r.our_side.recommended_pool_idle_timeout_seconds, Some(47.92));
+    assert!(r.our_side.recommendation.contains("measured by observer probe"), "{}", r.our_side.recommendation);
+}

@@ -285,6 +285,7 @@ fn schema_1_is_migrated_and_reports_pick_the_namespace() {
         events: events.clone(),
         volume: volume.clone(),
         changes: changes.clone(),
+        probes: Vec::new(),
         select: crate::diagnosis::table::Select { role: None, netns },
         host_netns: 0,
     };
