@@ -1,5 +1,6 @@
 //! `observer probe` against real hops: nginx's keep-alive close over TLS
-//! (FIN), a server that resets idle connections (RST), and a conntrack
+//! (FIN), HAProxy's keep-alive close (FIN), MariaDB's `wait_timeout` and a
+//! server that reset idle connections (RST), and a conntrack
 //! router that forgets idle flows and drops their next packets (a silent
 //! drop, bracketed by keep-alive probes). No eBPF is involved: the command
 //! runs as any user; root is needed only for the test's namespaces. The
@@ -277,6 +278,74 @@ fn haproxy_keep_alive_timeout_is_measured_at_its_fin() -> Result<()> {
         "MEASURED probe HAProxy timeout http-keep-alive 1500ms: FIN at {t:.3} s, {:.1} s",
         secs(&j, "elapsed_seconds")?
     );
+    Ok(())
+}
+
+/// A MySQL login as `--request`: `HandshakeResponse41` (packet 1) for
+/// user `probe` with an empty auth response, which needs no scramble from
+/// the server's greeting (the test's server skips grant tables). The
+/// server greets first; the client may write before reading, as TCP keeps
+/// the order per direction.
+fn mysql_login() -> Vec<u8> {
+    let mut payload = Vec::new();
+    // CLIENT_LONG_PASSWORD | CLIENT_PROTOCOL_41 | CLIENT_SECURE_CONNECTION.
+    payload.extend_from_slice(&0x8201u32.to_le_bytes());
+    payload.extend_from_slice(&(1u32 << 24).to_le_bytes());
+    payload.push(33);
+    payload.extend_from_slice(&[0; 23]);
+    payload.extend_from_slice(b"probe\0");
+    payload.push(0);
+    let len = u32::try_from(payload.len()).unwrap_or(0).to_le_bytes();
+    let mut packet = vec![len[0], len[1], len[2], 1];
+    packet.extend_from_slice(&payload);
+    packet
+}
+
+/// MariaDB with `wait_timeout=3` resets a logged-in session idle 3 s.
+/// The first exchange is the MySQL login (`--request`), so the probe
+/// measures `wait_timeout`, not the 10 s `connect_timeout` of a connection
+/// that never logged in.
+#[test]
+#[ignore = "needs root (namespaces): run `cargo xtask test`"]
+fn mariadb_wait_timeout_resets_a_logged_in_session() -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let topo = Topology::pair("prm")?;
+    let dir = tempfile::tempdir()?;
+    let d = dir.path().display();
+    sh(&format!(
+        "mariadb-install-db --no-defaults --datadir={d}/data --user=root --skip-test-db >{d}/install.log 2>&1"
+    ))
+    .with_context(|| std::fs::read_to_string(dir.path().join("install.log")).unwrap_or_default())?;
+    let _db = Killed(topo.ns.spawn(
+        topo.server,
+        &format!(
+            "mariadbd --no-defaults --datadir={d}/data --socket={d}/sock --pid-file={d}/pid --port=3306 \
+             --bind-address={} --user=root --skip-grant-tables --skip-log-bin --wait-timeout=3 >{d}/log 2>&1",
+            topo.server_v4
+        ),
+    )?);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_mins(1);
+    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":3306") {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "mariadbd did not start: {}",
+            std::fs::read_to_string(dir.path().join("log")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // The probe runs as nobody: the request file and its directory are readable.
+    let login = dir.path().join("login.bin");
+    std::fs::write(&login, mysql_login())?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&login, std::fs::Permissions::from_mode(0o644))?;
+    let (j, out) = probe(Some(&topo), &format!("{}:3306 --request {} --up-to 10s", topo.server_v4, login.display()))?;
+    ensure!(out.status.code() == Some(0), "exit {:?}: {j:#}", out.status.code());
+    ensure!(j["how"] == "rst" && j["first_exchange"] == "request", "{j:#}");
+    let t = secs(&j, "idle_timeout_seconds")?;
+    ensure!((t - 3.0).abs() <= tolerance(0.15), "MariaDB's wait_timeout is 3 s: measured {t}");
+    let took = secs(&j, "elapsed_seconds")?;
+    ensure!(took <= 2.0 * 3.0 + 20.0, "took {took} s");
+    eprintln!("MEASURED probe MariaDB wait_timeout=3: RST at {t:.3} s, {took:.1} s");
     Ok(())
 }
 

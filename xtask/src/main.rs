@@ -146,6 +146,8 @@ const TEST_PACKAGES: &[&str] = &[
     "golang-go",
     // Real servers and clients for tests/servers.rs.
     "postgresql",
+    // MariaDB's wait_timeout reset (tests/probe.rs).
+    "mariadb-server",
     "nodejs",
     "systemd",
     // tests/systemd_unit.rs boots a systemd to start the shipped unit.
