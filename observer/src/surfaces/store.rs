@@ -401,15 +401,33 @@ impl Store {
     /// [`Self::MAX_PROBES_READ`]. One that does not decode is skipped.
     pub fn probes_after(&self, after_id: i64, since_ns: u64) -> Result<Vec<(i64, ProbeEvidence)>, StoreError> {
         let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        self.probe_rows(
+            "SELECT id, probe FROM probes WHERE id > ?1 AND ts_unix_ns >= ?2 ORDER BY id LIMIT ?3",
+            &[&after_id, &since],
+        )
+    }
+
+    /// The latest probes of one destination since `since_ns` (at most
+    /// [`Self::MAX_PROBES_READ`]), oldest first.
+    pub fn probes(&self, destination: &str, since_ns: u64) -> Result<Vec<ProbeEvidence>, StoreError> {
+        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
+        let mut rows = self.probe_rows(
+            "SELECT id, probe FROM probes WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY id DESC LIMIT ?3",
+            &[&destination, &since],
+        )?;
+        rows.reverse();
+        Ok(rows.into_iter().map(|(_, p)| p).collect())
+    }
+
+    /// `(id, probe)` rows of `sql`, whose last parameter is the limit.
+    fn probe_rows(&self, sql: &str, args: &[&dyn rusqlite::ToSql]) -> Result<Vec<(i64, ProbeEvidence)>, StoreError> {
         let fail = |e| StoreError::of(&self.path, e);
-        let mut stmt = self
-            .conn
-            .prepare("SELECT id, probe FROM probes WHERE id > ?1 AND ts_unix_ns >= ?2 ORDER BY id LIMIT ?3")
-            .map_err(fail)?;
+        let mut stmt = self.conn.prepare(sql).map_err(fail)?;
         let limit = i64::try_from(Self::MAX_PROBES_READ).unwrap_or(i64::MAX);
-        let rows = stmt
-            .query_map(params![after_id, since, limit], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
-            .map_err(fail)?;
+        let mut all: Vec<&dyn rusqlite::ToSql> = args.to_vec();
+        all.push(&limit);
+        let rows =
+            stmt.query_map(all.as_slice(), |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))).map_err(fail)?;
         let mut out = Vec::new();
         for r in rows {
             let (id, json) = r.map_err(fail)?;
@@ -420,30 +438,6 @@ impl Store {
                 }
             }
         }
-        Ok(out)
-    }
-
-    /// The latest probes of one destination since `since_ns` (at most
-    /// [`Self::MAX_PROBES_READ`]), oldest first.
-    pub fn probes(&self, destination: &str, since_ns: u64) -> Result<Vec<ProbeEvidence>, StoreError> {
-        let since = i64::try_from(since_ns).unwrap_or(i64::MAX);
-        let fail = |e| StoreError::of(&self.path, e);
-        let mut stmt = self
-            .conn
-            .prepare("SELECT probe FROM probes WHERE destination = ?1 AND ts_unix_ns >= ?2 ORDER BY id DESC LIMIT ?3")
-            .map_err(fail)?;
-        let limit = i64::try_from(Self::MAX_PROBES_READ).unwrap_or(i64::MAX);
-        let rows = stmt.query_map(params![destination, since, limit], |r| r.get::<_, String>(0)).map_err(fail)?;
-        let mut out = Vec::new();
-        for r in rows {
-            match serde_json::from_str(&r.map_err(fail)?) {
-                Ok(p) => out.push(p),
-                Err(e) => {
-                    warn!("evidence store {}: skipping a stored probe that does not decode: {e}", self.path.display());
-                }
-            }
-        }
-        out.reverse();
         Ok(out)
     }
 

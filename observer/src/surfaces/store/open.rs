@@ -181,29 +181,25 @@ impl Store {
     /// daemon's user), and one of another schema is neither migrated nor
     /// written (the daemon owns both).
     pub fn open_existing(dir: &Path) -> Result<Self, StoreError> {
-        let path = dir.join(DB_FILE);
-        if !path.is_file() {
-            return Err(StoreError::Missing { path });
-        }
-        let conn =
-            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-                .map_err(|error| StoreError::Open { path: path.clone(), error })?;
-        let fail = |source| StoreError::of(&path, source);
-        conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
-        Self::checked(conn, path)
+        Self::open_as_is(dir, OpenFlags::SQLITE_OPEN_READ_WRITE)
     }
 
     /// Open the store in `dir` read-only, as it is: a missing store, a
     /// foreign database or another schema is an error, and nothing is
     /// written.
     pub fn open_read_only(dir: &Path) -> Result<Self, StoreError> {
+        Self::open_as_is(dir, OpenFlags::SQLITE_OPEN_READ_ONLY)
+    }
+
+    /// Open an existing store with `mode` (read-only or read-write), never
+    /// creating it.
+    fn open_as_is(dir: &Path, mode: OpenFlags) -> Result<Self, StoreError> {
         let path = dir.join(DB_FILE);
         if !path.is_file() {
             return Err(StoreError::Missing { path });
         }
-        let conn =
-            Connection::open_with_flags(&path, OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX)
-                .map_err(|error| StoreError::Open { path: path.clone(), error })?;
+        let conn = Connection::open_with_flags(&path, mode | OpenFlags::SQLITE_OPEN_NO_MUTEX)
+            .map_err(|error| StoreError::Open { path: path.clone(), error })?;
         let fail = |source| StoreError::of(&path, source);
         conn.busy_timeout(Duration::from_secs(5)).map_err(fail)?;
         Self::checked(conn, path)

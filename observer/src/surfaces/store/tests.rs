@@ -625,6 +625,9 @@ fn a_probe_adds_to_an_existing_store_and_never_makes_one() {
     let after = daemon.probes_after(all[0].0, 0).unwrap();
     assert_eq!(after.iter().map(|(_, p)| p.id.destination.as_str()).collect::<Vec<_>>(), ["10.0.0.3:443"]);
     assert_eq!(daemon.probes_after(0, T0 + 15 * S).unwrap().len(), 1, "since a time");
+    // A report reads one destination's.
+    assert_eq!(daemon.probes("10.0.0.3:443", 0).unwrap(), vec![probe_at(T0 + 20 * S, "10.0.0.3:443")]);
+    assert!(daemon.probes("10.0.0.9:443", 0).unwrap().is_empty());
     // Retention takes them like any evidence.
     let limits = Limits { retention_ns: 100 * S, ..Limits::default() };
     daemon.prune(T0 + 115 * S, limits).unwrap();
