@@ -5,10 +5,7 @@
 //! endpoint serves, health included, is [`api`].
 
 use std::{
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        Arc, Mutex, PoisonError,
-    },
+    sync::{atomic::Ordering, Arc},
     time::Duration,
 };
 
@@ -20,15 +17,14 @@ use tokio::{
 };
 
 use crate::{
-    cli::{EventsFormat, RunArgs},
+    cli::RunArgs,
     diagnosis::aggregate::{self, Aggregator},
-    diagnosis::table::ProcessOwner,
     kernel::bpf::{self, KernelCounters, ProbeConfig, Probes},
-    kernel::event::{clock_ns, EventKind, SockEvent},
+    kernel::event::clock_ns,
     kernel::owner::{self, Filter, Resolver},
-    surfaces::http::{self, Handler, Response},
-    surfaces::metrics::{self, Metrics},
-    surfaces::store::{self, Record, Store, Writer},
+    surfaces::http,
+    surfaces::metrics::Metrics,
+    surfaces::store::{self, Store, Writer},
 };
 
 mod api;
@@ -37,12 +33,10 @@ mod outputs;
 mod pipeline;
 mod probed;
 
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use api::*;
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-use outputs::{EventsOut, Recording, Stdout};
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-use pipeline::*;
+use api::spawn_http;
+pub use api::{Health, Shared};
+use outputs::{EventsOut, Recording};
+use pipeline::{drain, refresh_sockets, report_losses, Sinks};
 
 /// How often the at-risk view is refreshed from the kernel's socket table.
 const SOCKET_REFRESH: Duration = Duration::from_secs(5);

@@ -1,11 +1,21 @@
 //! What the HTTP endpoint serves: the daemon's health (`/healthz`), and the
 //! shared state it reads (the table, cached, and the metrics).
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one module split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::sync::{
+    atomic::{AtomicBool, AtomicU64, Ordering},
+    Arc, Mutex, PoisonError,
+};
+
+use anyhow::{Context as _, Result};
+use log::error;
+
+use crate::{
+    diagnosis::aggregate::Aggregator,
+    kernel::event::clock_ns,
+    surfaces::http::{self, Handler, Response},
+    surfaces::metrics::{self, Metrics},
+    surfaces::store,
+};
 
 /// The daemon's health, as `GET /healthz` reports it.
 #[derive(Debug, Default)]

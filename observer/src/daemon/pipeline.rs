@@ -3,15 +3,26 @@
 //! `--record`), the socket table refreshed into the at-risk and doomed
 //! views, and the kernel's loss counters reported.
 
-use super::held::{Held, Released};
-use super::probed::{ProbeFeed, ProbeSockets};
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one module split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
-use crate::diagnosis::probed::PROBE_THREAD;
-use crate::kernel::owner::Owner;
+use std::sync::{atomic::Ordering, Arc, PoisonError};
+
+use log::{error, info, warn};
+
+use super::{
+    api::Shared,
+    held::{Held, Released},
+    outputs::{EventsOut, Recording, Stdout},
+    probed::{ProbeFeed, ProbeSockets},
+};
+use crate::{
+    cli::EventsFormat,
+    diagnosis::probed::PROBE_THREAD,
+    diagnosis::table::ProcessOwner,
+    kernel::bpf::{KernelCounters, Probes},
+    kernel::event::{clock_ns, EventKind, SockEvent},
+    kernel::owner::{Filter, Owner, Resolver},
+    surfaces::metrics::{self, Metrics},
+    surfaces::store::{self, Record, Writer},
+};
 
 /// Where decoded events go.
 pub(crate) struct Sinks {

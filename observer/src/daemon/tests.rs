@@ -1,3 +1,4 @@
+use super::api::{MAX_OLDER_BUILDS, TABLE_MAX_AGE_NS};
 use super::*;
 
 #[test]

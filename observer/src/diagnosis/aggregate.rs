@@ -33,17 +33,13 @@
 //! interval they question, start a new epoch: later survivals and the dead evidence
 //! from the first contradiction on make the new estimate.
 
-use std::{
-    collections::{BTreeMap, HashMap},
-    net::SocketAddr,
-};
+use std::{collections::HashMap, net::SocketAddr};
 
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::{Observation, Observed},
     diagnosis::probed::ProbeEvidence,
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
-    kernel::hello::Protocol,
 };
 pub use crate::{
     diagnosis::evidence::IDLE_BUCKETS,
@@ -59,10 +55,8 @@ mod row;
 mod state;
 
 pub use names::MAX_NAMES;
-#[allow(clippy::wildcard_imports, reason = "the aggregator and its parts share one namespace")]
-use row::*;
-#[allow(clippy::wildcard_imports, reason = "the aggregator and its parts share one namespace")]
-use state::*;
+use row::row;
+use state::DestState;
 
 /// Distinct process names remembered per destination.
 pub(crate) const MAX_PROCESSES: usize = 16;

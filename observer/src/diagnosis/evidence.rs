@@ -29,8 +29,8 @@ use crate::{
 
 mod window;
 
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use window::*;
+use window::{Bin, Minute, Slice, Timed};
+pub use window::{Counts, Dead, Evidence};
 
 /// Time slices of the window.
 pub const SLICES: usize = 12;

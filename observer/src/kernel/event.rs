@@ -10,21 +10,16 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use observer_common::{
-    dead, flags, how, kind, outcome, role, DoomedRecord, Event, SockRecord, AF_INET, AF_INET6, EVENT_SIZE, HELLO_BYTES,
-    HELLO_SIZE,
-};
+use observer_common::{flags, how, kind, outcome, role, Event, AF_INET, AF_INET6, EVENT_SIZE, HELLO_BYTES, HELLO_SIZE};
 use serde::{Deserialize, Serialize};
 
 use crate::{kernel::owner::Owner, names::named};
 
-mod clock;
+pub(crate) mod clock;
 mod views;
 
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use clock::*;
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use views::*;
+pub use clock::{clock_ns, Clock};
+pub use views::{doomed_of, view_of, DoomedView, SocketView};
 
 /// Why a record could not be decoded.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -22,11 +22,7 @@ use std::{fmt, fmt::Write as _, net::SocketAddr};
 
 use serde::{Deserialize, Serialize, Serializer};
 
-use crate::diagnosis::{
-    aggregate::DestinationRow,
-    estimate::POOL_FRACTION,
-    table::{Select, SelectError},
-};
+use crate::diagnosis::estimate::POOL_FRACTION;
 use crate::units::fmt_secs;
 use catalog::{Category, Kind};
 
@@ -34,8 +30,8 @@ mod command;
 pub use command::command;
 mod observed;
 
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use observed::*;
+pub(crate) use observed::close_enough;
+pub use observed::compare_observed;
 
 /// A timeout value: seconds, or no limit.
 #[derive(Debug, Clone, Copy, PartialEq)]

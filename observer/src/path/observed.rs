@@ -2,11 +2,13 @@
 //! daemon measured for it (the client row of the chosen namespace): idle
 //! timeouts, the pools' margin in front of them, and deadlines.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one module split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use super::{cell, Hop, HopAddress, Limit, Report, Violation};
+use crate::{
+    diagnosis::aggregate::DestinationRow,
+    diagnosis::estimate::POOL_FRACTION,
+    diagnosis::table::{Select, SelectError},
+    units::fmt_secs,
+};
 
 /// Declared and measured agree within 5% (at least 50 ms) of measurement
 /// and timer slack.

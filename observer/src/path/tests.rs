@@ -1,4 +1,5 @@
 use super::*;
+use crate::diagnosis::aggregate::DestinationRow;
 
 const DEFAULT_CHAIN: &str = include_str!("../../../examples/seeds-default-chain.toml");
 const FIXED_CHAIN: &str = include_str!("../../../examples/seeds-fixed-chain.toml");

@@ -20,7 +20,7 @@ use prometheus_client::{
 use std::sync::atomic::AtomicU64;
 
 use crate::{
-    diagnosis::aggregate::{Aggregator, Config, DestinationRow, Ingested, Verdict},
+    diagnosis::aggregate::{Aggregator, Config, DestinationRow, Ingested},
     diagnosis::evidence::Observation,
     diagnosis::table::{netns_label, RowId},
     kernel::event::SockEvent,

@@ -33,33 +33,25 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
-        mpsc::{self, Receiver, RecvTimeoutError, Sender},
-        Arc,
-    },
-    thread::JoinHandle,
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use log::{debug, warn};
+use log::warn;
 use rusqlite::{params, Connection};
 
 use crate::{
     diagnosis::aggregate::{destination_of, Change},
     diagnosis::evidence::Observed,
     diagnosis::probed::ProbeEvidence,
-    kernel::event::{clock_ns, EventKind, Role, SockEvent},
+    kernel::event::{EventKind, Role, SockEvent},
 };
 
 mod debug;
 mod open;
 mod writer;
 
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
 pub use debug::{debug_evidence_keys, debug_write_evidence};
-#[allow(clippy::wildcard_imports, reason = "the module and its parts share one namespace")]
-pub use writer::*;
+pub use writer::{Writer, WriterState, GIVE_UP_AFTER, QUEUE, RETRY_EVERY};
 
 /// Name of the database file in the data directory.
 pub const DB_FILE: &str = "evidence.sqlite";

@@ -8,11 +8,14 @@
 //! for at most four times `max_destinations` destinations (the one seen
 //! longest ago makes room). A name not seen for the window is forgotten.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "the aggregator split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::collections::BTreeMap;
+
+use super::{destination_of, Aggregator};
+use crate::{
+    diagnosis::table::{DestKey, Destination, ServerName},
+    kernel::event::SockEvent,
+    kernel::hello::Protocol,
+};
 
 /// Distinct names kept per destination.
 pub const MAX_NAMES: usize = 4;

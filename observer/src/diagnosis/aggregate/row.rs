@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{interval_of, DestState};
+use super::state::{interval_of, DestState};
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::IDLE_BUCKETS,

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::*;
 use crate::kernel::{
     event::{EventKind, How, Outcome},
+    hello::Protocol,
     runtime::ClientRuntime,
 };
 

@@ -2,12 +2,11 @@
 //! for the running kernel (what it has: `tp_btf` tracepoints, `fentry`,
 //! the `bpf_rdonly_cast` kfunc).
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one loader split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use aya::programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId};
 use observer_common::program;
+
+use super::BpfError;
+use crate::kernel::btf::Btf;
 
 /// How a program attaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

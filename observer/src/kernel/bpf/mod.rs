@@ -15,13 +15,13 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{fentry::FEntryLinkId, tp_btf::BtfTracePointLinkId, BtfTracePoint, FEntry, Iter},
+    programs::{BtfTracePoint, FEntry, Iter},
     Btf as AyaBtf, Ebpf, EbpfLoader,
 };
 use observer_common::{counter, globals, maps, DoomedRecord, SockRecord};
 
 use crate::{
-    kernel::btf::{Btf, BtfError},
+    kernel::btf::BtfError,
     kernel::event::{decode_bytes, Clock, DecodeError, EventKind, SockEvent},
 };
 
@@ -32,10 +32,10 @@ mod losses;
 mod netns;
 mod watch;
 
-#[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
-pub use hooks::*;
-#[allow(clippy::wildcard_imports, reason = "the loader and its parts share one namespace")]
-pub use kernel::*;
+pub use hooks::{Hook, HookKind, ProbeSet};
+use hooks::{HotLink, BENCH_EMPTY, HOT_HOOKS, RECV, RECV_CAST};
+pub use kernel::{check_capabilities, raise_memlock, refused_by_seccomp, resolve_offsets};
+use kernel::{inspect_kernel, object_for, set_clock_offset, tick_ns};
 
 /// Take map `name` out of the loaded object as its typed handle.
 fn take_map<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
@@ -555,7 +555,7 @@ mod tests {
     fn tick_is_the_kernels_jiffy() {
         let tick = super::tick_ns();
         assert!((1_000_000..=10_000_000).contains(&tick), "no jiffy length: {tick}");
-        if let Some(hz) = crate::kernel::event::kernel_hz() {
+        if let Some(hz) = crate::kernel::event::clock::kernel_hz() {
             let hz = u64::from(hz);
             assert_eq!(tick, (1_000_000_000 + hz / 2) / hz, "CONFIG_HZ={hz}");
         }

@@ -1,4 +1,6 @@
 use super::*;
+use crate::kernel::event::clock::{hz_from_coarse_clock, kernel_hz};
+use observer_common::{dead, DoomedRecord};
 
 fn bytes_of(e: &Event) -> Vec<u8> {
     // SAFETY: Event is POD without padding.

@@ -1,11 +1,11 @@
 //! The socket table's records decoded: an idle socket as the at-risk view
 //! sees it, and a dead socket a process still holds.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one module split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::net::SocketAddr;
+
+use observer_common::{dead, role, DoomedRecord, SockRecord};
+
+use super::{addr, secs, How, Role};
 
 /// One tracked socket as the kernel's table shows it now (the at-risk view).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,8 +1,13 @@
 //! The estimate gauges: rebuilt from the destination table at each scrape,
 //! one family per estimate, per row.
 
-#[allow(clippy::wildcard_imports, reason = "the parent's label sets, gauge types and register helper")]
-use super::*;
+use prometheus_client::{
+    metrics::{family::Family, gauge::Gauge},
+    registry::{Registry, Unit},
+};
+
+use super::{register, BoundLabels, FGauge, MismatchLabels, NameLabels, RowGauge, RowLabels};
+use crate::diagnosis::aggregate::{DestinationRow, Verdict};
 
 /// Gauges rebuilt from the table at each scrape, per row: a gauge without
 /// evidence is absent, not zero.

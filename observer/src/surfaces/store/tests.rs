@@ -1,8 +1,10 @@
 #![allow(clippy::cast_precision_loss, reason = "small test counters")]
+use std::{sync::atomic::Ordering, time::Instant};
+
 use super::*;
 use crate::{
     diagnosis::aggregate::{Aggregator, Config},
-    kernel::event::{How, Outcome, Role},
+    kernel::event::{clock_ns, How, Outcome, Role},
 };
 
 const S: u64 = 1_000_000_000;

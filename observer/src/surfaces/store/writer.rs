@@ -2,11 +2,20 @@
 //! path (bounded by a count, dropped and counted when full), written in
 //! batches, and the retention applied every minute.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one module split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::{
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        mpsc::{self, Receiver, RecvTimeoutError, Sender},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use log::{debug, warn};
+
+use super::{Limits, Record, Store};
+use crate::kernel::event::clock_ns;
 
 /// The writer thread's handle: queue records without blocking. The queue
 /// grows as records come (a `sync_channel` would allocate and touch every
