@@ -414,10 +414,6 @@ pub struct RunArgs {
     /// (counted) and never attributed to a later close.
     #[arg(long, value_parser = parse_duration, default_value = "5m", env = "OBSERVER_ANSWER_WITHIN")]
     pub answer_within: Duration,
-    /// Ignored since per-socket state moved to socket-local storage (no
-    /// table to size); accepted so existing command lines keep working.
-    #[arg(long, hide = true)]
-    pub max_sockets: Option<u32>,
     /// Size of the kernel-to-userspace ring buffer (power of two, >= 4096).
     #[arg(long, value_parser = parse_size, default_value = "1MiB", env = "OBSERVER_RING_BUFFER")]
     pub ring_buffer: u32,

@@ -86,9 +86,6 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         bench_toggle: args.bench_toggle,
         names: !args.no_names,
     };
-    if args.max_sockets.is_some() {
-        warn!("--max-sockets is ignored: per-socket state lives in socket-local storage, freed with each socket");
-    }
     let probes = Probes::load(&config).context("bringing up the probes")?;
     // Loading parsed the kernel's BTF three times, one copy at a time (tens
     // of MB each, freed now); glibc keeps freed heap resident until asked
