@@ -87,8 +87,7 @@ pub fn pipeline(n: usize, destinations: u32, histograms: bool) -> PipelineResult
     let mut decoded = 0usize;
     for chunk in raw.chunks_exact(EVENT_SIZE) {
         if let Ok(ev) = decode_bytes(chunk, clock) {
-            let ingested = agg.ingest(&ev);
-            metrics.observe(&ev, ingested.as_ref());
+            metrics.fed(&ev, &agg.feed(&ev));
             decoded += 1;
         }
     }

@@ -131,11 +131,10 @@ impl Sinks {
         }
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
-            let ingested = agg.ingest(ev);
-            evidence = ingested.is_some() || agg.take_fresh_name();
-            self.shared.metrics.observe(ev, ingested.as_ref());
-            for r in agg.take_restarts() {
-                self.shared.metrics.restart(&r);
+            let fed = agg.feed(ev);
+            evidence = fed.stored();
+            self.shared.metrics.fed(ev, &fed);
+            for r in &fed.restarts {
                 warn!(
                     "peer restart at {} ({}): {} connections closed at once, idle {:.3} to {:.3} s; not timeout evidence",
                     r.id.destination,
@@ -145,8 +144,7 @@ impl Sinks {
                     r.max_idle_seconds
                 );
             }
-            self.shared.metrics.forget(&agg.take_gone());
-            for c in agg.take_changes() {
+            for c in fed.changes {
                 if let Some(w) = &self.store {
                     let _ = w.send(Record::Change(c.clone()));
                 }

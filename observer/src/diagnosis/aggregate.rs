@@ -87,6 +87,31 @@ pub struct Ingested {
     pub obs: Observed,
 }
 
+/// What one event did to the table: everything a consumer of the feed
+/// needs, from [`Aggregator::feed`], the one way the daemon, the offline
+/// exposition and the bench feed events.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Fed {
+    /// The event as evidence: its row and what it proves (None: no evidence).
+    pub ingested: Option<Ingested>,
+    /// The event named its row anew (a name the row had not seen).
+    pub fresh_name: bool,
+    /// Peer restarts this event let the table judge.
+    pub restarts: Vec<Restart>,
+    /// Changes of a path estimate it caused.
+    pub changes: Vec<Change>,
+    /// Rows removed meanwhile (their metric series can go).
+    pub gone: Vec<RowId>,
+}
+
+impl Fed {
+    /// Whether the store keeps the event: evidence, or a name new to its row.
+    #[must_use]
+    pub const fn stored(&self) -> bool {
+        self.ingested.is_some() || self.fresh_name
+    }
+}
+
 /// Settings of the aggregation.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -215,6 +240,18 @@ impl Aggregator {
             key
         } else {
             DestKey { dest: Destination::Other, role, netns: 0 }
+        }
+    }
+
+    /// Feed one event and take everything it did: the one feed call.
+    pub fn feed(&mut self, ev: &SockEvent) -> Fed {
+        let ingested = self.ingest(ev);
+        Fed {
+            ingested,
+            fresh_name: self.take_fresh_name(),
+            restarts: self.take_restarts(),
+            changes: self.take_changes(),
+            gone: self.take_gone(),
         }
     }
 

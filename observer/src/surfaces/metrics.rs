@@ -20,7 +20,7 @@ use prometheus_client::{
 use std::sync::atomic::AtomicU64;
 
 use crate::{
-    diagnosis::aggregate::{Aggregator, Config, DestinationRow, Ingested},
+    diagnosis::aggregate::{Aggregator, Config, DestinationRow, Fed, Ingested},
     diagnosis::evidence::Observation,
     diagnosis::table::{netns_label, RowId},
     kernel::event::SockEvent,
@@ -479,6 +479,16 @@ impl Metrics {
         }
     }
 
+    /// Everything one fed event changes in the series: its counts, the
+    /// restarts it let the table judge, and the series of rows gone.
+    pub fn fed(&self, ev: &SockEvent, fed: &Fed) {
+        self.observe(ev, fed.ingested.as_ref());
+        for r in &fed.restarts {
+            self.restart(r);
+        }
+        self.forget(&fed.gone);
+    }
+
     /// Set `observer_build_info`.
     pub fn set_build_info(&self, version: &str, probe_set: &str, kernel: &str) {
         let f = &self.daemon.build_info;
@@ -612,12 +622,7 @@ pub fn exposition_of(events: &[SockEvent], config: Config, histograms: bool) -> 
     let metrics = Metrics::new(histograms);
     let mut agg = Aggregator::new(config);
     for ev in events {
-        let ingested = agg.ingest(ev);
-        metrics.observe(ev, ingested.as_ref());
-        for r in agg.take_restarts() {
-            metrics.restart(&r);
-        }
-        metrics.forget(&agg.take_gone());
+        metrics.fed(ev, &agg.feed(ev));
     }
     agg.finish();
     for r in agg.take_restarts() {

@@ -1116,3 +1116,29 @@ fn a_probe_leaves_with_the_window_and_an_older_one_never_replaces_a_newer() {
     agg.add_probe(&probed(100.0, "10.0.0.9:443", ProbeHow::Fin, 2.0, Some(2.0)));
     assert!(agg.rows(agg.latest_ns()).iter().all(|r| r.id.destination != "10.0.0.9:443"));
 }
+
+/// The one feed call hands on everything an event did: its evidence, the
+/// restart it let the table judge, and nothing twice.
+#[test]
+fn feed_hands_on_the_evidence_and_the_restart_once() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.7:8080";
+    let fed = agg.feed(&reuse(1.0, d, 1.0, Outcome::Ok));
+    assert!(fed.ingested.is_some() && fed.stored());
+    assert!(fed.restarts.is_empty() && fed.changes.is_empty() && fed.gone.is_empty());
+    // 20 idle sockets closed within 0.4 s at ages 1..20 s: a restart, judged
+    // by the first event after its span.
+    for k in 0..20u32 {
+        let fed =
+            agg.feed(&at_sock(peer_close(100.0 + f64::from(k) * 0.02, d, 1.0 + f64::from(k)), 1000 + u64::from(k)));
+        assert!(fed.restarts.is_empty(), "judged only after its span");
+    }
+    let fed = agg.feed(&reuse(110.0, d, 1.0, Outcome::Ok));
+    assert_eq!(fed.restarts.len(), 1, "{fed:?}");
+    assert_eq!(fed.restarts[0].sockets, 20);
+    assert!(agg.take_restarts().is_empty(), "handed on once");
+    // An event of no destination is no evidence and changes nothing.
+    let mut e = ev(111.0, EventKind::Established, d, 0.0);
+    e.role = Role::Unknown;
+    assert_eq!(agg.feed(&e), Fed::default());
+}
