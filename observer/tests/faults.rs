@@ -415,14 +415,18 @@ fn server_idle_closes_past_the_kernels_table_are_counted() -> Result<()> {
     let evicted = lost(&addr, "closed_idle_evicted")?;
     // The kernel's LRU frees entries in batches of up to 128 per CPU
     // (LOCAL_FREE_TARGET) when its free list runs dry, so it may evict a
-    // little more than the overflow, never more than that.
+    // little more than the overflow, never more than that. An eviction is
+    // counted as added - removed - left, so a removal whose program run the
+    // kernel skipped (counted as program_run_skipped) counts as one too:
+    // CI saw 2,047 with 224 runs skipped on a loaded host, 1,792 without.
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as u64;
+    let skipped = lost(&addr, "program_run_skipped")?;
     ensure!(
-        evicted <= beyond + 128 * cpus,
-        "{evicted} evictions counted, more than the {beyond} closes beyond the table and the LRU's batches"
+        evicted <= beyond + 128 * cpus + skipped,
+        "{evicted} evictions counted, more than the {beyond} closes beyond the table, the LRU's batches and the {skipped} program runs skipped"
     );
     eprintln!(
-        "MEASURED CLOSED_IDLE: {closed} server idle closes, {evicted} evictions counted ({beyond} beyond 16,384; first seen after {:.1} s)",
+        "MEASURED CLOSED_IDLE: {closed} server idle closes, {evicted} evictions counted ({beyond} beyond 16,384, {skipped} program runs skipped; first seen after {:.1} s)",
         took.as_secs_f64()
     );
     Ok(())
