@@ -18,7 +18,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension as _};
 
 use super::{Store, StoreError, DB_FILE, SCHEMA_VERSION};
 
-/// Schema 3, as a fresh store creates it.
+/// Schema 3, as a fresh store creates it: these and [`PROBES_TABLE`].
 const SCHEMA: &str = "CREATE TABLE evidence (
          id INTEGER PRIMARY KEY,
          ts_unix_ns INTEGER NOT NULL,
@@ -42,8 +42,10 @@ const SCHEMA: &str = "CREATE TABLE evidence (
          role TEXT NOT NULL,
          netns INTEGER NOT NULL,
          connections INTEGER NOT NULL,
-         PRIMARY KEY (minute, destination, role, netns));
-     CREATE TABLE probes (
+         PRIMARY KEY (minute, destination, role, netns));";
+
+/// What schema 3 added: `observer probe`'s results.
+const PROBES_TABLE: &str = "CREATE TABLE probes (
          id INTEGER PRIMARY KEY,
          ts_unix_ns INTEGER NOT NULL,
          destination TEXT NOT NULL,
@@ -54,19 +56,9 @@ const SCHEMA: &str = "CREATE TABLE evidence (
 
 /// Schema 2 to 3: the `probes` table, empty.
 fn migrate_2_to_3(conn: &Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "BEGIN IMMEDIATE;
-         CREATE TABLE probes (
-             id INTEGER PRIMARY KEY,
-             ts_unix_ns INTEGER NOT NULL,
-             destination TEXT NOT NULL,
-             role TEXT NOT NULL,
-             netns INTEGER,
-             probe TEXT NOT NULL);
-         CREATE INDEX probes_ts ON probes(ts_unix_ns);
-         UPDATE meta SET value = 3 WHERE key = 'schema';
-         COMMIT;",
-    )
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE; {PROBES_TABLE} UPDATE meta SET value = 3 WHERE key = 'schema'; COMMIT;"
+    ))
     .inspect_err(|_| {
         let _ = conn.execute_batch("ROLLBACK");
     })
@@ -160,6 +152,7 @@ impl Store {
         match version {
             None if fresh => {
                 conn.execute_batch(SCHEMA).map_err(fail)?;
+                conn.execute_batch(PROBES_TABLE).map_err(fail)?;
                 conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
