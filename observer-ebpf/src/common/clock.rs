@@ -2,11 +2,20 @@
 //! segment times put on it, and the jiffy-based send time of a busy
 //! exchange.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{
+    bpf_ktime_get_boot_ns, bpf_ktime_get_ns,
+    generated::{bpf_jiffies64, bpf_skc_to_tcp_sock},
+};
+use observer_common::{busy, SockState};
+
+use super::{
+    closes::CONTROL_NS,
+    maps::{global, min_idle_ns, CLOCK_OFFSET, OFFSETS, TCP_SOCK_BTF_ID, TICK_NS},
+    requests::st,
+    sock::tracks_requests,
+};
 
 #[inline(always)]
 pub fn now() -> u64 {

@@ -5,10 +5,18 @@
 
 use core::ffi::c_void;
 
+use observer_common::{dead, flags, how, kind, outcome, role, SockState};
+
 use super::{
-    acked, after, answered, clear_request, dead, discarded, emit, end_stalled, eof_read, expire_request, flags, how,
-    kind, last_activity, local_ended_request, mark_dead, min_idle_ns, outcome, peer_ended_request, read_all,
-    remember_idle_close, request_bytes, resolve_answered, role, snd_una, st, undoom, write_seq, SockState,
+    death::{discarded, mark_dead, undoom},
+    emit::emit,
+    kernel::{after, snd_una, write_seq},
+    maps::min_idle_ns,
+    requests::{
+        acked, answered, clear_request, end_stalled, eof_read, expire_request, local_ended_request, peer_ended_request,
+        read_all, request_bytes, resolve_answered, st,
+    },
+    sock::{last_activity, remember_idle_close},
 };
 
 /// A write of at most this many bytes immediately followed by our close

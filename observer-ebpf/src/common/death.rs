@@ -2,11 +2,18 @@
 //! write that then fails before a byte leaves (a failed reuse), a pool
 //! that discards it unwritten, and the `DOOMED` table of those still held.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use observer_common::{counter, dead, flags, how, kind, outcome, watch, DoomedRecord, SockState};
+
+use super::{
+    bytes::copy16,
+    clock::{now, since_stamp},
+    emit::emit,
+    kernel::{app_limited, field, keepalive, sk_err},
+    maps::{atomic_add, count, global, min_idle_ns, DOOMED, FAILED_WRITE_HOOK, FAILED_WRITE_WATCH, OFFSETS, TICK_NS},
+    sock::{last_activity, set_process, tracks_requests},
+};
 
 /// The socket died with nothing outstanding (`kind`: `dead::FIN`, `RST`
 /// or `TIMEOUT`); `idle_close` when that was an idle close (a

@@ -1,11 +1,17 @@
 //! Events to userspace: one ring-buffer record built in place from a
 //! socket's state, and when it wakes the reader.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use observer_common::{counter, flags, kind, Event, SockState};
+
+use super::{
+    bytes::{copy16, zero},
+    kernel::keepalive,
+    maps::{count, global, EVENTS, RING_BYTES, UNWOKEN},
+    requests::{request_bytes, st},
+    sock::last_activity,
+};
 
 /// Emit one event built from the socket's state. The record is written in
 /// place in the ring buffer (no copy on the 512-byte BPF stack).

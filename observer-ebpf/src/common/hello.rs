@@ -12,11 +12,17 @@
 //! 8-byte user read per client connection; one 640-byte ring record per
 //! TLS or HTTP connection.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{
+    bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_probe_read_user as bpf_probe_read_user_raw,
+};
+use observer_common::{counter, kind, role, Event, Hello, SockState, HELLO_BYTES};
+
+use super::{
+    emit::{header, wakeup},
+    maps::{count, global, EVENTS, OFFSETS},
+};
 
 /// Read a `T` at `base + off` from kernel memory (the `msghdr`, its
 /// `iov_iter` and the `iovec` array are all kernel copies).

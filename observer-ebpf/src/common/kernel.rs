@@ -2,11 +2,11 @@
 //! BTF offsets userspace resolved (direct loads where the hook's pointer
 //! is BTF-typed, `bpf_probe_read_kernel` otherwise).
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_probe_read_kernel as bpf_probe_read_kernel_raw};
+
+use super::maps::{global, OFFSETS};
 
 /// `sk_shutdown` bit for "no more receives" (a full close, not `SHUT_WR`).
 pub(crate) const RCV_SHUTDOWN: u8 = 1;

@@ -1,11 +1,14 @@
 //! The maps and load-time globals every hook shares (userspace sets the
 //! globals and sizes the ring buffer before loading), and the counters.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
+};
+use observer_common::{counter, ClosedIdle, DoomedRecord, Offsets, SockState, TupleKey};
 
 /// Events to userspace. Userspace resizes it at load time.
 #[map]

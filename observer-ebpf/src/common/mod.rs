@@ -27,28 +27,6 @@
 //!
 //! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`hello`], [`death`], [`requests`], [`closes`].
 
-use core::ffi::c_void;
-
-use aya_ebpf::{
-    bindings::BPF_SK_STORAGE_GET_F_CREATE,
-    btf_maps::SkStorage,
-    helpers::{
-        bpf_get_current_pid_tgid, bpf_get_smp_processor_id, bpf_ktime_get_boot_ns, bpf_ktime_get_ns,
-        bpf_probe_read_kernel, bpf_probe_read_user,
-        generated::{
-            bpf_get_current_cgroup_id, bpf_get_current_comm as bpf_get_current_comm_raw, bpf_jiffies64,
-            bpf_probe_read_kernel as bpf_probe_read_kernel_raw, bpf_probe_read_user as bpf_probe_read_user_raw,
-            bpf_sk_storage_get, bpf_skc_to_tcp_sock,
-        },
-    },
-    macros::{btf_map, map},
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
-};
-use observer_common::{
-    busy, counter, dead, flags, how, kind, outcome, role, watch, ClosedIdle, DoomedRecord, Event, Hello, Offsets,
-    SockState, TupleKey, AF_INET, AF_INET6, CONTROL_FRAME_BYTES, HELLO_BYTES,
-};
-
 mod bytes;
 mod clock;
 mod closes;
@@ -60,23 +38,14 @@ mod maps;
 mod requests;
 mod sock;
 
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use bytes::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use clock::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use closes::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use death::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use emit::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use hello::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use kernel::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use maps::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use requests::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the probes name these as `common::...`")]
-pub use sock::*;
+pub(crate) use clock::{busy_write_time, now, receive_time, receive_time_cast, start_busy_write};
+pub(crate) use closes::{on_local_close, on_peer_fin, on_peer_rst};
+pub(crate) use death::{on_destroy, on_failed_write, write_fails};
+pub(crate) use hello::first_write;
+pub(crate) use kernel::{field, is_full_close, sk_protocol};
+pub(crate) use maps::{storage_map, OFFSETS};
+pub(crate) use requests::{on_closed, on_read, on_send};
+pub(crate) use sock::{
+    adopt, enter_listener, last_activity, listening, netns_read, on_established, on_retransmit, on_send_reset,
+    set_process, stopped_listening, storage,
+};

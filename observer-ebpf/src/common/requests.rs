@@ -4,11 +4,17 @@
 
 use core::ffi::c_void;
 
+use observer_common::{counter, dead, how, kind, outcome, SockState, CONTROL_FRAME_BYTES};
+
 use super::{
-    after, copied_seq, count, counter, dead, emit, global, goodbye_idle, how, keepalive_death, kind, last_activity,
-    list_doomed, mark_dead, min_idle_ns, on_local_close, outcome, rcv_nxt, refresh_clocks, request_event,
-    reuse_outcome, set_process, sk_err, snd_una, stall_after_ns, tracks_requests, undoom, write_len, write_seq,
-    SockState, ANSWER_WITHIN_NS, CONTROL_FRAME_BYTES, CONTROL_NS, EMIT_CLOSED, GOODBYE_GRACE_NS,
+    clock::refresh_clocks,
+    closes::{goodbye_idle, on_local_close, CONTROL_NS, GOODBYE_GRACE_NS},
+    death::{keepalive_death, list_doomed, mark_dead, undoom},
+    emit::{emit, request_event, reuse_outcome},
+    hello::write_len,
+    kernel::{after, copied_seq, rcv_nxt, sk_err, snd_una, write_seq},
+    maps::{count, global, min_idle_ns, stall_after_ns, ANSWER_WITHIN_NS, EMIT_CLOSED},
+    sock::{last_activity, set_process, tracks_requests},
 };
 
 /// A peer FIN/RST this soon after a reuse write crossed it in flight (the

@@ -2,11 +2,25 @@
 //! and role, the owning process, and the server side's memory of idle
 //! closes (`late_reuse`).
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one state machine split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use core::ffi::c_void;
+
+use aya_ebpf::{
+    bindings::BPF_SK_STORAGE_GET_F_CREATE,
+    helpers::{
+        bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
+        generated::{bpf_get_current_cgroup_id, bpf_get_current_comm as bpf_get_current_comm_raw, bpf_sk_storage_get},
+    },
+};
+use observer_common::{counter, dead, flags, kind, role, ClosedIdle, SockState, TupleKey, AF_INET, AF_INET6};
+
+use super::{
+    bytes::copy16,
+    clock::{now, refresh_clocks, since_stamp},
+    death::undoom,
+    emit::emit,
+    kernel::{direct, field, field_into},
+    maps::{count, global, CLOSED_IDLE, CLOSED_IDLE_USED, ID_SEQ, LISTENERS, OFFSETS, SOCKETS, TICK_NS, WALKED_NETNS},
+};
 
 /// The socket's state; with `create`, made (and counted when the kernel
 /// refuses) if missing.
