@@ -2,11 +2,20 @@
 //! scrape and stop, the bpftrace equivalent, and the kernel's per-program
 //! run-time statistics.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one benchmark split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::mpsc,
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _, Result};
+use serde_json::Value;
+
+use super::sh;
 
 /// A running `observer run`, stopped with SIGTERM on drop.
 pub(crate) struct Observer {

@@ -1,11 +1,18 @@
 //! The loads the benchmarks drive: loopback ping-pongs (free or pinned,
 //! paced or not), connection churn, and idle connections held open.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one benchmark split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::{
+    io::{Read as _, Write},
+    net::{Shutdown, TcpListener, TcpStream},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result};
 
 /// Ping-pong round trips per second over `conns` loopback connections.
 pub(crate) fn pingpong(conns: usize, dur: Duration) -> Result<f64> {

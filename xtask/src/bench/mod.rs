@@ -5,16 +5,8 @@
 //! [`load`], [`control`], [`phases`], [`report`].
 
 use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    io::{BufRead, BufReader, Read, Write},
-    net::{Shutdown, TcpListener, TcpStream},
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
-        mpsc, Arc,
-    },
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -28,16 +20,14 @@ mod phases;
 mod report;
 mod state_cost;
 
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
-pub(crate) use control::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
-pub(crate) use load::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
-pub(crate) use phases::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases, loads and report share one namespace")]
-pub(crate) use report::*;
-#[allow(clippy::wildcard_imports, unused_imports, reason = "the phases are named as `bench::...`")]
-pub use state_cost::*;
+pub(crate) use control::{http_get, metric_sum, observer_bin, Observer};
+pub(crate) use load::hold;
+pub(crate) use phases::{
+    churn_phase, hot_path, hot_path_interleaved, kernel_cost, memory_phase, names_phase, pipeline_phase, ringbuf_phase,
+    rss_kib, startup_phase, status_kib,
+};
+pub(crate) use report::markdown;
+pub(crate) use state_cost::{baseline_binary, hot_cost, state_cost};
 
 /// Settings of one bench run.
 pub(crate) struct Plan {

@@ -1,11 +1,28 @@
 //! The benchmark phases, one function each, every one returning its
 //! figures as JSON for `results.json`.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one benchmark split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader, Read as _, Write as _},
+    net::{TcpListener, TcpStream},
+    path::Path,
+    process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{ensure, Context as _, Result};
+use serde_json::{json, Value};
+
+use super::{
+    control::{http_get, metric_sum, observer_bin, per_run, tmp, Bpftrace, Observer},
+    load::{churn, churn_with, paced_pingpong, pingpong, PingPong, HTTP_REQUEST},
+    med, sh, stats, Plan,
+};
 
 pub(crate) fn hot_path(plan: &Plan, bt_script: &Path) -> Result<Value> {
     let modes = ["none", "observer", "bpftrace"];

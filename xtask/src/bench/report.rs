@@ -1,11 +1,11 @@
 //! `BENCHMARKS.md` from the phases' JSON: each target against its
 //! measured figure, and the method.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one benchmark split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::med;
 
 pub(crate) fn mmm(v: &Value, scale: f64, unit: &str) -> String {
     format!(
@@ -555,7 +555,8 @@ fn ring_summary(ring: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{median_interval, settled};
+    use super::settled;
+    use crate::bench::median_interval;
 
     #[test]
     fn a_target_is_judged_on_the_whole_interval() {

@@ -2,11 +2,20 @@
 //! churn (`state_cost`), the hot path under ping-pong (`hot_cost`), and
 //! the builds of the revisions they compare with.
 
-#[allow(
-    clippy::wildcard_imports,
-    reason = "one benchmark split by concern: the parent's imports and siblings' items"
-)]
-use super::*;
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{ensure, Result};
+use serde_json::{json, Value};
+
+use super::{
+    control::{observer_bin, per_run, tmp, Observer},
+    load::{churn, pingpong},
+    machine, sh, stats, Plan,
+};
 
 /// The state-change hook's cost per run under connection churn, side by
 /// side: rounds alternate between this tree's build and each `baseline`
