@@ -402,12 +402,9 @@ impl Aggregator {
     pub fn replay<'a>(&mut self, events: impl IntoIterator<Item = &'a SockEvent>) -> usize {
         let mut n = 0;
         for ev in events {
-            self.ingest(ev);
+            let _ = self.feed(ev);
             n += 1;
         }
-        self.take_changes();
-        self.take_restarts();
-        self.take_gone();
         n
     }
 

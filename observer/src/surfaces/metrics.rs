@@ -298,124 +298,13 @@ impl EvidenceFamilies {
     }
 }
 
-/// The daemon's own series: what it received, lost and runs on.
-struct DaemonFamilies {
-    evicted: Counter,
-    build_info: Family<BuildLabels, Gauge>,
-    undecodable: Counter,
-    events: Family<KindLabels, Counter>,
-    lost: Family<ReasonLabels, Counter>,
-    unresolved: Counter,
-    tracked: Gauge,
-    failed_write_hook: Gauge,
-    failed_write_attaches: Counter,
-    owner_wait: Gauge,
-    store_records_lost: Family<ReasonLabels, Counter>,
-    probe_events: Counter,
-    probe_results: Counter,
-}
-
-impl DaemonFamilies {
-    fn register(r: &mut Registry) -> Self {
-        let f = Self {
-            evicted: register(
-                r,
-                "observer_destinations_evicted",
-                "Destination rows removed because their evidence left the window",
-                None,
-                Counter::default(),
-            ),
-            build_info: register(
-                r,
-                "observer_build_info",
-                "1, labelled with the observer version, the probe set in use and the kernel release",
-                None,
-                Family::default(),
-            ),
-            undecodable: register(
-                r,
-                "observer_records_undecodable",
-                "Ring-buffer records that did not decode as events (a kernel/userspace mismatch; logged)",
-                None,
-                Counter::default(),
-            ),
-            events: register(r, "observer_events", "Events received from the kernel, by kind", None, Family::default()),
-            lost: register(r, "observer_events_lost", "Events or sockets lost, by reason", None, Family::default()),
-            unresolved: register(
-                r,
-                "observer_reuses_unresolved",
-                "Reuses that ended without an outcome (a one-way write, or a close before any response or retransmit)",
-                None,
-                Counter::default(),
-            ),
-            tracked: register(
-                r,
-                "observer_tracked_sockets",
-                "Sockets in the kernel's socket table",
-                None,
-                Gauge::default(),
-            ),
-            failed_write_hook: register(
-                r,
-                "observer_failed_write_hook_attached",
-                "1 while the failed-write hook (sock_send_length, tp_btf probe set) is attached: only while a client socket reset or timed out idle waits for its application",
-                None,
-                Gauge::default(),
-            ),
-            failed_write_attaches: register(
-                r,
-                "observer_failed_write_hook_attaches",
-                "Times the failed-write hook was attached",
-                None,
-                Counter::default(),
-            ),
-            store_records_lost: register(
-                r,
-                "observer_store_records_lost",
-                "Per-minute connection counts and estimate changes the store could not keep, by reason (store_error, store_backlog; events lost are in observer_events_lost_total)",
-                None,
-                Family::default(),
-            ),
-            probe_events: register(
-                r,
-                "observer_probe_connection_events",
-                "Events of observer probe's own connections (thread observer-probe), left out of every row",
-                None,
-                Counter::default(),
-            ),
-            probe_results: register(
-                r,
-                "observer_probe_results",
-                "observer probe results read from the evidence store into their rows",
-                None,
-                Counter::default(),
-            ),
-            owner_wait: register(
-                r,
-                "observer_events_awaiting_owner",
-                "Under --cgroup, events held until the cgroup of their process is resolved (each waits at most 30 s; 16,384 at most)",
-                None,
-                Gauge::default(),
-            ),
-        };
-        // Every loss reason is exported from the start, at 0.
-        for reason in reason::ALL {
-            let _ = f.lost.get_or_create(&ReasonLabels { reason: (*reason).to_owned() });
-        }
-        for reason in [reason::STORE_ERROR, reason::STORE_BACKLOG] {
-            let _ = f.store_records_lost.get_or_create(&ReasonLabels { reason: reason.to_owned() });
-        }
-        f
-    }
-}
-
 /// All metrics of the daemon: three family sets, each registered where it
 /// is declared, in exposition order.
 pub struct Metrics {
     registry: Registry,
     evidence: EvidenceFamilies,
     estimates: estimates::EstimateFamilies,
-    daemon: DaemonFamilies,
+    daemon: daemon::DaemonFamilies,
 }
 
 impl Default for Metrics {
@@ -432,7 +321,7 @@ impl Metrics {
         let mut registry = Registry::default();
         let evidence = EvidenceFamilies::register(&mut registry, histograms);
         let estimates = estimates::EstimateFamilies::register(&mut registry);
-        let daemon = DaemonFamilies::register(&mut registry);
+        let daemon = daemon::DaemonFamilies::register(&mut registry);
         Self { registry, evidence, estimates, daemon }
     }
 
@@ -638,6 +527,7 @@ const EMPTY_NETNS: &str = ",netns=\"\"";
 /// Content type of [`Metrics::encode`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+mod daemon;
 mod estimates;
 #[cfg(test)]
 mod tests;

@@ -9,6 +9,7 @@
 use serde::Serialize;
 
 mod command;
+mod findings;
 pub use command::command;
 mod html;
 mod markdown;
@@ -18,13 +19,14 @@ pub use html::html;
 pub use markdown::markdown;
 
 use crate::{
-    diagnosis::aggregate::{Aggregator, Change, Config, DestinationRow, FailureMode},
+    diagnosis::aggregate::{Aggregator, Change, Config, FailureMode},
     diagnosis::probed::ProbeEvidence,
     diagnosis::table::{Select, SelectError},
     kernel::event::{EventKind, Role, SockEvent},
     surfaces::store::VolumeCount,
     units::fmt_secs,
 };
+use findings::{failure_text, findings, questions};
 
 /// Samples shown in the failure table at most.
 pub const MAX_SAMPLES: usize = 20;
@@ -226,24 +228,6 @@ fn utc(ns: u64) -> String {
     humantime::format_rfc3339_millis(std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns)).to_string()
 }
 
-fn failure_text(mode: FailureMode, row: &DestinationRow) -> String {
-    let (t, about) = match (row.path_idle_timeout_seconds, row.path_idle_timeout_upper_seconds) {
-        (Some(p), _) => (fmt_secs(p), "about "),
-        (None, Some(u)) => {
-            (format!("between {} and {}", fmt_secs(row.path_idle_timeout_lower_seconds), fmt_secs(u)), "")
-        }
-        (None, None) => ("an unknown time".to_owned(), ""),
-    };
-    match mode {
-        FailureMode::Fin => format!("the hop closes idle connections with FIN after {about}{t}"),
-        FailureMode::Rst => format!("the hop resets connections reused after {about}{t} of idle time"),
-        FailureMode::SilentDrop => {
-            format!("the path silently drops idle flows after {about}{t}; a reused connection stalls until the client gives up")
-        }
-        FailureMode::None => "no failed reuse observed".to_owned(),
-    }
-}
-
 /// Report input from a recording: the events of `destination`, over
 /// `since_ns` before the recording's last event (a recording is its own
 /// clock), with new connections counted per minute.
@@ -393,121 +377,6 @@ fn samples(failures: &[&SockEvent]) -> Samples {
             })
             .collect(),
     }
-}
-
-fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
-    let q = |topic: &str, question: &str, measured: String| Question {
-        topic: topic.to_owned(),
-        question: question.to_owned(),
-        what_we_measured: measured,
-    };
-    vec![
-        q(
-            "idle timeout",
-            "What is the idle timeout of every hop on your side (load balancer, proxies, NAT, firewall, servers), and does it close with FIN, RST or silently?",
-            format!(
-                "{text}; interval [{}, {}] from {} surviving and {} failing reuses",
-                fmt_secs(row.path_idle_timeout_lower_seconds),
-                row.path_idle_timeout_upper_seconds.map_or_else(|| "?".into(), fmt_secs),
-                row.path_lower_evidence,
-                row.path_upper_evidence
-            ),
-        ),
-        q(
-            "request timeout",
-            "How long do you wait for a request before giving up, at each hop?",
-            match (row.peer_request_deadline_seconds, row.request_timeout_seconds) {
-                (None, None) => "no deadline observed: no request was aborted or timed out in the window".into(),
-                (p, o) => format!(
-                    "your side aborted requests after {}; ours gives up after {}",
-                    p.map_or_else(|| "-".into(), fmt_secs),
-                    o.map_or_else(|| "-".into(), fmt_secs)
-                ),
-            },
-        ),
-        q("maximum body size", "What is the largest request and response body you accept?", "not measured".into()),
-        q("TLS versions", "Which TLS versions and cipher suites do you accept, and when will that change?", "not measured".into()),
-        q("source address ranges", "Which source address ranges do you allow, and which addresses do you connect from?", format!("we connect to {}", row.id.destination)),
-    ]
-}
-
-/// The row's findings beyond the interval, as report lines.
-fn findings(row: &DestinationRow) -> Vec<(String, String)> {
-    let mut f = Vec::new();
-    let mut add = |k: &str, v: String| f.push((k.to_owned(), v));
-    if let Some(e) = row.evidence {
-        add("The verdict rests on", e.as_str().to_owned());
-    }
-    if row.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
-        add(
-            "Lower bound",
-            "proven only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for NAT or conntrack".into(),
-        );
-    }
-    if let Some(p) = &row.probe {
-        add(
-            "Measured by observer probe",
-            format!(
-                "{} ({}, first exchange {}, {} connections in {}, {}){}",
-                p.summary(),
-                p.target,
-                p.first_exchange,
-                p.connections,
-                fmt_secs(p.elapsed_seconds),
-                utc(p.ts_unix_ns),
-                if row.probe_used {
-                    "; the estimate above rests on it"
-                } else {
-                    "; not used: the passive evidence proves as much, or contradicts it"
-                }
-            ),
-        );
-    }
-    if row.mixed_paths.len() > 1 {
-        let parts: Vec<String> = row
-            .mixed_paths
-            .iter()
-            .map(|p| format!("{} ({:.0}% of peer idle closes)", fmt_secs(p.idle_timeout_seconds), p.share * 100.0))
-            .collect();
-        add("Several idle timeouts behind this address (mixed paths)", parts.join(", "));
-    }
-    if row.peer_restarts > 0 {
-        add(
-            "Peer restarts",
-            format!(
-                "{} in the window; {} failed reuses they explain are not counted as timeout evidence",
-                row.peer_restarts, row.restart_failures
-            ),
-        );
-    }
-    if row.failures_after_goodbye > 0 {
-        add(
-            "Requests written after the server's goodbye",
-            format!(
-                "{} failed reuses were written while the server's GOAWAY or close_notify waited unread: the client did not honour the drain signal",
-                row.failures_after_goodbye
-            ),
-        );
-    }
-    if let Some(p) = row.peer_request_deadline_seconds {
-        add("Your request deadline (requests you aborted)", fmt_secs(p));
-    }
-    if let Some(o) = row.request_timeout_seconds {
-        add("Our request timeout (requests we gave up on)", fmt_secs(o));
-    }
-    if let Some(t) = row.server_idle_timeout_seconds {
-        add("Our idle timeout toward clients", fmt_secs(t));
-    }
-    if row.late_reuses > 0 {
-        add("Clients writing on connections we had closed idle", row.late_reuses.to_string());
-    }
-    if let Some(m) = row.client_max_reuse_idle_seconds {
-        add("Longest idle age after which a client reused a connection", fmt_secs(m));
-    }
-    if let Some(r) = row.recommended_server_idle_timeout_seconds {
-        add("Or raise our idle timeout to at least", fmt_secs(r));
-    }
-    f
 }
 
 /// Build the report.
