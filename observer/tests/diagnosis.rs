@@ -294,7 +294,26 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
     let other = row(&rows, &dest2)?;
     assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
     check_analyze_matches(daemon, &rows, &recording)?;
+    check_store_matches(&recording, &data)?;
     check_report(&data, &dest, t, mode)
+}
+
+/// The store the daemon left holds exactly the evidence the aggregator's
+/// feed takes from the daemon's recording, event for event: the store
+/// never classifies on its own.
+fn check_store_matches(recording: &std::path::Path, data: &std::path::Path) -> Result<()> {
+    let keys = |flag: &str, path: &std::path::Path| -> Result<Vec<String>> {
+        let out = Command::new(*OBSERVER).args(["debug", "evidence-keys", flag]).arg(path).output()?;
+        ensure!(out.status.success(), "evidence-keys: {}", String::from_utf8_lossy(&out.stderr));
+        let mut k: Vec<String> = String::from_utf8(out.stdout)?.lines().map(str::to_owned).collect();
+        k.sort();
+        Ok(k)
+    };
+    let (taken, stored) = (keys("--recording", recording)?, keys("--data-dir", data)?);
+    ensure!(!taken.is_empty(), "the run produced no evidence");
+    assert_eq!(taken, stored, "the store's evidence differs from the feed's classification of the recording");
+    eprintln!("MEASURED store: {} evidence events, the same as the feed took from the recording", stored.len());
+    Ok(())
 }
 
 /// `observer report` from the store the daemon left behind states the

@@ -21,7 +21,7 @@ use crate::{
     kernel::event::{clock_ns, EventKind, SockEvent},
     kernel::owner::{Filter, Owner, Resolver},
     surfaces::metrics::{self, Metrics},
-    surfaces::store::{self, Record, Writer},
+    surfaces::store::{self, Writer},
 };
 
 /// Where decoded events go.
@@ -125,14 +125,13 @@ impl Sinks {
             }
         }
         let ev = &ev;
-        let evidence;
         if let Some(rec) = self.record.as_mut() {
             rec.write_line(&ev.to_json_line());
         }
         {
             let mut agg = self.shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner);
             let fed = agg.feed(ev);
-            evidence = fed.stored();
+            drop(agg);
             self.shared.metrics.fed(ev, &fed);
             for r in &fed.restarts {
                 warn!(
@@ -144,10 +143,7 @@ impl Sinks {
                     r.max_idle_seconds
                 );
             }
-            for c in fed.changes {
-                if let Some(w) = &self.store {
-                    let _ = w.send(Record::Change(c.clone()));
-                }
+            for c in &fed.changes {
                 warn!(
                     "path idle timeout of {} ({}) changed: was [{:?}, {:?}] s, now [{:?}, {:?}] s",
                     c.id.destination,
@@ -158,23 +154,10 @@ impl Sinks {
                     c.after_upper_seconds
                 );
             }
-        }
-        if let Some(w) = &self.store {
-            match ev.kind {
-                EventKind::Closed => {}
-                // Counted per minute in memory: a connection storm sends one
-                // record per destination and minute, not one per connection.
-                EventKind::Established => {
-                    for r in self.volume.add(ev) {
-                        let _ = w.send(r);
-                    }
-                }
-                // Only what the aggregator took as evidence is stored, and
-                // a name the first time its row sees it.
-                _ if evidence => {
-                    let _ = w.send(Record::Event(ev.clone()));
-                }
-                _ => {}
+            if let Some(w) = &self.store {
+                store::keep(ev, &fed, &mut self.volume, |r| {
+                    let _ = w.send(r);
+                });
             }
         }
         let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);

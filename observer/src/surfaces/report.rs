@@ -20,8 +20,9 @@ pub use markdown::markdown;
 
 use crate::{
     diagnosis::aggregate::{Aggregator, Change, Config, FailureMode},
+    diagnosis::evidence::Observation,
     diagnosis::probed::ProbeEvidence,
-    diagnosis::table::{Select, SelectError},
+    diagnosis::table::{RowId, Select, SelectError},
     kernel::event::{EventKind, Role, SockEvent},
     surfaces::store::VolumeCount,
     units::fmt_secs,
@@ -263,10 +264,20 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
     }
 }
 
-/// A failed reuse, by the aggregator's classification.
-fn is_failure(e: &SockEvent) -> bool {
-    use crate::diagnosis::evidence::{Observation, Observed};
-    matches!(Observed::of(e).map(|o| o.obs), Some(Observation::Reuse { failed: Some(_), .. }))
+/// An evidence event as the aggregator's feed took it.
+struct Taken<'a> {
+    ev: &'a SockEvent,
+    obs: Observation,
+}
+
+impl Taken<'_> {
+    const fn is_reuse(&self) -> bool {
+        matches!(self.obs, Observation::Reuse { .. })
+    }
+
+    const fn is_failure(&self) -> bool {
+        matches!(self.obs, Observation::Reuse { failed: Some(_), .. })
+    }
 }
 
 #[allow(
@@ -275,8 +286,8 @@ fn is_failure(e: &SockEvent) -> bool {
     clippy::cast_sign_loss,
     reason = "bin arithmetic on small counts"
 )]
-fn probability_bins(reuses: &[&SockEvent]) -> Vec<ProbabilityBin> {
-    let max = reuses.iter().map(|e| e.idle_seconds).fold(0.0, f64::max);
+fn probability_bins(reuses: &[&Taken]) -> Vec<ProbabilityBin> {
+    let max = reuses.iter().map(|t| t.ev.idle_seconds).fold(0.0, f64::max);
     if max <= 0.0 {
         return Vec::new();
     }
@@ -294,10 +305,10 @@ fn probability_bins(reuses: &[&SockEvent]) -> Vec<ProbabilityBin> {
             probability: None,
         })
         .collect();
-    for e in reuses {
-        let i = ((e.idle_seconds / width).floor() as usize).min(n - 1);
+    for t in reuses {
+        let i = ((t.ev.idle_seconds / width).floor() as usize).min(n - 1);
         bins[i].reuses += 1;
-        if is_failure(e) {
+        if t.is_failure() {
             bins[i].failures += 1;
         }
     }
@@ -307,9 +318,9 @@ fn probability_bins(reuses: &[&SockEvent]) -> Vec<ProbabilityBin> {
     bins
 }
 
-fn timeline(volume: &[&VolumeCount], reuses: &[&SockEvent]) -> Vec<TimelineBin> {
+fn timeline(volume: &[&VolumeCount], reuses: &[&Taken]) -> Vec<TimelineBin> {
     let (start, end) = match (reuses.first(), reuses.last()) {
-        (Some(a), Some(b)) => (a.ts_unix_ns, b.ts_unix_ns.max(a.ts_unix_ns + 1)),
+        (Some(a), Some(b)) => (a.ev.ts_unix_ns, b.ev.ts_unix_ns.max(a.ev.ts_unix_ns + 1)),
         _ => return Vec::new(),
     };
     let span = (end - start).div_ceil(TIMELINE_BINS as u64).max(1);
@@ -323,10 +334,10 @@ fn timeline(volume: &[&VolumeCount], reuses: &[&SockEvent]) -> Vec<TimelineBin> 
         })
         .collect();
     let idx = |ts: u64| usize::try_from((ts.saturating_sub(start)) / span).unwrap_or(usize::MAX).min(TIMELINE_BINS - 1);
-    for e in reuses {
-        let b = &mut bins[idx(e.ts_unix_ns)];
+    for t in reuses {
+        let b = &mut bins[idx(t.ev.ts_unix_ns)];
         b.reuses += 1;
-        if is_failure(e) {
+        if t.is_failure() {
             b.failures += 1;
         }
     }
@@ -383,14 +394,19 @@ fn samples(failures: &[&SockEvent]) -> Samples {
 pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     // Rows of their own for every role and namespace the destination was
     // seen in (the events are of one address).
-    let mut agg = Aggregator::of_events(
-        Config {
-            window_ns: input.until_ns.saturating_sub(input.since_ns),
-            max_destinations: 4096,
-            host_netns: input.host_netns,
-        },
-        &input.events,
-    );
+    let mut agg = Aggregator::new(Config {
+        window_ns: input.until_ns.saturating_sub(input.since_ns),
+        max_destinations: 4096,
+        host_netns: input.host_netns,
+    });
+    // The feed's own classification, kept with its row: the report counts
+    // what the table counted.
+    let taken: Vec<(RowId, Taken)> = input
+        .events
+        .iter()
+        .filter_map(|ev| agg.feed(ev).ingested.map(|i| (i.id, Taken { ev, obs: i.obs.obs })))
+        .collect();
+    agg.finish();
     for p in &input.probes {
         agg.add_probe(p);
     }
@@ -405,7 +421,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     let row = select.pick(&rows, &input.destination, input.host_netns)?.clone();
     let role = row.id.role;
     let id = row.id.clone();
-    let mine: Vec<&SockEvent> = input.events.iter().filter(|e| agg.label_of(e).as_ref() == Some(&id)).collect();
+    let mine: Vec<&Taken> = taken.iter().filter(|(row, _)| *row == id).map(|(_, t)| t).collect();
     // The row's netns as the aggregator names it (null: the host's or
     // unknown); counts stored before the store knew namespaces count for
     // every namespace of their role.
@@ -414,9 +430,8 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.id.netns)).collect();
     let changes: Vec<Change> =
         input.changes.iter().filter(|c| c.id.role == role && c.id.netns == row.id.netns).cloned().collect();
-    let reuses: Vec<&SockEvent> =
-        mine.iter().copied().filter(|e| e.kind == EventKind::Reuse && e.outcome.is_some()).collect();
-    let failures: Vec<&SockEvent> = reuses.iter().copied().filter(|e| is_failure(e)).collect();
+    let reuses: Vec<&Taken> = mine.iter().copied().filter(|t| t.is_reuse()).collect();
+    let failures: Vec<&SockEvent> = reuses.iter().filter(|t| t.is_failure()).map(|t| t.ev).collect();
     let text = failure_text(row.failure_mode, &row);
     Ok(Report {
         destination: input.destination.clone(),
@@ -428,8 +443,8 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         role: role.as_str().to_owned(),
         netns: row.id.netns,
         generated_unix_ns: crate::kernel::event::clock_ns(libc::CLOCK_REALTIME),
-        window_start_unix_ns: mine.first().map_or(input.since_ns, |e| e.ts_unix_ns),
-        window_end_unix_ns: mine.last().map_or(input.until_ns, |e| e.ts_unix_ns),
+        window_start_unix_ns: mine.first().map_or(input.since_ns, |t| t.ev.ts_unix_ns),
+        window_end_unix_ns: mine.last().map_or(input.until_ns, |t| t.ev.ts_unix_ns),
         summary: Summary {
             path_idle_timeout_seconds: row.path_idle_timeout_seconds,
             path_idle_timeout_lower_seconds: row.path_idle_timeout_lower_seconds,
@@ -444,7 +459,10 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             reuses: reuses.len() as u64,
             failures: failures.len() as u64,
             failures_before_send: failures.iter().filter(|e| e.failed_before_send).count() as u64,
-            peer_idle_closes: mine.iter().filter(|e| e.kind == EventKind::PeerCloseWhileIdle).count() as u64,
+            peer_idle_closes: mine
+                .iter()
+                .filter(|t| matches!(t.obs, Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. }))
+                .count() as u64,
             discarded_dead: row.discarded_dead,
         },
         our_side: OurSide {

@@ -1,7 +1,8 @@
-//! The evidence store: every event the aggregator takes as evidence
-//! ([`Observed::of`], the one classification), estimate changes and
-//! per-minute connection counts, in an
-//! embedded `SQLite` database in WAL mode under `--data-dir`.
+//! The evidence store: every event the aggregator's feed kept
+//! ([`Fed::stored`]: its evidence, and each name new to its row), estimate
+//! changes and per-minute connection counts, in an embedded `SQLite`
+//! database in WAL mode under `--data-dir`. The store never classifies:
+//! [`keep`] takes the feed's word.
 //!
 //! - Writes are batched by a writer thread off the event path; when its
 //!   queue is full the record is dropped and counted (`store_backlog`), so a
@@ -40,8 +41,7 @@ use log::warn;
 use rusqlite::{params, Connection};
 
 use crate::{
-    diagnosis::aggregate::{destination_of, Change},
-    diagnosis::evidence::Observed,
+    diagnosis::aggregate::{destination_of, Change, Fed},
     diagnosis::probed::ProbeEvidence,
     kernel::event::{EventKind, Role, SockEvent},
 };
@@ -136,7 +136,8 @@ impl Default for Limits {
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant, reason = "events are nearly every record: boxing would cost an allocation each")]
 pub enum Record {
-    Event(SockEvent),
+    /// An event the feed kept ([`Fed::stored`]), stored as it is.
+    Evidence(SockEvent),
     Change(Change),
     /// What `observer probe` measured.
     Probe(ProbeEvidence),
@@ -208,6 +209,22 @@ impl Volume {
     }
 }
 
+/// What the store keeps of one fed event, handed to `send`: the changes
+/// of estimate it caused, the event itself when the feed kept it
+/// ([`Fed::stored`]), and an established connection as a per-minute count
+/// (a connection storm sends one record per destination and minute, not
+/// one per connection). The one rule the daemon stores by.
+pub fn keep(ev: &SockEvent, fed: &Fed, volume: &mut Volume, mut send: impl FnMut(Record)) {
+    for c in &fed.changes {
+        send(Record::Change(c.clone()));
+    }
+    match ev.kind {
+        EventKind::Established => volume.add(ev).into_iter().for_each(send),
+        _ if fed.stored() => send(Record::Evidence(ev.clone())),
+        _ => {}
+    }
+}
+
 /// What a prune did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pruned {
@@ -228,8 +245,7 @@ impl Store {
         &self.path
     }
 
-    /// Write records in one transaction. Established connections become
-    /// per-minute volume counts; other non-evidence events are skipped.
+    /// Write records in one transaction.
     pub fn insert(&mut self, records: &[Record]) -> Result<usize, StoreError> {
         let tx = self.conn.transaction()?;
         let mut n = 0;
@@ -249,32 +265,17 @@ impl Store {
             )?;
             for r in records {
                 match r {
-                    Record::Event(ev) => {
+                    Record::Evidence(ev) => {
                         let Some((addr, role)) = destination_of(ev) else { continue };
-                        let ts = i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX);
-                        // The aggregator's own classification: what it
-                        // takes as evidence is what a restart rebuilds from,
-                        // and the names and protocols (each the first time
-                        // its row saw it).
-                        if Observed::of(ev).is_some() || ev.server_name.is_some() || ev.protocol.is_some() {
-                            ev_stmt.execute(params![
-                                ts,
-                                addr.to_string(),
-                                role.as_str(),
-                                ev.netns,
-                                ev.kind.as_str(),
-                                serde_json::to_string(ev)?
-                            ])?;
-                            n += 1;
-                        } else if ev.kind == EventKind::Established {
-                            vol_stmt.execute(params![
-                                ts / 60_000_000_000,
-                                addr.to_string(),
-                                role.as_str(),
-                                ev.netns,
-                                1
-                            ])?;
-                        }
+                        ev_stmt.execute(params![
+                            i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX),
+                            addr.to_string(),
+                            role.as_str(),
+                            ev.netns,
+                            ev.kind.as_str(),
+                            serde_json::to_string(ev)?
+                        ])?;
+                        n += 1;
                     }
                     Record::Volume { minute, destination, role, netns, connections } => {
                         vol_stmt.execute(params![

@@ -6,7 +6,10 @@
 use anyhow::{Context as _, Result};
 
 use super::{Record, Store};
-use crate::kernel::event::clock_ns;
+use crate::{
+    diagnosis::aggregate::{Aggregator, Config},
+    kernel::event::clock_ns,
+};
 
 /// Writes batches of synthetic evidence, forever (tests kill it with
 /// SIGKILL) or until `records` are written, over `destinations`.
@@ -37,7 +40,7 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
                 e.comm = "writer".into();
                 e.outcome = Some(crate::kernel::event::Outcome::Ok);
                 e.sock_id = k;
-                Record::Event(e)
+                Record::Evidence(e)
             })
             .collect();
         store.insert(&batch)?;
@@ -46,8 +49,9 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
     Ok(())
 }
 
-/// One line per evidence event: of a recording (what [`Observed::of`]
-/// takes), or of a store (all its evidence; the names it keeps are none).
+/// One line per evidence event: of a recording (what the aggregator's
+/// feed takes as evidence, replayed), or of a store (all its evidence; the
+/// names it keeps are none).
 pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option<&std::path::Path>) -> Result<()> {
     use std::io::Write as _;
     let key =
@@ -55,8 +59,9 @@ pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if let Some(path) = recording {
         let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        let mut agg = Aggregator::new(Config::default());
         for e in crate::surfaces::status::read_recording(file)? {
-            if crate::diagnosis::evidence::Observed::of(&e).is_some() {
+            if agg.feed(&e).ingested.is_some() {
                 writeln!(out, "{}", key(&e))?;
             }
         }
