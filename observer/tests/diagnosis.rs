@@ -155,6 +155,8 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fin_path_diagnosed() -> Result<()> {
+    // The name the clients send as `Host`, as a partner's would be.
+    const NAME: &str = "api.partner.example";
     let topo = Topology::pair("dfin")?;
     let dir = tempfile::tempdir()?;
     let _nginx = start_nginx(&topo, dir.path(), 2)?;
@@ -166,7 +168,10 @@ fn fin_path_diagnosed() -> Result<()> {
     let client = script(RECONNECTING_CLIENT)?;
     let mut children = Vec::new();
     for g in gaps(2.0, 4) {
-        children.push(topo.ns.spawn(topo.client, &format!("python3 {} {} 8080 {g}", http.display(), topo.server_v4))?);
+        children.push(topo.ns.spawn(
+            topo.client,
+            &format!("env HTTP_HOST={NAME} python3 {} {} 8080 {g}", http.display(), topo.server_v4),
+        )?);
     }
     // A second destination the pool reuses well inside any timeout.
     children.push(
@@ -178,6 +183,7 @@ fn fin_path_diagnosed() -> Result<()> {
     let r = row(&rows, &format!("{}:8080", topo.server_v4))?;
     summary("fin", 2.0, r);
     check_mismatch(r, 2.0, FailureMode::Fin);
+    assert_eq!(r.server_names.first().map(|n| n.name.as_str()), Some(NAME), "the Host header names the row");
     let p = r.path_idle_timeout_seconds.context("peer closes should give a point estimate")?;
     assert!(common::fired(p, 2.0, 0.1), "point {p}");
     assert!(matches!(r.evidence, Some(VerdictEvidence::Failures | VerdictEvidence::PeerCloses)), "{:?}", r.evidence);

@@ -115,6 +115,11 @@ enum Task {
         #[arg(long, default_value_t = 20)]
         destinations: u32,
     },
+    /// Rewrite the examples a reader meets from the real recording
+    /// `observer/tests/fixtures/fin-nginx-2s.jsonl`: the reports in
+    /// `docs/examples/` and the README's table sample (the `examples` test
+    /// fails when they differ from what observer prints).
+    Examples,
     /// (internal) hold loopback connections for the memory benchmark.
     #[command(hide = true)]
     BenchHold {
@@ -180,6 +185,7 @@ fn main() -> ExitCode {
         Task::Run { args } => run(&args),
         Task::Test { kernel, args } => test(&kernel, &args),
         Task::Lint => lint(),
+        Task::Examples => examples(),
         Task::Build { target } => package::build(target.as_deref()),
         Task::Dist { target } => package::dist(target.as_deref()),
         Task::Image { target } => package::image_task(target.as_deref()),
@@ -533,6 +539,18 @@ fn bench_hold(runs: &str, per_port: usize) -> Result<()> {
         })
         .collect::<Result<Vec<(u16, u16)>>>()?;
     bench::hold(&runs, per_port)
+}
+
+fn examples() -> Result<()> {
+    let toolchain = setup(false)?;
+    status(
+        cargo()
+            .args(["test", "-p", "observer", "--test", "examples"])
+            .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain)
+            .env("OBSERVER_UPDATE_EXAMPLES", "1"),
+    )?;
+    println!("examples: docs/examples/ and the README's sample rewritten from the recording");
+    Ok(())
 }
 
 fn lint() -> Result<()> {

@@ -644,19 +644,22 @@ c.close()
 
 /// An HTTP keep-alive client that reuses its connection after each gap and
 /// retries on a fresh connection after a failure:
-/// `python3 HTTP_RECONNECTING HOST PORT GAPS`.
+/// `python3 HTTP_RECONNECTING HOST PORT GAPS`; `HTTP_HOST=NAME` in its
+/// environment sends that `Host` header (a name for the row) instead of
+/// the address.
 pub const HTTP_RECONNECTING: &str = concat!(
     r#"
-import http.client, json, sys, time
+import http.client, json, os, sys, time
 host, port = sys.argv[1], int(sys.argv[2])
 gaps = [float(g) for g in sys.argv[3].split(",")]
+headers = {"Host": os.environ["HTTP_HOST"]} if os.environ.get("HTTP_HOST") else {}
 EOF_ERRORS = (http.client.RemoteDisconnected,)
 def connect():
     c = http.client.HTTPConnection(host, port, timeout=5)
     c.connect()
     return c
 def exchange(c):
-    c.request("GET", "/")
+    c.request("GET", "/", headers=headers)
     wrote(c)
     r = c.getresponse()
     r.read()

@@ -298,8 +298,10 @@ fn exposition_of_a_recording_matches_its_table() {
     let text = exposition_of(&events, Config::default(), false);
     let r = rows.iter().find(|r| r.path_idle_timeout_upper_seconds.is_some()).expect("a row with a failure");
     let upper = r.path_idle_timeout_upper_seconds.unwrap();
+    // The recorded clients ran in a network namespace of their own.
+    let netns = r.id.netns.expect("the recording's client namespace");
     let want = format!(
-        "observer_path_idle_timeout_seconds{{destination=\"{}\",role=\"client\",bound=\"upper\"}} {upper:?}",
+        "observer_path_idle_timeout_seconds{{destination=\"{}\",role=\"client\",netns=\"{netns}\",bound=\"upper\"}} {upper:?}",
         r.id.destination
     );
     assert!(text.lines().any(|l| l == want), "missing {want}\n{text}");

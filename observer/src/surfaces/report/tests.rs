@@ -197,21 +197,26 @@ fn processes_are_named_with_their_owners() {
     assert_eq!(owner(None, None, None).label(), "api");
 }
 
-/// A name clients used heads the report: `name (address)`, in JSON,
-/// Markdown and HTML alike; without one, the address alone.
+/// The recording without its first-bytes events: no name, no protocol.
+fn unnamed() -> Vec<SockEvent> {
+    let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    events.retain(|e| e.kind != EventKind::ServerName);
+    events
+}
+
+/// The name clients used (the recorded clients' `Host` header) heads the
+/// report: `name (address)`, in JSON, Markdown and HTML alike; without
+/// one, the address alone.
 #[test]
 fn a_name_heads_the_report() {
-    assert_eq!(fin_report().headline, DEST);
-    let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
-    let mut named = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
-    named.kind = EventKind::ServerName;
-    named.server_name = Some("api.partner.example".into());
-    events.insert(0, named);
-    let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
+    let r = fin_report();
     assert_eq!(r.headline, format!("api.partner.example ({DEST})"));
     assert_eq!(r.server_names[0].name, "api.partner.example");
     assert!(markdown(&r).starts_with(&format!("# Idle timeout evidence for `api.partner.example ({DEST})`")));
     assert!(html(&r).contains(&format!("<h1>Idle timeout evidence for <code>api.partner.example ({DEST})</code></h1>")));
+    let plain = build(&input_from_recording(unnamed(), DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
+    assert_eq!(plain.headline, DEST);
+    assert!(plain.server_names.is_empty());
 }
 
 /// The protocol the first bytes showed is on the report's side of the
@@ -219,10 +224,12 @@ fn a_name_heads_the_report() {
 /// could not be told rather than leaving it out.
 #[test]
 fn the_protocol_is_on_our_side() {
-    let plain = fin_report();
+    let recorded = fin_report();
+    assert_eq!(serde_json::to_value(&recorded).unwrap()["our_side"]["protocols"], serde_json::json!(["http1"]));
+    let mut events = unnamed();
+    let plain = build(&input_from_recording(events.clone(), DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
     assert!(plain.our_side.protocols.is_empty());
     assert!(markdown(&plain).contains("| Protocol | not told by the first bytes"));
-    let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
     let mut hello = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
     hello.kind = EventKind::ServerName;
     hello.protocol = Some(crate::kernel::hello::Protocol::H2);
@@ -255,7 +262,10 @@ fn probe_evidence_is_shown_labelled_beside_the_passive_evidence() {
     let events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
     let mut input = input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000);
     // nginx's 2 s FIN, as a probe measured it after the recording.
-    input.probes = vec![probe_of(DEST, input.until_ns, 2.0, 2.001)];
+    let mut probe = probe_of(DEST, input.until_ns, 2.0, 2.001);
+    // The recorded clients ran in a network namespace of their own.
+    probe.id.netns = fin_report().netns;
+    input.probes = vec![probe];
     let r = build(&input).unwrap();
     let p = r.probe.as_ref().expect("the probe is in the report");
     assert_eq!(p.how, crate::diagnosis::probed::How::Fin);
