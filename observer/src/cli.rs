@@ -132,16 +132,6 @@ pub enum DebugCommand {
         #[arg(long)]
         data_dir: Option<PathBuf>,
     },
-    /// Measure decoding plus aggregation on synthetic kernel records (benchmarks); prints JSON.
-    BenchPipeline {
-        #[arg(long, default_value_t = 2_000_000)]
-        events: usize,
-        #[arg(long, default_value_t = 1000)]
-        destinations: u32,
-        /// Export the idle-age histograms too (`run --metrics-histograms`).
-        #[arg(long)]
-        metrics_histograms: bool,
-    },
 }
 
 #[derive(Debug, Clone, clap::Args)]

@@ -17,11 +17,10 @@
 //! - beside them: [`path`] (path files and their check against what was
 //!   observed), [`probe`] (a path's idle timeout measured on demand, with
 //!   plain sockets), and the program: [`cli`] (arguments), [`config`] (the
-//!   config file), [`daemon`] (the `run` command wiring the three),
-//!   [`bench`] (benchmark helpers); [`units`] writes durations for all of
-//!   them.
+//!   config file), [`daemon`] (the `run` command wiring the three);
+//!   [`units`] writes durations for all of them. The pipeline benchmark is
+//!   a bench target (`benches/pipeline.rs`), not part of the binary.
 
-pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod daemon;

@@ -85,12 +85,6 @@ fn real_main() -> Result<ExitCode> {
         Command::Debug(DebugCommand::EvidenceKeys { recording, data_dir }) => {
             store::debug_evidence_keys(recording.as_deref(), data_dir.as_deref())?;
         }
-        Command::Debug(DebugCommand::BenchPipeline { events, destinations, metrics_histograms }) => {
-            println!(
-                "{}",
-                serde_json::to_string(&observer::bench::pipeline(events, destinations, metrics_histograms))?
-            );
-        }
     }
     Ok(ExitCode::SUCCESS)
 }

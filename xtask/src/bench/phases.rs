@@ -229,20 +229,48 @@ pub(crate) fn churn_phase(plan: &Plan) -> Result<Value> {
     )
 }
 
+/// Build the pipeline benchmark (`observer/benches/pipeline.rs`, a bench
+/// target: not in the shipped binary) in the release profile; returns its
+/// executable.
+fn pipeline_bench() -> Result<std::path::PathBuf> {
+    let toolchain = crate::setup(false)?;
+    let out = crate::cargo()
+        .args([
+            "bench",
+            "-p",
+            "observer",
+            "--bench",
+            "pipeline",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain)
+        .stderr(Stdio::inherit())
+        .output()?;
+    ensure!(out.status.success(), "building the pipeline benchmark failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"]["name"] == "pipeline")
+        .find_map(|v| v["executable"].as_str().map(std::path::PathBuf::from))
+        .context("cargo named no executable for the pipeline benchmark")
+}
+
 pub(crate) fn pipeline_phase(plan: &Plan) -> Result<Value> {
+    let bench = pipeline_bench()?;
     let (mut rates, mut hist_rates) = (Vec::new(), Vec::new());
     let (mut scrape, mut hist_scrape) = (Value::Null, Value::Null);
     // The lean default and `--metrics-histograms`, interleaved: the same
     // events, two expositions.
     for _ in 0..plan.rounds.max(3) {
         for histograms in [false, true] {
-            let mut cmd = Command::new(observer_bin());
-            cmd.args(["debug", "bench-pipeline", "--events", &plan.pipeline_events.to_string()]);
+            let mut cmd = Command::new(&bench);
+            cmd.args(["--events", &plan.pipeline_events.to_string()]);
             if histograms {
                 cmd.arg("--metrics-histograms");
             }
             let out = cmd.output()?;
-            ensure!(out.status.success(), "bench-pipeline: {}", String::from_utf8_lossy(&out.stderr));
+            ensure!(out.status.success(), "pipeline benchmark: {}", String::from_utf8_lossy(&out.stderr));
             let v: Value = serde_json::from_slice(&out.stdout)?;
             let s = json!({"bytes": v["scrape_bytes"], "series": v["scrape_series"], "destinations": v["destinations"], "table_rebuild_seconds": v["table_rebuild_seconds"], "table_row_max_seconds": v["table_row_max_seconds"]});
             let rate = v["events_per_second"].as_f64().unwrap_or(f64::NAN);

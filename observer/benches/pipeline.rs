@@ -1,13 +1,16 @@
 //! Userspace pipeline benchmark: decoding plus aggregation (and metrics) of
-//! kernel records, fed from memory, on one core. Used by `cargo xtask bench`
-//! through `observer debug bench-pipeline`.
+//! kernel records, fed from memory, on one core, through the same feed call
+//! the daemon makes. A bench target, not part of the shipped binary:
+//! `cargo xtask bench` runs it as
+//! `pipeline [--events N] [--destinations D] [--metrics-histograms]`
+//! and reads one JSON object from its standard output.
 
 use std::time::Instant;
 
 use observer_common::{how, kind, outcome, role, Event, AF_INET, EVENT_SIZE};
 use serde::Serialize;
 
-use crate::{
+use observer::{
     diagnosis::aggregate::{Aggregator, Config},
     kernel::event::{decode_bytes, Clock},
     surfaces::metrics::Metrics,
@@ -15,7 +18,7 @@ use crate::{
 
 /// What the pipeline sustained.
 #[derive(Debug, Serialize)]
-pub struct PipelineResult {
+struct PipelineResult {
     pub events: usize,
     pub destinations: u32,
     pub seconds: f64,
@@ -76,9 +79,8 @@ fn synthetic(n: usize, destinations: u32) -> Vec<u8> {
 }
 
 /// Decode, aggregate and count `n` records; report events per second.
-#[must_use]
 #[allow(clippy::cast_precision_loss, reason = "rates")]
-pub fn pipeline(n: usize, destinations: u32, histograms: bool) -> PipelineResult {
+fn pipeline(n: usize, destinations: u32, histograms: bool) -> PipelineResult {
     let raw = synthetic(n, destinations);
     let clock = Clock::with_offset_ns(1_700_000_000_000_000_000);
     let mut agg = Aggregator::new(Config::default());
@@ -119,4 +121,23 @@ pub fn pipeline(n: usize, destinations: u32, histograms: bool) -> PipelineResult
         table_rebuild_seconds,
         table_row_max_seconds,
     }
+}
+
+/// The arguments; `cargo bench` adds `--bench`, which is ignored.
+fn main() -> anyhow::Result<()> {
+    let (mut events, mut destinations, mut histograms) = (2_000_000usize, 1000u32, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--events" => events = args.next().unwrap_or_default().parse()?,
+            "--destinations" => destinations = args.next().unwrap_or_default().parse()?,
+            "--metrics-histograms" => histograms = true,
+            "--bench" => {}
+            other => anyhow::bail!(
+                "unknown argument {other}: pipeline [--events N] [--destinations D] [--metrics-histograms]"
+            ),
+        }
+    }
+    println!("{}", serde_json::to_string(&pipeline(events, destinations, histograms))?);
+    Ok(())
 }
