@@ -17,11 +17,14 @@
 //! - beside them: [`path`] (path files and their check against what was
 //!   observed), [`probe`] (a path's idle timeout measured on demand, with
 //!   plain sockets), and the program: [`cli`] (arguments), [`config`] (the
-//!   config file), [`daemon`] (the `run` command wiring the three);
+//!   config file), [`commands`] (each command's body: the only place
+//!   besides the daemon that knows the command line), [`daemon`] (the
+//!   `run` command wiring the three);
 //!   [`units`] writes durations for all of them. The pipeline benchmark is
 //!   a bench target (`benches/pipeline.rs`), not part of the binary.
 
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod daemon;
 pub mod diagnosis;

@@ -6,8 +6,8 @@ use anyhow::{Context as _, Result};
 use clap::Parser as _;
 use observer::{
     cli::{Cli, Command, DebugCommand, LogFormat},
-    path, probe,
-    surfaces::{report, status, store},
+    commands::{path, probe, report, status},
+    surfaces::store,
 };
 
 fn main() -> ExitCode {

@@ -349,7 +349,7 @@ pub struct DestinationRow {
     /// default above the path's timeout as a finding); the generic rule
     /// for clients that could not be told. Empty without a recommendation.
     #[serde(default)]
-    pub fix_settings: Vec<crate::path::clients::FixSetting>,
+    pub fix_settings: Vec<crate::diagnosis::clients::FixSetting>,
 }
 
 /// A name clients used for a destination, and how many connections used it

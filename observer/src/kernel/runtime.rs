@@ -1,6 +1,6 @@
 //! Which client runtime a process is, where that can be told reliably, so
 //! the fix can name the setting in the client's own terms
-//! ([`crate::path::clients`]). No guessing beyond what the process shows:
+//! ([`crate::diagnosis::clients`]). No guessing beyond what the process shows:
 //!
 //! - a Go binary carries its build info (`\xff Go buildinf:`, Go 1.18+
 //!   inline format, in its `.go.buildinfo` section: only the ELF headers

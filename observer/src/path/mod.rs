@@ -16,7 +16,6 @@
 //! - Node.js `headers_timeout` is above its keep-alive timeout.
 
 pub mod catalog;
-pub mod clients;
 
 use std::{fmt, fmt::Write as _, net::SocketAddr};
 
@@ -26,8 +25,6 @@ use crate::diagnosis::estimate::POOL_FRACTION;
 use crate::units::fmt_secs;
 use catalog::{Category, Kind};
 
-mod command;
-pub use command::command;
 mod observed;
 
 pub(crate) use observed::close_enough;

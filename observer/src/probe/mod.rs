@@ -10,11 +10,10 @@
 //! bisects that bracket. A keep-alive probe carries no application byte, so
 //! the server's application sees one request per connection at most.
 
-mod command;
 pub mod conn;
 pub mod declared;
 pub mod search;
-mod tls;
+pub mod tls;
 
 use std::{
     sync::{
@@ -26,7 +25,6 @@ use std::{
 
 use serde::Serialize;
 
-pub use command::command;
 use conn::{OpenError, Target};
 use search::{Finding, How, Outcome, Probe, Search};
 

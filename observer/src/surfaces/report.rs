@@ -8,9 +8,7 @@
 
 use serde::Serialize;
 
-mod command;
 mod findings;
-pub use command::command;
 mod html;
 mod markdown;
 mod svg;
@@ -103,7 +101,7 @@ pub struct OurSide {
     pub safe_retry_rule: bool,
     pub recommendation: String,
     /// The fix in the clients' own terms (see the row's `fix_settings`).
-    pub fix_settings: Vec<crate::path::clients::FixSetting>,
+    pub fix_settings: Vec<crate::diagnosis::clients::FixSetting>,
     /// The protocols the connections' first bytes showed (`h2`, `http1`),
     /// most seen first; empty when none could be told.
     pub protocols: Vec<crate::kernel::hello::Protocol>,

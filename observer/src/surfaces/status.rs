@@ -1,10 +1,6 @@
 //! `observer status` and `observer analyze`: the destination table as text
 //! or JSON, from the daemon's API or from a recording.
 
-mod command;
-
-pub use command::{analyze_command, status_command};
-
 use std::{
     fmt::Write as _,
     io::{BufRead, BufReader, Read},

@@ -182,7 +182,7 @@ pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Prot
     r.recommendation = judgement.recommendation;
     if key.role == Role::Client {
         let runtimes: Vec<ClientRuntime> = st.runtimes.keys().cloned().collect();
-        r.fix_settings = crate::path::clients::fix_settings(
+        r.fix_settings = crate::diagnosis::clients::fix_settings(
             &runtimes,
             st.unknown_runtime,
             &r.protocols,

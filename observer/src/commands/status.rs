@@ -12,7 +12,7 @@ fn print_rows(rows: &[DestinationRow], json: bool) -> Result<()> {
     if json {
         println!("{}", serde_json::to_string_pretty(rows)?);
     } else {
-        print!("{}", super::render_table(rows));
+        print!("{}", crate::surfaces::status::render_table(rows));
     }
     Ok(())
 }
@@ -25,7 +25,7 @@ pub fn status_command(args: &StatusArgs) -> Result<()> {
 
 pub fn analyze_command(args: &AnalyzeArgs) -> Result<()> {
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
-    let events = super::read_recording(file).with_context(|| format!("in {}", args.file.display()))?;
+    let events = crate::surfaces::status::read_recording(file).with_context(|| format!("in {}", args.file.display()))?;
     let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
     let config =
         Config { window_ns, max_destinations: args.max_destinations, host_netns: crate::kernel::owner::host_netns() };
@@ -33,6 +33,6 @@ pub fn analyze_command(args: &AnalyzeArgs) -> Result<()> {
         print!("{}", crate::surfaces::metrics::exposition_of(&events, config, args.metrics_histograms));
         return Ok(());
     }
-    let rows = super::analyze(&events, config);
+    let rows = crate::surfaces::status::analyze(&events, config);
     print_rows(&rows, args.json())
 }

@@ -10,13 +10,14 @@ use std::{
     time::Duration,
 };
 
-use super::{
-    conn::{First, Target},
-    search::{Close, How, Outcome},
-    tls, Limits, Progress, Report,
-};
 use crate::{
     cli::{Output, ProbeArgs},
+    probe::{
+        conn::{First, Target},
+        declared,
+        search::{self, Close, How, Outcome},
+        tls, Limits, Progress, Report,
+    },
     kernel::event::{clock_ns, printable},
     surfaces::store::{Record, Store, StoreError},
     units::fmt_secs,
@@ -50,14 +51,14 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
     unsafe {
         libc::signal(libc::SIGINT, on_sigint as *const () as libc::sighandler_t);
     }
-    let mut report = match super::measure(&args.destination, &target, limits, &STOP, &mut progress) {
+    let mut report = match crate::probe::measure(&args.destination, &target, limits, &STOP, &mut progress) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("observer: error: {}: {e}", printable(&args.destination));
             return ExitCode::from(2);
         }
     };
-    report.path = super::declared::compare(&hops, &report.finding);
+    report.path = declared::compare(&hops, &report.finding);
     if !args.no_store {
         match store(&report, &args.data_dir) {
             Stored::In(path) if !quiet => {
@@ -148,7 +149,7 @@ fn store(report: &Report, dir: &Path) -> Stored {
 
 /// Seconds for a progress line: `1`, `1.5`, `44.631`.
 fn short(s: f64) -> String {
-    super::search::millis(s).to_string()
+    search::millis(s).to_string()
 }
 
 /// One line on standard error: the round's ages, then after each result

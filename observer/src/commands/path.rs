@@ -12,7 +12,7 @@ use crate::{
 #[must_use]
 pub fn command(cmd: &PathCommand) -> ExitCode {
     match cmd {
-        PathCommand::Defaults { kind } => match super::render_catalog(kind.as_deref()) {
+        PathCommand::Defaults { kind } => match crate::path::render_catalog(kind.as_deref()) {
             Ok(text) => {
                 print!("{text}");
                 ExitCode::SUCCESS
@@ -23,20 +23,20 @@ pub fn command(cmd: &PathCommand) -> ExitCode {
             }
         },
         PathCommand::Check(args) => {
-            let hops = match super::load(&args.file) {
+            let hops = match crate::path::load(&args.file) {
                 Ok(h) => h,
                 Err(e) => {
                     eprintln!("observer: error: {e}");
                     return ExitCode::from(2);
                 }
             };
-            let mut report = super::check(&hops);
+            let mut report = crate::path::check(&hops);
             if args.observed {
                 let rows = http::get(&args.addr, "/api/v1/destinations")
                     .and_then(|b| serde_json::from_slice::<Vec<DestinationRow>>(&b).map_err(|e| e.to_string()));
                 match rows {
                     Ok(rows) => {
-                        super::compare_observed(&mut report, &rows, args.netns, crate::kernel::owner::host_netns());
+                        crate::path::compare_observed(&mut report, &rows, args.netns, crate::kernel::owner::host_netns());
                     }
                     Err(e) => {
                         eprintln!("observer: error: --observed: {e}");
@@ -45,7 +45,7 @@ pub fn command(cmd: &PathCommand) -> ExitCode {
                 }
             }
             match args.output {
-                Output::Text => print!("{}", super::render(&report)),
+                Output::Text => print!("{}", crate::path::render(&report)),
                 Output::Json => match serde_json::to_string_pretty(&report) {
                     Ok(j) => println!("{j}"),
                     Err(e) => {

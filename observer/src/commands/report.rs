@@ -21,12 +21,12 @@ pub fn command(args: &ReportArgs) -> Result<()> {
         let file = std::fs::File::open(rec).with_context(|| format!("opening {}", rec.display()))?;
         let events = crate::surfaces::status::read_recording(file).with_context(|| format!("in {}", rec.display()))?;
         let mut input =
-            super::input_from_recording(events, dest, u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX));
+            crate::surfaces::report::input_from_recording(events, dest, u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX));
         input.select = args.select.select();
         input
     } else {
         let store = Store::open_read_only(&args.data_dir).context("opening the evidence store")?;
-        super::Input {
+        crate::surfaces::report::Input {
             events: store.events(Some(&destination), since_ns)?,
             volume: store.volume(&destination, since_ns)?,
             changes: store.changes(&destination, since_ns)?,
@@ -38,10 +38,10 @@ pub fn command(args: &ReportArgs) -> Result<()> {
             host_netns: crate::kernel::owner::host_netns(),
         }
     };
-    let r = super::build(&input)?;
+    let r = crate::surfaces::report::build(&input)?;
     let text = match args.format {
-        ReportFormat::Html => super::html(&r),
-        ReportFormat::Md => super::markdown(&r),
+        ReportFormat::Html => crate::surfaces::report::html(&r),
+        ReportFormat::Md => crate::surfaces::report::markdown(&r),
         ReportFormat::Json => serde_json::to_string_pretty(&r)? + "\n",
     };
     match &args.output {
