@@ -1,6 +1,6 @@
 //! `observer run`: brings the probes up, follows the ring buffer, prints or
 //! records events, reports losses, and tears everything down on SIGINT/SIGTERM.
-//! The events' way through the sinks is [`pipeline`], the outputs that
+//! The events' way through the pipeline is [`pipeline`], the outputs that
 //! never end the run [`outputs`]; what the HTTP
 //! endpoint serves, health included, is [`api`].
 
@@ -28,6 +28,7 @@ use crate::{
 };
 
 mod api;
+mod enrich;
 mod held;
 mod outputs;
 mod pipeline;
@@ -35,8 +36,10 @@ mod probed;
 
 use api::spawn_http;
 pub use api::{Health, Shared};
+use enrich::Enrich;
+use outputs::Outputs;
 use outputs::{EventsOut, Recording};
-use pipeline::{drain, refresh_sockets, report_losses, Sinks};
+use pipeline::{drain, refresh_sockets, report_losses, Pipeline};
 
 /// How often the at-risk view is refreshed from the kernel's socket table.
 const SOCKET_REFRESH: Duration = Duration::from_secs(5);
@@ -175,42 +178,27 @@ fn serve_http(args: &RunArgs, shared: &Arc<Shared>) -> Result<()> {
     Ok(())
 }
 
-/// The pipeline's sinks for this run.
-fn new_sinks(
+/// The pipeline for this run.
+fn new_pipeline(
     args: &RunArgs,
     shared: &Arc<Shared>,
     writer: Writer,
     record: Option<Recording>,
     filter: Filter,
     cgroup_root: Option<std::path::PathBuf>,
-) -> Result<Sinks> {
-    Ok(Sinks {
-        print: args.events,
-        connections: args.connections,
-        record,
-        record_lost: 0,
-        events_out: if args.events.is_some() {
-            Some(EventsOut::start().context("starting the --events writer thread")?)
-        } else {
-            None
-        },
-        stop: false,
+) -> Result<Pipeline> {
+    let events_out = if args.events.is_some() {
+        Some(EventsOut::start().context("starting the --events writer thread")?)
+    } else {
+        None
+    };
+    Ok(Pipeline {
+        enrich: Enrich::new(Resolver::new(cgroup_root), filter),
+        outputs: Outputs::new(args.events, args.connections, record, events_out, writer),
+        shared: Arc::clone(shared),
+        probe_feed: probed::ProbeFeed::new(&args.data_dir, nanos(args.window)),
         more: false,
         decode_errors: 0,
-        shared: Arc::clone(shared),
-        store: Some(writer),
-        store_dropped: 0,
-        store_failed: 0,
-        store_failed_other: 0,
-        store_dropped_other: 0,
-        volume: store::Volume::default(),
-        owners: Resolver::new(cgroup_root),
-        held: held::Held::default(),
-        waiting_since: None,
-        runtimes: crate::kernel::runtime::Runtimes::start(),
-        filter,
-        probe_sockets: probed::ProbeSockets::default(),
-        probe_feed: probed::ProbeFeed::new(&args.data_dir, nanos(args.window)),
     })
 }
 
@@ -233,7 +221,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);
     serve_http(&args, &shared)?;
-    let mut sinks = new_sinks(&args, &shared, writer, record, filter, cgroup_root)?;
+    let mut pipeline = new_pipeline(&args, &shared, writer, record, filter, cgroup_root)?;
     // Before the daemon says it runs: a supervisor's SIGTERM right after
     // that line must stop it cleanly, not kill it (the default action).
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
@@ -249,9 +237,9 @@ pub async fn run(args: RunArgs) -> Result<()> {
     // walk of the sockets too: it enters the listeners older than the
     // probes, and a socket older than them is told client or server by
     // them from then on (before it, by its ports).
-    drain(&mut probes, &mut sinks);
-    refresh_sockets(&mut probes, &mut sinks);
-    sinks.poll_probes();
+    drain(&mut probes, &mut pipeline);
+    refresh_sockets(&mut probes, &mut pipeline);
+    pipeline.poll_probes();
     info!(
         "observer running: probe_set={} min_idle={:?} stall_after={:?} answer_within={:?} ring_buffer={}B",
         probes.probe_set().name(),
@@ -269,7 +257,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut refresh = tokio::time::interval_at(tokio::time::Instant::now() + SOCKET_REFRESH, SOCKET_REFRESH);
     let mut reported = KernelCounters::default();
-    let owners_answered = sinks.owners.walked();
+    let owners_answered = pipeline.enrich.owners.walked();
 
     loop {
         tokio::select! {
@@ -280,24 +268,24 @@ pub async fn run(args: RunArgs) -> Result<()> {
                 // last read and a later clear would be erased, and the
                 // ring would fill until the next tick.
                 guard.context("waiting on the ring buffer")?.clear_ready();
-                drain(&mut probes, &mut sinks);
-                if sinks.stop { break; }
+                drain(&mut probes, &mut pipeline);
+                if pipeline.stop() { break; }
             }
             _ = tick.tick() => {
-                every_second(&mut probes, &mut sinks, &mut reported);
-                if sinks.stop { break; }
+                every_second(&mut probes, &mut pipeline, &mut reported);
+                if pipeline.stop() { break; }
             }
-            _ = refresh.tick() => refresh_sockets(&mut probes, &mut sinks),
+            _ = refresh.tick() => refresh_sockets(&mut probes, &mut pipeline),
             // The cgroup thread answered: events waiting for an owner go on.
             () = owners_answered.notified() => {
-                sinks.release(false);
-                if sinks.stop { break; }
+                pipeline.release(false);
+                if pipeline.stop() { break; }
             }
             // The last drain stopped at its cap: read on, after whatever
             // else is ready (the branches are polled in random order).
-            () = std::future::ready(()), if sinks.more => {
-                drain(&mut probes, &mut sinks);
-                if sinks.stop { break; }
+            () = std::future::ready(()), if pipeline.more => {
+                drain(&mut probes, &mut pipeline);
+                if pipeline.stop() { break; }
             }
             Some(()) = async { sigusr1.as_mut()?.recv().await } => {
                 // A failed toggle must not end the daemon before its evidence is stored.
@@ -310,57 +298,46 @@ pub async fn run(args: RunArgs) -> Result<()> {
             _ = sigint.recv() => { info!("SIGINT: detaching probes"); break; }
         }
     }
-    shut_down(probes, ring, &mut sinks, &mut reported);
+    shut_down(probes, ring, &mut pipeline, &mut reported);
     Ok(())
 }
 
 /// The loop's second: read the ring, tend the failed-write hook, let go
 /// events that waited their longest for an owner, and report losses.
-fn every_second(probes: &mut Probes, sinks: &mut Sinks, reported: &mut KernelCounters) {
-    drain(probes, sinks);
-    if sinks.stop {
+fn every_second(probes: &mut Probes, pipeline: &mut Pipeline, reported: &mut KernelCounters) {
+    drain(probes, pipeline);
+    if pipeline.stop() {
         return;
     }
     if let Err(e) = probes.tend_failed_writes() {
         warn!("the failed-write hook: {e}");
     }
     if let Some((on, attaches)) = probes.failed_write_hook() {
-        sinks.shared.metrics.set_failed_write_hook(on, attaches);
+        pipeline.shared.metrics.set_failed_write_hook(on, attaches);
     }
-    sinks.release(false);
-    report_losses(probes, reported, &sinks.shared.metrics);
-    sinks.report_store_losses();
-    sinks.flush_record();
-    sinks.flush_volume();
-    sinks.poll_probes();
+    pipeline.release(false);
+    report_losses(probes, reported, &pipeline.shared.metrics);
+    pipeline.outputs.report_store_losses(&pipeline.shared.metrics);
+    pipeline.outputs.flush_record(&pipeline.shared.metrics);
+    pipeline.outputs.flush_volume();
+    pipeline.poll_probes();
 }
 
 /// Read what is left, detach the probes, and store the last evidence.
 fn shut_down(
     mut probes: Probes,
     ring: AsyncFd<std::os::fd::OwnedFd>,
-    sinks: &mut Sinks,
+    pipeline: &mut Pipeline,
     reported: &mut KernelCounters,
 ) {
-    drain(&mut probes, sinks);
-    sinks.release(true);
-    report_losses(&probes, reported, &sinks.shared.metrics);
-    sinks.flush_record();
+    drain(&mut probes, pipeline);
+    pipeline.release(true);
+    report_losses(&probes, reported, &pipeline.shared.metrics);
+    pipeline.outputs.flush_record(&pipeline.shared.metrics);
     drop(ring);
     drop(probes);
-    sinks.report_store_losses();
-    if let Some(w) = sinks.store.take() {
-        for r in sinks.volume.flush() {
-            let _ = w.send(r);
-        }
-        let given_up = w.finish();
-        if given_up > 0 {
-            warn!("{given_up} records could not be stored in this run (counted as store_error while it ran)");
-        }
-    }
-    if let Some(out) = sinks.events_out.take() {
-        out.finish(Duration::from_secs(1));
-    }
+    pipeline.outputs.report_store_losses(&pipeline.shared.metrics);
+    pipeline.outputs.finish();
     info!("probes detached, evidence stored; exiting");
 }
 

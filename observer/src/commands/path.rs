@@ -36,7 +36,12 @@ pub fn command(cmd: &PathCommand) -> ExitCode {
                     .and_then(|b| serde_json::from_slice::<Vec<DestinationRow>>(&b).map_err(|e| e.to_string()));
                 match rows {
                     Ok(rows) => {
-                        crate::path::compare_observed(&mut report, &rows, args.netns, crate::kernel::owner::host_netns());
+                        crate::path::compare_observed(
+                            &mut report,
+                            &rows,
+                            args.netns,
+                            crate::kernel::owner::host_netns(),
+                        );
                     }
                     Err(e) => {
                         eprintln!("observer: error: --observed: {e}");

@@ -12,13 +12,13 @@ use std::{
 
 use crate::{
     cli::{Output, ProbeArgs},
+    kernel::event::{clock_ns, printable},
     probe::{
         conn::{First, Target},
         declared,
         search::{self, Close, How, Outcome},
         tls, Limits, Progress, Report,
     },
-    kernel::event::{clock_ns, printable},
     surfaces::store::{Record, Store, StoreError},
     units::fmt_secs,
 };

@@ -20,8 +20,11 @@ pub fn command(args: &ReportArgs) -> Result<()> {
     let input = if let Some(rec) = &args.recording {
         let file = std::fs::File::open(rec).with_context(|| format!("opening {}", rec.display()))?;
         let events = crate::surfaces::status::read_recording(file).with_context(|| format!("in {}", rec.display()))?;
-        let mut input =
-            crate::surfaces::report::input_from_recording(events, dest, u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX));
+        let mut input = crate::surfaces::report::input_from_recording(
+            events,
+            dest,
+            u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX),
+        );
         input.select = args.select.select();
         input
     } else {

@@ -25,7 +25,8 @@ pub fn status_command(args: &StatusArgs) -> Result<()> {
 
 pub fn analyze_command(args: &AnalyzeArgs) -> Result<()> {
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
-    let events = crate::surfaces::status::read_recording(file).with_context(|| format!("in {}", args.file.display()))?;
+    let events =
+        crate::surfaces::status::read_recording(file).with_context(|| format!("in {}", args.file.display()))?;
     let window_ns = u64::try_from(args.window.as_nanos()).unwrap_or(u64::MAX);
     let config =
         Config { window_ns, max_destinations: args.max_destinations, host_netns: crate::kernel::owner::host_netns() };

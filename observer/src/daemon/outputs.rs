@@ -1,5 +1,6 @@
-//! The daemon's own outputs, which never end it: `--record` on a full disk
-//! or a removed file, and `--events` on a closed pipe.
+//! The pipeline's last stage, [`Outputs`]: what the diagnosis fed goes to
+//! the evidence store (by [`store::keep`], the one rule), `--record` and
+//! `--events`; none of them ends the daemon on a full disk or a closed pipe.
 //!
 //! - A recording that cannot be written loses the events of that write,
 //!   counted (`record_error`) and logged once a minute; the file is cut
@@ -10,16 +11,27 @@
 //!   as Unix tools end: no panic, the probes detached, the store flushed,
 //!   exit 0. `--events` is written by its own thread ([`EventsOut`]): a
 //!   reader that stalls costs dropped lines, counted, never the loop.
+//! - The store's writer drops what its queue cannot hold and gives up
+//!   refused writes after a while; both are counted here as they happen.
 
 use std::{
     fs::File,
     io::{ErrorKind, Write as _},
     os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
+    sync::atomic::Ordering,
     time::{Duration, Instant},
 };
 
 use log::{info, warn};
+
+use crate::{
+    cli::EventsFormat,
+    diagnosis::aggregate::Fed,
+    kernel::event::{EventKind, SockEvent},
+    surfaces::metrics::{self, Metrics},
+    surfaces::store::{self, Volume, Writer},
+};
 
 /// Bytes buffered before a write.
 const BUFFER: usize = 64 * 1024;
@@ -284,6 +296,164 @@ impl EventsOut {
     pub(crate) fn finish(mut self, wait: Duration) {
         self.tx = None;
         let _ = self.done.recv_timeout(wait);
+    }
+}
+
+/// Where fed events go: the store, `--record`, `--events`.
+pub(crate) struct Outputs {
+    print: Option<EventsFormat>,
+    /// `--connections`: `--events` prints establishments and closes too.
+    connections: bool,
+    record: Option<Recording>,
+    /// Events not recorded, as last exported.
+    record_lost: u64,
+    /// `--events`' writer thread.
+    events_out: Option<EventsOut>,
+    /// Standard output closed under `--events`: the run ends.
+    pub(crate) stop: bool,
+    store: Option<Writer>,
+    /// The store's losses, as last exported.
+    store_dropped: u64,
+    store_failed: u64,
+    store_failed_other: u64,
+    store_dropped_other: u64,
+    volume: Volume,
+}
+
+impl Outputs {
+    pub(crate) fn new(
+        print: Option<EventsFormat>,
+        connections: bool,
+        record: Option<Recording>,
+        events_out: Option<EventsOut>,
+        store: Writer,
+    ) -> Self {
+        Self {
+            print,
+            connections,
+            record,
+            record_lost: 0,
+            events_out,
+            stop: false,
+            store: Some(store),
+            store_dropped: 0,
+            store_failed: 0,
+            store_failed_other: 0,
+            store_dropped_other: 0,
+            volume: Volume::default(),
+        }
+    }
+
+    /// `--record`: every event that reached the diagnosis, before it is fed
+    /// (a replay of the recording feeds the same events in the same order).
+    pub(crate) fn record(&mut self, ev: &SockEvent) {
+        if let Some(rec) = self.record.as_mut() {
+            rec.write_line(&ev.to_json_line());
+        }
+    }
+
+    /// What the feed made of `ev`, stored by the one rule, and `ev` printed
+    /// under `--events`.
+    pub(crate) fn write(&mut self, ev: &SockEvent, fed: &Fed, metrics: &Metrics) {
+        if let Some(w) = &self.store {
+            store::keep(ev, fed, &mut self.volume, |r| {
+                let _ = w.send(r);
+            });
+        }
+        let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
+        if is_connection && !self.connections {
+            return;
+        }
+        let line = match self.print {
+            Some(EventsFormat::Text) => ev.to_string(),
+            Some(EventsFormat::Json) => ev.to_json_line(),
+            None => return,
+        };
+        let Some(out) = self.events_out.as_ref() else { return };
+        match out.print(line) {
+            Stdout::Open => {}
+            Stdout::Closed => self.close_stdout(),
+            Stdout::Backlog => metrics.lost(metrics::reason::EVENTS_OUTPUT_BACKLOG, 1),
+        }
+    }
+
+    fn close_stdout(&mut self) {
+        if self.print.take().is_some() {
+            info!("standard output was closed: stopping, as a pipe's writer does");
+            self.stop = true;
+        }
+    }
+
+    /// After a read of the ring: `--events`' write errors exported, a
+    /// closed standard output noticed, the recording written when due.
+    pub(crate) fn after_drain(&mut self, metrics: &Metrics) {
+        if let Some(out) = self.events_out.as_ref() {
+            metrics.lost(metrics::reason::EVENTS_OUTPUT_ERROR, out.take_errors());
+            if out.is_closed() {
+                self.close_stdout();
+            }
+        }
+        if let Some(rec) = self.record.as_mut() {
+            rec.flush_due();
+        }
+    }
+
+    /// Hand the connection counts of the minute so far to the store (it
+    /// adds them up): a `kill -9` loses one second of them, not a minute.
+    pub(crate) fn flush_volume(&mut self) {
+        let Some(w) = &self.store else { return };
+        for r in self.volume.flush() {
+            let _ = w.send(r);
+        }
+    }
+
+    /// Write the recording's buffer and export what it could not write.
+    pub(crate) fn flush_record(&mut self, metrics: &Metrics) {
+        let Some(rec) = self.record.as_mut() else { return };
+        rec.flush();
+        let lost = rec.lost();
+        metrics.lost(metrics::reason::RECORD_ERROR, lost.saturating_sub(self.record_lost));
+        self.record_lost = lost;
+    }
+
+    /// Log and export records the store had to drop since the last call.
+    pub(crate) fn report_store_losses(&mut self, metrics: &Metrics) {
+        let Some(w) = &self.store else { return };
+        // The writer logs its own failures, once a minute.
+        let state = w.state();
+        let failed = state.failed.load(Ordering::Relaxed);
+        metrics.lost(metrics::reason::STORE_ERROR, failed.saturating_sub(self.store_failed));
+        self.store_failed = self.store_failed.max(failed);
+        let failed_other = state.failed_other.load(Ordering::Relaxed);
+        metrics.store_records_lost(metrics::reason::STORE_ERROR, failed_other.saturating_sub(self.store_failed_other));
+        self.store_failed_other = self.store_failed_other.max(failed_other);
+        let other = w.dropped_other();
+        metrics.store_records_lost(metrics::reason::STORE_BACKLOG, other.saturating_sub(self.store_dropped_other));
+        self.store_dropped_other = self.store_dropped_other.max(other);
+        let now = w.dropped();
+        if now > self.store_dropped {
+            let n = now - self.store_dropped;
+            metrics.lost(metrics::reason::STORE_BACKLOG, n);
+            warn!("the evidence store could not keep up: {n} records not stored ({now} in total); check the disk under --data-dir");
+            self.store_dropped = now;
+        }
+    }
+
+    /// At shutdown: the last counts stored, the writer's queue written, and
+    /// `--events` given a second to finish.
+    pub(crate) fn finish(&mut self) {
+        if let Some(w) = self.store.take() {
+            for r in self.volume.flush() {
+                let _ = w.send(r);
+            }
+            let given_up = w.finish();
+            if given_up > 0 {
+                warn!("{given_up} records could not be stored in this run (counted as store_error while it ran)");
+            }
+        }
+        if let Some(out) = self.events_out.take() {
+            out.finish(Duration::from_secs(1));
+        }
     }
 }
 
