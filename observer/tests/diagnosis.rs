@@ -556,8 +556,8 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     let mine: Vec<&DestinationRow> =
         rows.iter().filter(|r| r.id.destination == dest && r.id.role == Role::Client).collect();
     ensure!(mine.len() == 2, "one row per namespace: {mine:#?}");
-    let ra = mine.iter().find(|r| r.id.netns == Some(ino_a)).context("namespace A's row")?;
-    let rb = mine.iter().find(|r| r.id.netns == Some(ino_b)).context("namespace B's row")?;
+    let ra = mine.iter().find(|r| r.id.netns.inode() == Some(ino_a)).context("namespace A's row")?;
+    let rb = mine.iter().find(|r| r.id.netns.inode() == Some(ino_b)).context("namespace B's row")?;
     assert!(ra.failures > 0 && ra.verdict == Verdict::Mismatch, "{ra:#?}");
     assert_eq!(rb.failures, 0, "{rb:#?}");
     assert_ne!(rb.verdict, Verdict::Mismatch, "{rb:#?}");

@@ -156,10 +156,12 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
     let rows: Vec<_> =
         all.status()?.into_iter().filter(|r| r.id.destination == dest && r.id.role == Role::Client).collect();
     assert_eq!(rows.len(), 2, "{rows:#?}");
-    let client_row = rows.iter().find(|r| r.id.netns == Some(client_inode)).context("the client namespace's row")?;
+    let client_row =
+        rows.iter().find(|r| r.id.netns.inode() == Some(client_inode)).context("the client namespace's row")?;
     assert_eq!(client_row.reuses, 2);
     assert!(client_row.owners.iter().any(|o| o.container() == Some(CONTAINER)), "{:?}", client_row.owners);
-    let server_row = rows.iter().find(|r| r.id.netns == Some(server_inode)).context("the server namespace's row")?;
+    let server_row =
+        rows.iter().find(|r| r.id.netns.inode() == Some(server_inode)).context("the server namespace's row")?;
     assert_eq!(server_row.reuses, 1);
     let metrics =
         String::from_utf8(observer::surfaces::http::get(&all.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;

@@ -436,7 +436,7 @@ fn fleet_interval_is_the_intersection_of_two_hosts() -> Result<()> {
     for d in [&host_a, &host_b] {
         let rows: Vec<_> = d.status()?.into_iter().filter(|r| r.id.destination == dest).collect();
         assert_eq!(rows.len(), 1, "{rows:#?}");
-        assert!(rows[0].id.netns.is_some());
+        assert!(rows[0].id.netns.inode().is_some());
     }
     eprintln!(
         "MEASURED fleet: host A [{la:.3}, {:.3}] s, host B [{lb:.3}, {:.3}] s, fleet [{fleet_lower:.3}, {fleet_upper:.3}] s",

@@ -78,7 +78,7 @@ impl ProbeFeed {
                 for p in &got {
                     // A probe's namespace is known, its cgroup is not: a
                     // --cgroup run cannot show it to be its own.
-                    if filter.keeps(p.id.netns.unwrap_or(0), None) {
+                    if filter.keeps(p.id.netns.inode().unwrap_or(0), None) {
                         agg.add_probe(p);
                         taken += 1;
                     }

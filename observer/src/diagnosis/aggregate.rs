@@ -1,6 +1,6 @@
 //! Per-destination diagnosis: turns the typed event stream (live or from a
 //! recording) into the destination table. It routes each observation to its
-//! row ([`crate::diagnosis::table::DestKey`]), keeps it ([`crate::diagnosis::evidence`]), watches
+//! row ([`crate::diagnosis::key::DestKey`]), keeps it ([`crate::diagnosis::evidence`]), watches
 //! for peer restarts and changes of the path's timeout, and asks
 //! [`crate::diagnosis::verdict`] for the verdict. No aya here.
 //!
@@ -43,9 +43,10 @@ use crate::{
 };
 pub use crate::{
     diagnosis::evidence::IDLE_BUCKETS,
+    diagnosis::key::{DestKey, Destination, Netns, RowId},
     diagnosis::table::{
-        Bucket, Change, DestKey, Destination, DestinationRow, FailureMode, LowerBasis, PathShare, ProcessOwner,
-        Restart, RowId, ServerName, Verdict, VerdictEvidence,
+        Bucket, Change, DestinationRow, FailureMode, LowerBasis, PathShare, ProcessOwner, Restart, ServerName, Verdict,
+        VerdictEvidence,
     },
     diagnosis::verdict::RECOMMENDED_MAX_LIFETIME_SECONDS,
 };
@@ -215,16 +216,12 @@ impl Aggregator {
         self.evicted
     }
 
-    /// The key's namespace part: 0 for the host's.
-    const fn netns_of(&self, netns: u32) -> u32 {
-        if netns == self.config.host_netns {
-            0
-        } else {
-            netns
-        }
+    /// The key's namespace part of an event's raw inode.
+    const fn netns_of(&self, raw: u32) -> Netns {
+        Netns::of(raw, self.config.host_netns)
     }
 
-    fn slot(&mut self, addr: SocketAddr, role: Role, netns: u32) -> DestKey {
+    fn slot(&mut self, addr: SocketAddr, role: Role, netns: Netns) -> DestKey {
         let key = DestKey { dest: Destination::Addr(addr), role, netns };
         if self.dests.contains_key(&key) {
             return key;
@@ -239,7 +236,7 @@ impl Aggregator {
         if own(&self.dests) < self.config.max_destinations {
             key
         } else {
-            DestKey { dest: Destination::Other, role, netns: 0 }
+            DestKey { dest: Destination::Other, role, netns: Netns::HOST }
         }
     }
 
@@ -321,7 +318,8 @@ impl Aggregator {
         let Ok(addr) = p.id.destination.parse::<SocketAddr>() else { return };
         // A probe is an event of its row too: the row's clock moves to it.
         self.latest_ns = self.latest_ns.max(p.ts_unix_ns);
-        let key = self.slot(addr, Role::Client, self.netns_of(p.id.netns.unwrap_or(0)));
+        // The probe stores its own namespace's inode: settled here.
+        let key = self.slot(addr, Role::Client, self.netns_of(p.id.netns.inode().unwrap_or(0)));
         if key.dest == Destination::Other {
             return;
         }
@@ -435,7 +433,7 @@ impl Aggregator {
     pub fn label_of(&self, ev: &SockEvent) -> Option<RowId> {
         let (addr, role) = destination_of(ev)?;
         let own = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
-        let other = DestKey { dest: Destination::Other, role, netns: 0 };
+        let other = DestKey { dest: Destination::Other, role, netns: Netns::HOST };
         [own, other].into_iter().find(|k| self.dests.contains_key(k)).map(|k| k.id())
     }
 
@@ -478,8 +476,11 @@ impl Aggregator {
                 continue;
             }
             let own = DestKey { dest: Destination::Addr(s.remote), role: Role::Client, netns: self.netns_of(s.netns) };
-            let key =
-                if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, netns: 0, ..own } };
+            let key = if self.dests.contains_key(&own) {
+                own
+            } else {
+                DestKey { dest: Destination::Other, netns: Netns::HOST, ..own }
+            };
             if let (Some(&th), Some(st)) = (thresholds.get(&key), self.dests.get_mut(&key)) {
                 if s.idle_seconds > th {
                     st.at_risk += 1;
@@ -500,8 +501,11 @@ impl Aggregator {
         }
         for (d, who) in doomed {
             let own = DestKey { dest: Destination::Addr(d.remote), role: Role::Client, netns: self.netns_of(d.netns) };
-            let key =
-                if self.dests.contains_key(&own) { own } else { DestKey { dest: Destination::Other, netns: 0, ..own } };
+            let key = if self.dests.contains_key(&own) {
+                own
+            } else {
+                DestKey { dest: Destination::Other, netns: Netns::HOST, ..own }
+            };
             if let Some(st) = self.dests.get_mut(&key) {
                 st.doomed += 1;
                 if let Some(n) = st.doomed_owners.get_mut(who) {

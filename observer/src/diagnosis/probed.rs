@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{diagnosis::estimate::Interval, diagnosis::table::RowId, names::named};
+use crate::{diagnosis::estimate::Interval, diagnosis::key::RowId, names::named};
 
 /// The thread name of the probe's connections. The kernel records it on
 /// each socket at `connect()` (the daemon's probes read it as `comm`), so
@@ -132,12 +132,16 @@ pub fn merge(interval: &mut Interval, p: &ProbeEvidence) -> Merged {
 #[cfg(test)]
 mod tests {
     use super::{merge, How, Merged, ProbeEvidence};
-    use crate::{diagnosis::estimate::Interval, diagnosis::table::RowId, kernel::event::Role};
+    use crate::{diagnosis::estimate::Interval, diagnosis::key::RowId, kernel::event::Role};
 
     fn probe(how: How, t: Option<f64>, lower: f64, upper: Option<f64>) -> ProbeEvidence {
         ProbeEvidence {
             ts_unix_ns: 1,
-            id: RowId { destination: "10.0.0.2:443".to_owned(), role: Role::Client, netns: None },
+            id: RowId {
+                destination: "10.0.0.2:443".to_owned(),
+                role: Role::Client,
+                netns: crate::diagnosis::key::Netns::HOST,
+            },
             target: "api:443".to_owned(),
             first_exchange: "tls".to_owned(),
             how,

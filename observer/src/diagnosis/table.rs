@@ -3,82 +3,16 @@
 //! --json`, the metrics and the report), the destination key and the enums
 //! its fields take. No logic beyond naming lives here.
 
-use std::{fmt, net::SocketAddr};
-
 use serde::{Deserialize, Serialize};
 
 use crate::names::named;
 
-use crate::{diagnosis::probed::ProbeEvidence, kernel::event::Role, kernel::owner::Owner};
-
-/// A destination's address, or the overflow row past the cap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Destination {
-    Addr(SocketAddr),
-    /// Everything past the destination cap.
-    Other,
-}
-
-impl fmt::Display for Destination {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Addr(a) => write!(f, "{a}"),
-            Self::Other => f.write_str("other"),
-        }
-    }
-}
-
-/// The key of one row: a destination seen in one role (the remote
-/// `ip:port` of client sockets, the local listening `ip:port` of server
-/// sockets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DestKey {
-    pub dest: Destination,
-    pub role: Role,
-    /// The network namespace's inode; 0 for the host's (and for unknown),
-    /// so the same address in two pods makes two rows.
-    pub netns: u32,
-}
-
-impl DestKey {
-    /// `netns` as rows, changes and restarts carry it (null for the host's).
-    #[must_use]
-    pub const fn netns(&self) -> Option<u32> {
-        if self.netns == 0 {
-            None
-        } else {
-            Some(self.netns)
-        }
-    }
-
-    /// This key's identity as interfaces name it.
-    #[must_use]
-    pub fn id(&self) -> RowId {
-        RowId { destination: self.dest.to_string(), role: self.role, netns: self.netns() }
-    }
-}
-
-/// A row's identity as the interfaces name it: the `destination` text (an
-/// address or `other`), the role, and the network namespace (`None` for
-/// the host's), which is the metrics' `netns` label. Rows, changes and
-/// restarts carry it flattened, so their JSON keeps the three fields.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct RowId {
-    pub destination: String,
-    pub role: Role,
-    /// Inode of the network namespace the sockets are in (null: the host's,
-    /// the namespace of PID 1). The same address seen from two namespaces
-    /// (two pods) is two rows.
-    #[serde(default)]
-    pub netns: Option<u32>,
-}
-
-/// The `netns` label value: empty for the host's namespace (Prometheus
-/// treats an empty label as absent), else the namespace's inode.
-#[must_use]
-pub fn netns_label(netns: Option<u32>) -> String {
-    netns.map(|n| n.to_string()).unwrap_or_default()
-}
+use crate::{
+    diagnosis::key::{Netns, RowId},
+    diagnosis::probed::ProbeEvidence,
+    kernel::event::Role,
+    kernel::owner::Owner,
+};
 
 named! {
     /// What the evidence says about how the path fails.
@@ -425,9 +359,9 @@ pub enum SelectError {
 
 /// A row's role and namespace as the flags that choose it.
 #[must_use]
-pub fn describe(role: Role, netns: Option<u32>, with_role: bool) -> String {
+pub fn describe(role: Role, netns: Netns, with_role: bool) -> String {
     let role = if with_role { format!("--role {} ", role.as_str()) } else { String::new() };
-    match netns {
+    match netns.inode() {
         Some(n) => format!("{role}--netns {n}"),
         None => format!("{role}--netns 0 (the host's namespace)"),
     }
@@ -437,9 +371,9 @@ impl Select {
     /// Does a row of this role and namespace match? `host_netns` is the
     /// inode rows show as null (0 when unknown).
     #[must_use]
-    pub fn matches(&self, role: Role, netns: Option<u32>, host_netns: u32) -> bool {
+    pub fn matches(&self, role: Role, netns: Netns, host_netns: u32) -> bool {
         self.role.is_none_or(|r| r == role)
-            && self.netns.is_none_or(|want| match netns {
+            && self.netns.is_none_or(|want| match netns.inode() {
                 Some(n) => n == want,
                 None => want == 0 || want == host_netns,
             })

@@ -203,9 +203,9 @@ fn catalog_lists_kinds_with_sources() {
 fn observed_picks_the_namespace_or_asks() {
     let hops = parse(SETTLEMENT).unwrap();
     let mut bad = row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0));
-    bad.id.netns = Some(4_026_532_284);
+    bad.id.netns = crate::diagnosis::key::Netns::from(Some(4_026_532_284));
     let mut good = row("203.0.113.10:443", 59.0, Some(60.2), Some(60.0));
-    good.id.netns = Some(4_026_532_301);
+    good.id.netns = crate::diagnosis::key::Netns::from(Some(4_026_532_301));
     let rows = [bad, good];
     let mut r = check(&hops);
     let before = r.violations.len();
@@ -223,7 +223,7 @@ fn observed_picks_the_namespace_or_asks() {
     assert!(r.notes.iter().any(|n| n.contains("agree")));
     // The host's row (netns null) answers to its inode and to 0.
     let mut host = row("203.0.113.10:443", 340.0, Some(352.0), Some(350.0));
-    host.id.netns = None;
+    host.id.netns = crate::diagnosis::key::Netns::HOST;
     for want in [0, 4_026_531_840] {
         let mut r = check(&hops);
         compare_observed(&mut r, std::slice::from_ref(&host), Some(want), 4_026_531_840);

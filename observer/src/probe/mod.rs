@@ -29,8 +29,8 @@ use conn::{OpenError, Target};
 use search::{Finding, How, Outcome, Probe, Search};
 
 use crate::{
+    diagnosis::key::{Netns, RowId},
     diagnosis::probed::{ProbeEvidence, PROBE_THREAD},
-    diagnosis::table::RowId,
     kernel::event::Role,
 };
 
@@ -61,12 +61,13 @@ pub struct Report {
 impl Report {
     /// The result as stored evidence of the row it measured: the address
     /// connected to, as a client, in the probe's network namespace
-    /// (`netns`, its inode); `ts_unix_ns` is when it ended.
+    /// (`netns`, its inode, which the daemon settles against the host's
+    /// when it takes the result); `ts_unix_ns` is when it ended.
     #[must_use]
     pub fn evidence(&self, netns: Option<u32>, ts_unix_ns: u64) -> ProbeEvidence {
         ProbeEvidence {
             ts_unix_ns,
-            id: RowId { destination: self.address.clone(), role: Role::Client, netns },
+            id: RowId { destination: self.address.clone(), role: Role::Client, netns: Netns::from(netns) },
             target: self.destination.clone(),
             first_exchange: self.first_exchange.clone(),
             how: self.finding.how,

@@ -22,7 +22,7 @@ use std::sync::atomic::AtomicU64;
 use crate::{
     diagnosis::aggregate::{Aggregator, Config, DestinationRow, Fed, Ingested},
     diagnosis::evidence::Observation,
-    diagnosis::table::{netns_label, RowId},
+    diagnosis::key::RowId,
     kernel::event::SockEvent,
 };
 
@@ -41,7 +41,7 @@ struct RowLabels {
 
 impl From<&RowId> for RowLabels {
     fn from(id: &RowId) -> Self {
-        Self { destination: id.destination.clone(), role: id.role.as_str().to_owned(), netns: netns_label(id.netns) }
+        Self { destination: id.destination.clone(), role: id.role.as_str().to_owned(), netns: id.netns.label() }
     }
 }
 

@@ -19,8 +19,9 @@ pub use markdown::markdown;
 use crate::{
     diagnosis::aggregate::{Aggregator, Change, Config, FailureMode},
     diagnosis::evidence::Observation,
+    diagnosis::key::{Netns, RowId},
     diagnosis::probed::ProbeEvidence,
-    diagnosis::table::{RowId, Select, SelectError},
+    diagnosis::table::{Select, SelectError},
     kernel::event::{EventKind, Role, SockEvent},
     surfaces::store::VolumeCount,
     units::fmt_secs,
@@ -181,7 +182,7 @@ pub struct Report {
     pub server_names: Vec<crate::diagnosis::table::ServerName>,
     pub role: String,
     /// The row's network namespace inode (null: the host's).
-    pub netns: Option<u32>,
+    pub netns: Netns,
     pub generated_unix_ns: u64,
     pub window_start_unix_ns: u64,
     pub window_end_unix_ns: u64,
@@ -217,7 +218,7 @@ pub enum NoEvidence {
 /// The row's side as the report's headline names it: the role, and the
 /// network namespace when it is not the host's.
 fn side(r: &Report) -> String {
-    match r.netns {
+    match r.netns.inode() {
         Some(n) => format!("{} side, network namespace {n}", r.role),
         None => format!("{} side", r.role),
     }
@@ -423,7 +424,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     // The row's netns as the aggregator names it (null: the host's or
     // unknown); counts stored before the store knew namespaces count for
     // every namespace of their role.
-    let ns = |raw: u32| (raw != 0 && raw != input.host_netns).then_some(raw);
+    let ns = |raw: u32| Netns::of(raw, input.host_netns);
     let volume: Vec<&VolumeCount> =
         input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.id.netns)).collect();
     let changes: Vec<Change> =

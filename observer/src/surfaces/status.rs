@@ -131,7 +131,7 @@ fn deadline_cell(r: &DestinationRow) -> String {
 /// The destination, with its network namespace when it is not the host's
 /// (one address seen from two pods is two rows).
 fn destination_cell(r: &DestinationRow) -> String {
-    match r.id.netns {
+    match r.id.netns.inode() {
         Some(n) => format!("{} netns:{n}", r.id.destination),
         None => r.id.destination.clone(),
     }

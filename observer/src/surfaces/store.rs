@@ -27,7 +27,7 @@
 //!   existing store (schema 3; schemas 1 and 2 are migrated in place by
 //!   the daemon); the daemon reads new ones as they come.
 //! - Every row carries its destination, role and network namespace (the
-//!   row identity of [`crate::diagnosis::table::RowId`]); schema 1 had no
+//!   row identity of [`crate::diagnosis::key::RowId`]); schema 1 had no
 //!   namespace and is migrated in place on open: evidence and changes take
 //!   it from their stored JSON, connection counts keep none (null).
 
@@ -291,7 +291,7 @@ impl Store {
                             i64::try_from(p.ts_unix_ns).unwrap_or(i64::MAX),
                             p.id.destination,
                             p.id.role.as_str(),
-                            p.id.netns,
+                            p.id.netns.inode(),
                             serde_json::to_string(p)?
                         ])?;
                         n += 1;
@@ -302,7 +302,7 @@ impl Store {
                             ts,
                             c.id.destination,
                             c.id.role.as_str(),
-                            c.id.netns,
+                            c.id.netns.inode(),
                             serde_json::to_string(c)?
                         ])?;
                         n += 1;

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 
 use super::{destination_of, Aggregator};
 use crate::{
-    diagnosis::table::{DestKey, Destination, ServerName},
+    diagnosis::key::{DestKey, Destination},
+    diagnosis::table::ServerName,
     kernel::event::SockEvent,
     kernel::hello::Protocol,
 };

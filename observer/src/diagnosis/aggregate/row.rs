@@ -7,8 +7,9 @@ use super::state::{interval_of, DestState};
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::IDLE_BUCKETS,
+    diagnosis::key::DestKey,
     diagnosis::probed::{self, Merged, ProbeEvidence},
-    diagnosis::table::{Bucket, DestKey, DestinationRow, FailureMode, LowerBasis, PathShare, Verdict},
+    diagnosis::table::{Bucket, DestinationRow, FailureMode, LowerBasis, PathShare, Verdict},
     diagnosis::verdict::{self, ClientFindings, ServerFindings},
     kernel::event::Role,
     kernel::hello::Protocol,

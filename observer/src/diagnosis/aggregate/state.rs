@@ -8,8 +8,9 @@ use super::{CHANGE_AFTER, CHANGE_SPREAD_NS, MAX_CHANGES, MAX_CONTRADICTIONS, RES
 use crate::{
     diagnosis::estimate::{self, Interval},
     diagnosis::evidence::{Evidence, Observation, Observed},
+    diagnosis::key::DestKey,
     diagnosis::probed::ProbeEvidence,
-    diagnosis::table::{Change, DestKey, LowerBasis, ProcessOwner, Restart},
+    diagnosis::table::{Change, LowerBasis, ProcessOwner, Restart},
     kernel::runtime::ClientRuntime,
 };
 

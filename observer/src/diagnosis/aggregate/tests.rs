@@ -704,11 +704,11 @@ fn one_address_in_two_namespaces_is_two_rows() {
         e.netns = 4_026_532_999;
         agg.label_of(&e).unwrap()
     };
-    assert_eq!(label.netns, Some(4_026_532_999));
+    assert_eq!(label.netns.inode(), Some(4_026_532_999));
     let rows = table(&mut agg);
     assert_eq!(rows.len(), 2, "{rows:#?}");
-    let host = rows.iter().find(|r| r.id.netns.is_none()).unwrap();
-    let pod = rows.iter().find(|r| r.id.netns == Some(4_026_532_999)).unwrap();
+    let host = rows.iter().find(|r| r.id.netns.is_host()).unwrap();
+    let pod = rows.iter().find(|r| r.id.netns.inode() == Some(4_026_532_999)).unwrap();
     assert_eq!((host.reuses, host.failures), (5, 0));
     assert_eq!((pod.reuses, pod.failures), (5, 5));
     assert_eq!(pod.owners.len(), 1);
@@ -902,7 +902,10 @@ fn row_json_keeps_the_identity_fields_flat() {
     let mut v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v.as_object_mut().unwrap().remove("netns");
     let old: DestinationRow = serde_json::from_value(v).unwrap();
-    assert_eq!(old.id, RowId { destination: "10.0.0.2:80".into(), role: Role::Client, netns: None });
+    assert_eq!(
+        old.id,
+        RowId { destination: "10.0.0.2:80".into(), role: Role::Client, netns: crate::diagnosis::key::Netns::HOST }
+    );
     let change = crate::diagnosis::table::Change {
         ts_unix_ns: 1,
         id: old.id.clone(),
@@ -1033,7 +1036,7 @@ fn probed(ts_s: f64, d: &str, how: crate::diagnosis::probed::How, lower: f64, up
     let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
     ProbeEvidence {
         ts_unix_ns: ts,
-        id: RowId { destination: d.to_owned(), role: Role::Client, netns: None },
+        id: RowId { destination: d.to_owned(), role: Role::Client, netns: crate::diagnosis::key::Netns::HOST },
         target: "api.partner.example:443".to_owned(),
         first_exchange: "tls".to_owned(),
         how,

@@ -239,7 +239,11 @@ fn doomed_and_discarded_dead_are_exported_per_client_row() {
     ] {
         assert!(text.contains(line), "missing {line:?} in\n{text}");
     }
-    m.forget(&[crate::diagnosis::table::RowId { destination: d.into(), role: Role::Client, netns: None }]);
+    m.forget(&[crate::diagnosis::key::RowId {
+        destination: d.into(),
+        role: Role::Client,
+        netns: crate::diagnosis::key::Netns::HOST,
+    }]);
     assert!(!m.encode().contains("observer_discarded_dead_total{"), "forgotten with its row");
 }
 
@@ -299,7 +303,7 @@ fn exposition_of_a_recording_matches_its_table() {
     let r = rows.iter().find(|r| r.path_idle_timeout_upper_seconds.is_some()).expect("a row with a failure");
     let upper = r.path_idle_timeout_upper_seconds.unwrap();
     // The recorded clients ran in a network namespace of their own.
-    let netns = r.id.netns.expect("the recording's client namespace");
+    let netns = r.id.netns.inode().expect("the recording's client namespace");
     let want = format!(
         "observer_path_idle_timeout_seconds{{destination=\"{}\",role=\"client\",netns=\"{netns}\",bound=\"upper\"}} {upper:?}",
         r.id.destination

@@ -243,7 +243,11 @@ fn the_protocol_is_on_our_side() {
 fn probe_of(dest: &str, ts_unix_ns: u64, lower: f64, upper: f64) -> ProbeEvidence {
     ProbeEvidence {
         ts_unix_ns,
-        id: crate::diagnosis::table::RowId { destination: dest.to_owned(), role: Role::Client, netns: None },
+        id: crate::diagnosis::key::RowId {
+            destination: dest.to_owned(),
+            role: Role::Client,
+            netns: crate::diagnosis::key::Netns::HOST,
+        },
         target: "partner.example:8080".to_owned(),
         first_exchange: "http".to_owned(),
         how: crate::diagnosis::probed::How::Fin,

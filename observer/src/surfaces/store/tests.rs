@@ -325,10 +325,10 @@ fn schema_1_is_migrated_and_reports_pick_the_namespace() {
         host_netns: 0,
     };
     let a = crate::surfaces::report::build(&input(Some(4_026_532_284))).unwrap();
-    assert_eq!((a.netns, a.summary.reuses, a.summary.failures), (Some(4_026_532_284), 20, 10));
+    assert_eq!((a.netns.inode(), a.summary.reuses, a.summary.failures), (Some(4_026_532_284), 20, 10));
     assert_eq!(a.changes.len(), 1, "the change was namespace A's");
     let b = crate::surfaces::report::build(&input(Some(4_026_532_301))).unwrap();
-    assert_eq!((b.netns, b.summary.reuses, b.summary.failures), (Some(4_026_532_301), 20, 0));
+    assert_eq!((b.netns.inode(), b.summary.reuses, b.summary.failures), (Some(4_026_532_301), 20, 0));
     assert!(b.changes.is_empty());
     let asked = crate::surfaces::report::build(&input(None)).unwrap_err().to_string();
     assert!(asked.contains("--netns 4026532284") && asked.contains("--netns 4026532301"), "{asked}");
@@ -601,7 +601,11 @@ fn a_reader_does_not_make_the_size_prune_delete_everything() {
 fn probe_at(ts: u64, destination: &str) -> crate::diagnosis::probed::ProbeEvidence {
     crate::diagnosis::probed::ProbeEvidence {
         ts_unix_ns: ts,
-        id: crate::diagnosis::table::RowId { destination: destination.to_owned(), role: Role::Client, netns: Some(7) },
+        id: crate::diagnosis::key::RowId {
+            destination: destination.to_owned(),
+            role: Role::Client,
+            netns: crate::diagnosis::key::Netns::from(Some(7)),
+        },
         target: "api:443".to_owned(),
         first_exchange: "tls".to_owned(),
         how: crate::diagnosis::probed::How::Fin,
