@@ -8,6 +8,7 @@
 
 use serde::Serialize;
 
+mod document;
 mod findings;
 mod html;
 mod markdown;

@@ -313,3 +313,31 @@ fn a_destination_only_a_probe_measured_has_a_report() {
     assert_eq!(r.our_side.recommended_pool_idle_timeout_seconds, Some(47.92));
     assert!(r.our_side.recommendation.contains("measured by observer probe"), "{}", r.our_side.recommendation);
 }
+
+/// One report model: every title, fact, table cell, paragraph and list
+/// item of the document is in the Markdown and in the HTML alike.
+#[test]
+fn markdown_and_html_say_the_same_things() {
+    use document::{document, Block};
+    let report = fin_report();
+    let (md, page) = (markdown(&report), html(&report));
+    let doc = document(&report);
+    let mut texts: Vec<String> = vec![doc.headline.clone()];
+    for s in &doc.sections {
+        texts.push(s.title.to_owned());
+        for b in &s.blocks {
+            match b {
+                Block::Lead(t) | Block::Para(t) => texts.push(t.clone()),
+                Block::Facts(f) => texts.extend(f.iter().flat_map(|f| [f.name.clone(), f.value.clone()])),
+                Block::Table(t) => texts.extend(t.rows.iter().flatten().map(|c| c.text.clone())),
+                Block::Plot { caption, .. } => texts.push((*caption).to_owned()),
+                Block::List(items) => texts.extend(items.iter().cloned()),
+            }
+        }
+    }
+    assert!(texts.len() > 100, "{} texts", texts.len());
+    for t in texts.iter().filter(|t| !t.is_empty()) {
+        assert!(md.contains(t.as_str()), "Markdown lacks {t:?}");
+        assert!(page.contains(&esc(t)), "HTML lacks {t:?}");
+    }
+}
