@@ -35,7 +35,7 @@ mod pipeline;
 mod probed;
 
 use api::spawn_http;
-pub use api::{Health, Shared};
+pub use api::{DaemonState, Health};
 use enrich::Enrich;
 use outputs::Outputs;
 use outputs::{EventsOut, Recording};
@@ -147,7 +147,7 @@ fn scope(args: &RunArgs) -> Result<(Filter, Option<std::path::PathBuf>, Aggregat
 }
 
 /// Listen on `--metrics-addr` and serve the table, metrics and health.
-fn serve_http(args: &RunArgs, shared: &Arc<Shared>) -> Result<()> {
+fn serve_http(args: &RunArgs, shared: &Arc<DaemonState>) -> Result<()> {
     let listener = std::net::TcpListener::bind(&args.metrics_addr)
         .with_context(|| format!("listening on --metrics-addr {}; pick a free address", args.metrics_addr))?;
     listener.set_nonblocking(true).context("the HTTP listener")?;
@@ -181,7 +181,7 @@ fn serve_http(args: &RunArgs, shared: &Arc<Shared>) -> Result<()> {
 /// The pipeline for this run.
 fn new_pipeline(
     args: &RunArgs,
-    shared: &Arc<Shared>,
+    shared: &Arc<DaemonState>,
     writer: Writer,
     record: Option<Recording>,
     filter: Filter,
@@ -216,7 +216,7 @@ pub async fn run(args: RunArgs) -> Result<()> {
         }
         None => None,
     };
-    let shared = Arc::new(Shared::new(aggregator, Metrics::new(args.metrics_histograms)));
+    let shared = Arc::new(DaemonState::new(aggregator, Metrics::new(args.metrics_histograms)));
     let _ = shared.health.store.set(writer.state());
     shared.metrics.set_build_info(env!("CARGO_PKG_VERSION"), probes.probe_set().name(), &kernel_release());
     shared.health.attached.store(true, Ordering::Relaxed);

@@ -7,6 +7,6 @@
 pub mod bpf;
 pub mod btf;
 pub mod event;
-pub mod hello;
+pub mod first_bytes;
 pub mod owner;
 pub mod runtime;

@@ -30,7 +30,7 @@ pub mod daemon;
 pub mod diagnosis;
 pub mod files;
 pub mod kernel;
-mod names;
+mod named;
 pub mod path;
 pub mod probe;
 pub mod surfaces;

@@ -23,7 +23,7 @@ use observer::{
     diagnosis::aggregate::{DestinationRow, FailureMode, LowerBasis, Verdict},
     kernel::{
         event::{EventKind, Role},
-        hello::Protocol,
+        first_bytes::Protocol,
     },
 };
 

@@ -25,14 +25,14 @@
 //!   still unread and the application read the EOF only after it: that
 //!   was a request, and it failed.
 //!
-//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`hello`], [`death`], [`requests`], [`closes`].
+//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`first_bytes`], [`death`], [`requests`], [`closes`].
 
 mod bytes;
 mod clock;
 mod closes;
 mod death;
 mod emit;
-mod hello;
+mod first_bytes;
 mod kernel;
 mod maps;
 mod requests;
@@ -41,7 +41,7 @@ mod sock;
 pub(crate) use clock::{busy_write_time, now, receive_time, receive_time_cast, start_busy_write};
 pub(crate) use closes::{on_local_close, on_peer_fin, on_peer_rst};
 pub(crate) use death::{on_destroy, on_failed_write, write_fails};
-pub(crate) use hello::first_write;
+pub(crate) use first_bytes::first_write;
 pub(crate) use kernel::{field, is_full_close, sk_protocol};
 pub(crate) use maps::{storage_map, OFFSETS};
 pub(crate) use requests::{on_closed, on_read, on_send};

@@ -11,7 +11,7 @@ use super::{
     closes::{goodbye_idle, on_local_close, CONTROL_NS, GOODBYE_GRACE_NS},
     death::{keepalive_death, list_doomed, mark_dead, undoom},
     emit::{emit, request_event, reuse_outcome},
-    hello::write_len,
+    first_bytes::write_len,
     kernel::{after, copied_seq, rcv_nxt, sk_err, snd_una, write_seq},
     maps::{count, global, min_idle_ns, stall_after_ns, ANSWER_WITHIN_NS, EMIT_CLOSED},
     sock::{last_activity, set_process, tracks_requests},

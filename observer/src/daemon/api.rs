@@ -62,7 +62,7 @@ impl Health {
 }
 
 /// State the HTTP endpoint reads.
-pub struct Shared {
+pub struct DaemonState {
     pub aggregator: Mutex<Aggregator>,
     pub metrics: Metrics,
     pub health: Health,
@@ -105,7 +105,7 @@ fn shared_body(bytes: Vec<u8>, token: &Arc<()>) -> hyper::body::Bytes {
     hyper::body::Bytes::from_owner(Owned(bytes, Arc::clone(token)))
 }
 
-impl Shared {
+impl DaemonState {
     #[must_use]
     pub fn new(aggregator: Aggregator, metrics: Metrics) -> Self {
         Self {
@@ -160,7 +160,7 @@ impl Shared {
     }
 }
 
-impl Handler for Shared {
+impl Handler for DaemonState {
     fn get(&self, path: &str) -> Response {
         match path {
             "/api/v1/destinations" => match self.bodies() {
@@ -183,7 +183,11 @@ impl Handler for Shared {
 
 /// Serve HTTP on a thread and runtime of its own: a scrape (which computes
 /// the table) never delays the ring-buffer reader's runtime.
-pub(crate) fn spawn_http(listener: std::net::TcpListener, shared: Arc<Shared>, limits: http::Limits) -> Result<()> {
+pub(crate) fn spawn_http(
+    listener: std::net::TcpListener,
+    shared: Arc<DaemonState>,
+    limits: http::Limits,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().context("the HTTP runtime")?;
     std::thread::Builder::new()
         .name("observer-http".into())

@@ -7,7 +7,7 @@
 use std::sync::PoisonError;
 
 use super::{
-    api::Shared,
+    api::DaemonState,
     held::{Held, Released},
     probed::ProbeSockets,
 };
@@ -50,7 +50,7 @@ impl Enrich {
     /// Otherwise it goes on at once with the owner known now (the lookup it
     /// starts names the later events): a wait would keep evidence in memory
     /// only, which a `kill -9` loses.
-    pub(crate) fn take(&mut self, mut ev: SockEvent, shared: &Shared, next: &mut impl FnMut(SockEvent)) {
+    pub(crate) fn take(&mut self, mut ev: SockEvent, shared: &DaemonState, next: &mut impl FnMut(SockEvent)) {
         // The probe chose its connections' idle time, not the application:
         // they are no reuse, no pool close and no at-risk socket of it.
         if self.probe_sockets.take(&ev) {
@@ -68,7 +68,7 @@ impl Enrich {
 
     /// Hand on the held events whose owner is settled, in order (`all`:
     /// every one, as at shutdown).
-    pub(crate) fn release(&mut self, all: bool, shared: &Shared, next: &mut impl FnMut(SockEvent)) {
+    pub(crate) fn release(&mut self, all: bool, shared: &DaemonState, next: &mut impl FnMut(SockEvent)) {
         while let Some(Released { event, unresolved }) = self.held.next(&self.owners, all) {
             if unresolved {
                 // Only --cgroup holds events: it cannot be shown to belong.

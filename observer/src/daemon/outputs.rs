@@ -30,7 +30,7 @@ use crate::{
     diagnosis::aggregate::Fed,
     kernel::event::{EventKind, SockEvent},
     surfaces::metrics::{self, Metrics},
-    surfaces::store::{self, Volume, Writer},
+    surfaces::store::{self, ConnectionCounts, Writer},
 };
 
 /// Bytes buffered before a write.
@@ -317,7 +317,7 @@ pub(crate) struct Outputs {
     store_failed: u64,
     store_failed_other: u64,
     store_dropped_other: u64,
-    volume: Volume,
+    volume: ConnectionCounts,
 }
 
 impl Outputs {
@@ -340,7 +340,7 @@ impl Outputs {
             store_failed: 0,
             store_failed_other: 0,
             store_dropped_other: 0,
-            volume: Volume::default(),
+            volume: ConnectionCounts::default(),
         }
     }
 

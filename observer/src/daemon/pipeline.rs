@@ -8,7 +8,7 @@ use std::sync::{atomic::Ordering, Arc, PoisonError};
 
 use log::{error, warn};
 
-use super::{api::Shared, enrich::Enrich, outputs::Outputs, probed::ProbeFeed};
+use super::{api::DaemonState, enrich::Enrich, outputs::Outputs, probed::ProbeFeed};
 use crate::{
     diagnosis::aggregate::Fed,
     diagnosis::probed::PROBE_THREAD,
@@ -22,7 +22,7 @@ use crate::{
 pub(crate) struct Pipeline {
     pub(crate) enrich: Enrich,
     pub(crate) outputs: Outputs,
-    pub(crate) shared: Arc<Shared>,
+    pub(crate) shared: Arc<DaemonState>,
     /// `observer probe`'s results, read from the store.
     pub(crate) probe_feed: ProbeFeed,
     /// The last drain stopped at its cap with records left in the ring.
@@ -66,7 +66,7 @@ impl Pipeline {
 
 /// The diagnosis: the one feed call, its figures counted, and what it
 /// judged (peer restarts, changes of a path's timeout) logged.
-fn diagnose(shared: &Shared, ev: &SockEvent) -> Fed {
+fn diagnose(shared: &DaemonState, ev: &SockEvent) -> Fed {
     let fed = shared.aggregator.lock().unwrap_or_else(PoisonError::into_inner).feed(ev);
     shared.metrics.fed(ev, &fed);
     for r in &fed.restarts {

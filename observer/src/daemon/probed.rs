@@ -11,7 +11,7 @@ use std::{
 
 use log::{info, warn};
 
-use super::Shared;
+use super::DaemonState;
 use crate::{
     diagnosis::probed::PROBE_THREAD,
     kernel::event::SockEvent,
@@ -70,7 +70,7 @@ impl ProbeFeed {
 
     /// Take what came since the last call (at start-up: every probe of the
     /// window) into the table. Returns the results taken.
-    pub(crate) fn poll(&mut self, shared: &Shared, filter: &Filter, now_ns: u64) -> usize {
+    pub(crate) fn poll(&mut self, shared: &DaemonState, filter: &Filter, now_ns: u64) -> usize {
         match self.read(now_ns) {
             Ok(got) => {
                 let mut taken = 0;

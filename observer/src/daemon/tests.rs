@@ -40,7 +40,7 @@ fn a_degraded_store_is_reported_and_stays_healthy() {
 /// freed with its last reader.
 #[test]
 fn slow_readers_hold_a_bounded_number_of_builds() {
-    let shared = Shared::new(Aggregator::new(aggregate::Config::default()), Metrics::default());
+    let shared = DaemonState::new(Aggregator::new(aggregate::Config::default()), Metrics::default());
     let wait = || std::thread::sleep(Duration::from_nanos(TABLE_MAX_AGE_NS + 50_000_000));
     let (t0, m0) = shared.bodies().unwrap();
     let (t0b, _) = shared.bodies().unwrap();

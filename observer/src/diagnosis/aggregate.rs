@@ -51,12 +51,12 @@ pub use crate::{
     diagnosis::verdict::RECOMMENDED_MAX_LIFETIME_SECONDS,
 };
 
-mod names;
 mod row;
+mod server_names;
 mod state;
 
-pub use names::MAX_NAMES;
 use row::row;
+pub use server_names::MAX_NAMES;
 use state::DestState;
 
 /// Distinct process names remembered per destination.
@@ -85,7 +85,7 @@ pub(crate) const HOUR_NS: u64 = 3_600_000_000_000;
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ingested {
     pub id: RowId,
-    pub obs: Observed,
+    pub observed: Observed,
 }
 
 /// What one event did to the table: everything a consumer of the feed
@@ -155,7 +155,7 @@ pub struct Aggregator {
     /// Event time of the last sweep.
     last_tick_ns: u64,
     /// The names clients used, per destination (see `names`).
-    names: HashMap<DestKey, names::Names>,
+    names: HashMap<DestKey, server_names::Names>,
     /// The last `server_name` event ingested named its row anew.
     fresh_name: bool,
     /// The time of the oldest event still waiting upstream (for its owner,
@@ -270,7 +270,7 @@ impl Aggregator {
         let (changes, restart) = st.flush(now, key);
         self.changes.extend(changes);
         self.restarts.extend(restart);
-        if matches!(o.obs, Observation::Reuse { .. }) && !ev.comm.is_empty() {
+        if matches!(o.what, Observation::Reuse { .. }) && !ev.comm.is_empty() {
             let process = ev.process.clone().unwrap_or_else(|| ev.comm.clone());
             let who = ProcessOwner { process, owner: ev.owner.clone() };
             if let Some(n) = st.processes.get_mut(&who) {
@@ -291,7 +291,7 @@ impl Aggregator {
                 None => {}
             }
         }
-        if matches!(o.obs, Observation::PeerIdleClose { .. }) {
+        if matches!(o.what, Observation::PeerIdleClose { .. }) {
             if st.pending.len() >= MAX_PENDING {
                 // A storm of closes: judge the oldest span now.
                 let first = st.pending[0].ts_ns;
@@ -304,7 +304,7 @@ impl Aggregator {
         } else if let Some(c) = st.commit(&o, key) {
             self.changes.push(c);
         }
-        Some(Ingested { id: key.id(), obs: o })
+        Some(Ingested { id: key.id(), observed: o })
     }
 
     /// Take what `observer probe` measured for a row (the latest one

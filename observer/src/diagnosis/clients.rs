@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::{hello::Protocol, runtime::ClientRuntime};
+use crate::kernel::{first_bytes::Protocol, runtime::ClientRuntime};
 
 /// One pool setting of one client runtime.
 #[derive(Debug, Clone, Copy)]

@@ -107,7 +107,7 @@ pub struct Observed {
     pub keepalive: bool,
     /// Keep-alive idle time, s (0 = unknown).
     pub keepalive_idle: f32,
-    pub obs: Observation,
+    pub what: Observation,
 }
 
 /// The failure mode an event shows.
@@ -136,7 +136,7 @@ impl Observed {
         let idle = ev.idle_seconds;
         let elapsed = ev.elapsed_seconds.unwrap_or_default();
         let ka_idle = ev.keepalive_idle_seconds.unwrap_or(0.0);
-        let obs = match ev.kind {
+        let what = match ev.kind {
             EventKind::Reuse => Observation::Reuse {
                 idle,
                 failed: match ev.outcome? {
@@ -168,14 +168,14 @@ impl Observed {
             sock_id: ev.sock_id,
             keepalive: ev.keepalive,
             keepalive_idle: ka_idle as f32,
-            obs,
+            what,
         })
     }
 
     /// When the socket last had activity before this observation.
     #[must_use]
     pub fn idle_since_ns(&self) -> u64 {
-        let idle = match self.obs {
+        let idle = match self.what {
             Observation::Reuse { idle, .. }
             | Observation::PeerIdleClose { idle, .. }
             | Observation::LocalIdleClose { idle }

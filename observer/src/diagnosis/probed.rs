@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{diagnosis::estimate::Interval, diagnosis::key::RowId, names::named};
+use crate::{diagnosis::estimate::Interval, diagnosis::key::RowId, named::named};
 
 /// The thread name of the probe's connections. The kernel records it on
 /// each socket at `connect()` (the daemon's probes read it as `comm`), so

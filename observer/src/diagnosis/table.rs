@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::names::named;
+use crate::named::named;
 
 use crate::{
     diagnosis::key::{Netns, RowId},
@@ -277,7 +277,7 @@ pub struct DestinationRow {
     /// (`http1`, `h2`), most used first; empty where they told none (TLS
     /// offering both by ALPN, a binary protocol, `--no-names`).
     #[serde(default)]
-    pub protocols: Vec<crate::kernel::hello::Protocol>,
+    pub protocols: Vec<crate::kernel::first_bytes::Protocol>,
     /// Client rows: the fix in the reusing clients' own terms, one per
     /// runtime told (the setting, its default, what to set it to, and a
     /// default above the path's timeout as a finding); the generic rule

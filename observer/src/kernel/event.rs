@@ -13,7 +13,7 @@ use std::{
 use observer_common::{flags, how, kind, outcome, role, Event, AF_INET, AF_INET6, EVENT_SIZE, HELLO_BYTES, HELLO_SIZE};
 use serde::{Deserialize, Serialize};
 
-use crate::{kernel::owner::Owner, names::named};
+use crate::{kernel::owner::Owner, named::named};
 
 pub(crate) mod clock;
 mod views;
@@ -225,7 +225,7 @@ pub struct SockEvent {
     /// `server_name` events: the application protocol the first bytes
     /// showed (`http1`, `h2`), where they tell it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<crate::kernel::hello::Protocol>,
+    pub protocol: Option<crate::kernel::first_bytes::Protocol>,
     /// Client reuses: the writing process's runtime and pool libraries,
     /// where they can be told (see `kernel::runtime`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -264,8 +264,8 @@ pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError
     if raw.kind == kind::HELLO {
         let n = usize::try_from(raw.bytes).unwrap_or(0).min(HELLO_BYTES);
         let first = bytes.get(EVENT_SIZE..EVENT_SIZE + n).unwrap_or_default();
-        ev.server_name = crate::kernel::hello::server_name(first).map(|(name, _)| name);
-        ev.protocol = crate::kernel::hello::protocol(first);
+        ev.server_name = crate::kernel::first_bytes::server_name(first).map(|(name, _)| name);
+        ev.protocol = crate::kernel::first_bytes::protocol(first);
         ev.bytes = 0;
     }
     Ok(ev)

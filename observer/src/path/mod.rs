@@ -25,10 +25,10 @@ use crate::diagnosis::estimate::POOL_FRACTION;
 use crate::units::fmt_secs;
 use catalog::{Category, Kind};
 
-mod observed;
+mod measured;
 
-pub(crate) use observed::close_enough;
-pub use observed::compare_observed;
+pub(crate) use measured::close_enough;
+pub use measured::compare_observed;
 
 /// A timeout value: seconds, or no limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -169,7 +169,7 @@ impl std::str::FromStr for HopAddress {
         let bad = || format!("`{v}` is neither ip:port nor host:port (IPv6 as [addr]:port)");
         let (host, port) = v.rsplit_once(':').ok_or_else(bad)?;
         let port = port.parse::<u16>().map_err(|_| bad())?;
-        let host = crate::kernel::hello::host_name(host.as_bytes()).ok_or_else(bad)?;
+        let host = crate::kernel::first_bytes::host_name(host.as_bytes()).ok_or_else(bad)?;
         Ok(Self::Name { host, port })
     }
 }

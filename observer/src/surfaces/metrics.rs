@@ -330,11 +330,11 @@ impl Metrics {
     /// included; None for events that are no evidence).
     pub fn observe(&self, ev: &SockEvent, ingested: Option<&Ingested>) {
         self.daemon.events.get_or_create(&KindLabels { kind: ev.kind.as_str().to_owned() }).inc();
-        let Some(Ingested { id, obs }) = ingested else { return };
+        let Some(Ingested { id, observed }) = ingested else { return };
         let row = RowLabels::from(id);
         let e = &self.evidence;
         let h = e.histograms.as_ref();
-        match obs.obs {
+        match observed.what {
             // A reuse is evidence only with its outcome.
             Observation::Reuse { .. } => {
                 if let Some(o) = ev.outcome {

@@ -24,7 +24,7 @@ use crate::{
     diagnosis::probed::ProbeEvidence,
     diagnosis::table::{Select, SelectError},
     kernel::event::{EventKind, Role, SockEvent},
-    surfaces::store::VolumeCount,
+    surfaces::store::{ConnectionCount, ConnectionCounts, Record},
     units::fmt_secs,
 };
 use findings::{failure_text, findings, questions};
@@ -43,7 +43,7 @@ pub struct Input {
     /// Evidence events for the destination, oldest first.
     pub events: Vec<SockEvent>,
     /// New connections per minute, of every row of the destination.
-    pub volume: Vec<VolumeCount>,
+    pub volume: Vec<ConnectionCount>,
     pub changes: Vec<Change>,
     /// What `observer probe` measured for the destination, oldest first.
     pub probes: Vec<ProbeEvidence>,
@@ -106,7 +106,7 @@ pub struct OurSide {
     pub fix_settings: Vec<crate::diagnosis::clients::FixSetting>,
     /// The protocols the connections' first bytes showed (`h2`, `http1`),
     /// most seen first; empty when none could be told.
-    pub protocols: Vec<crate::kernel::hello::Protocol>,
+    pub protocols: Vec<crate::kernel::first_bytes::Protocol>,
 }
 
 impl OurSide {
@@ -240,10 +240,13 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
         .collect();
     let until = mine.last().map_or(0, |e| e.ts_unix_ns);
     let since = until.saturating_sub(since_ns);
-    let mut volume = std::collections::BTreeMap::new();
+    // Counted as the daemon counts them for the store.
+    let mut counts = ConnectionCounts::default();
+    let mut records = Vec::new();
     for e in mine.iter().filter(|e| e.kind == EventKind::Established) {
-        *volume.entry((e.ts_unix_ns / 60_000_000_000, e.role, e.netns)).or_insert(0u64) += 1;
+        records.extend(counts.add(e));
     }
+    records.extend(counts.flush());
     let evidence = mine
         .into_iter()
         .filter(|e| e.ts_unix_ns >= since && !matches!(e.kind, EventKind::Established | EventKind::Closed))
@@ -253,9 +256,14 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
         since_ns: since,
         until_ns: until,
         events: evidence,
-        volume: volume
+        volume: records
             .into_iter()
-            .map(|((minute, role, netns), connections)| VolumeCount { minute, role, netns: Some(netns), connections })
+            .filter_map(|r| match r {
+                Record::Connections { minute, role, netns, connections, .. } => {
+                    Some(ConnectionCount { minute, role, netns: Some(netns), connections })
+                }
+                _ => None,
+            })
             .collect(),
         changes: Vec::new(),
         probes: Vec::new(),
@@ -267,16 +275,16 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
 /// An evidence event as the aggregator's feed took it.
 struct Taken<'a> {
     ev: &'a SockEvent,
-    obs: Observation,
+    what: Observation,
 }
 
 impl Taken<'_> {
     const fn is_reuse(&self) -> bool {
-        matches!(self.obs, Observation::Reuse { .. })
+        matches!(self.what, Observation::Reuse { .. })
     }
 
     const fn is_failure(&self) -> bool {
-        matches!(self.obs, Observation::Reuse { failed: Some(_), .. })
+        matches!(self.what, Observation::Reuse { failed: Some(_), .. })
     }
 }
 
@@ -318,7 +326,7 @@ fn probability_bins(reuses: &[&Taken]) -> Vec<ProbabilityBin> {
     bins
 }
 
-fn timeline(volume: &[&VolumeCount], reuses: &[&Taken]) -> Vec<TimelineBin> {
+fn timeline(volume: &[&ConnectionCount], reuses: &[&Taken]) -> Vec<TimelineBin> {
     let (start, end) = match (reuses.first(), reuses.last()) {
         (Some(a), Some(b)) => (a.ev.ts_unix_ns, b.ev.ts_unix_ns.max(a.ev.ts_unix_ns + 1)),
         _ => return Vec::new(),
@@ -404,7 +412,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     let taken: Vec<(RowId, Taken)> = input
         .events
         .iter()
-        .filter_map(|ev| agg.feed(ev).ingested.map(|i| (i.id, Taken { ev, obs: i.obs.obs })))
+        .filter_map(|ev| agg.feed(ev).ingested.map(|i| (i.id, Taken { ev, what: i.observed.what })))
         .collect();
     agg.finish();
     for p in &input.probes {
@@ -426,7 +434,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     // unknown); counts stored before the store knew namespaces count for
     // every namespace of their role.
     let ns = |raw: u32| Netns::of(raw, input.host_netns);
-    let volume: Vec<&VolumeCount> =
+    let volume: Vec<&ConnectionCount> =
         input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.id.netns)).collect();
     let changes: Vec<Change> =
         input.changes.iter().filter(|c| c.id.role == role && c.id.netns == row.id.netns).cloned().collect();
@@ -461,7 +469,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             failures_before_send: failures.iter().filter(|e| e.failed_before_send).count() as u64,
             peer_idle_closes: mine
                 .iter()
-                .filter(|t| matches!(t.obs, Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. }))
+                .filter(|t| matches!(t.what, Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. }))
                 .count() as u64,
             discarded_dead: row.discarded_dead,
         },

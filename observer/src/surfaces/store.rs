@@ -17,7 +17,7 @@
 //! - Bounded: records older than the retention are deleted, and the oldest
 //!   tenth of every table goes while the database is above its size limit;
 //!   pruning runs in the writer thread every minute.
-//! - Connection counts are aggregated per minute in memory ([`Volume`]) and
+//! - Connection counts are aggregated per minute in memory ([`ConnectionCounts`]) and
 //!   written as one record per destination and minute, so a storm of new
 //!   connections never pushes evidence out of the writer's queue.
 //! - One stored row that does not decode is skipped with a warning.
@@ -142,7 +142,7 @@ pub enum Record {
     /// What `observer probe` measured.
     Probe(ProbeEvidence),
     /// New connections to one destination in one minute.
-    Volume {
+    Connections {
         minute: u64,
         destination: String,
         role: Role,
@@ -154,7 +154,7 @@ pub enum Record {
 
 /// New connections of one row in one minute, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VolumeCount {
+pub struct ConnectionCount {
     /// Unix minute.
     pub minute: u64,
     pub role: Role,
@@ -167,12 +167,12 @@ pub struct VolumeCount {
 /// Per-minute connection counts, aggregated in memory before they reach
 /// the writer: one record per destination, role, namespace and minute.
 #[derive(Debug, Default)]
-pub struct Volume {
+pub struct ConnectionCounts {
     minute: u64,
     counts: HashMap<(String, Role, u32), u64>,
 }
 
-impl Volume {
+impl ConnectionCounts {
     /// Destinations counted per minute; the rest are counted as `other`.
     pub const MAX_KEYS: usize = 4096;
 
@@ -198,7 +198,7 @@ impl Volume {
         let minute = self.minute;
         self.counts
             .drain()
-            .map(|((destination, role, netns), connections)| Record::Volume {
+            .map(|((destination, role, netns), connections)| Record::Connections {
                 minute,
                 destination,
                 role,
@@ -214,7 +214,7 @@ impl Volume {
 /// ([`Fed::stored`]), and an established connection as a per-minute count
 /// (a connection storm sends one record per destination and minute, not
 /// one per connection). The one rule the daemon stores by.
-pub fn keep(ev: &SockEvent, fed: &Fed, volume: &mut Volume, mut send: impl FnMut(Record)) {
+pub fn keep(ev: &SockEvent, fed: &Fed, volume: &mut ConnectionCounts, mut send: impl FnMut(Record)) {
     for c in &fed.changes {
         send(Record::Change(c.clone()));
     }
@@ -277,7 +277,7 @@ impl Store {
                         ])?;
                         n += 1;
                     }
-                    Record::Volume { minute, destination, role, netns, connections } => {
+                    Record::Connections { minute, destination, role, netns, connections } => {
                         vol_stmt.execute(params![
                             i64::try_from(*minute).unwrap_or(i64::MAX),
                             destination,
@@ -435,7 +435,7 @@ impl Store {
     }
 
     /// New connections per minute for a destination, per role and namespace.
-    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<VolumeCount>, StoreError> {
+    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<ConnectionCount>, StoreError> {
         let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);
         let mut stmt = self.conn.prepare(
             "SELECT minute, role, netns, SUM(connections) FROM volume WHERE destination = ?1 AND minute >= ?2
@@ -448,7 +448,7 @@ impl Store {
         for r in rows {
             let (m, role, netns, c) = r?;
             let Some(role) = Role::parse(&role) else { continue };
-            out.push(VolumeCount {
+            out.push(ConnectionCount {
                 minute: u64::try_from(m).unwrap_or(0),
                 role,
                 netns: u32::try_from(netns).ok(),

@@ -12,7 +12,7 @@ use crate::{
     diagnosis::table::{Bucket, DestinationRow, FailureMode, LowerBasis, PathShare, Verdict},
     diagnosis::verdict::{self, ClientFindings, ServerFindings},
     kernel::event::Role,
-    kernel::hello::Protocol,
+    kernel::first_bytes::Protocol,
     kernel::runtime::ClientRuntime,
 };
 

@@ -123,7 +123,7 @@ impl DestState {
 
     /// Does a restart explain this observation?
     pub(crate) fn explained(&self, o: &Observed) -> bool {
-        match o.obs {
+        match o.what {
             Observation::Reuse { failed: Some(_), .. } => self.restarts.iter().any(|r| {
                 o.ts_ns + RESTART_SPAN_NS >= r.ts_unix_ns && o.idle_since_ns() <= r.ts_unix_ns + RESTART_SPAN_NS
             }),
@@ -144,7 +144,7 @@ impl DestState {
         }
         self.kept += 1;
         self.since_cache += 1;
-        if let Observation::Reuse { failed: Some(_), .. } = o.obs {
+        if let Observation::Reuse { failed: Some(_), .. } = o.what {
             self.first_failure_ns.get_or_insert(o.ts_ns);
             self.last_failure_ns = Some(o.ts_ns);
         }
@@ -191,7 +191,7 @@ impl DestState {
     /// (`before`)? Evidence confirming the old interval on the side the
     /// contradictions questioned clears them.
     pub(crate) fn note_contradiction(&mut self, o: &Observed, before: &Interval) {
-        let (idle, dead, silent_alive) = match o.obs {
+        let (idle, dead, silent_alive) = match o.what {
             Observation::Reuse { after_stall: true, .. } => return,
             Observation::Reuse { idle, failed, refreshed, .. } => {
                 (idle, failed.is_some(), failed.is_none() && !refreshed)
@@ -311,7 +311,7 @@ pub(crate) fn restart_of(group: &[Observed], key: DestKey) -> Option<Restart> {
     }
     let ages: Vec<f64> = group
         .iter()
-        .filter_map(|o| match o.obs {
+        .filter_map(|o| match o.what {
             Observation::PeerIdleClose { idle, .. } => Some(idle),
             _ => None,
         })

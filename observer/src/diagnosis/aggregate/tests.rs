@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::*;
 use crate::kernel::{
     event::{EventKind, How, Outcome},
-    hello::Protocol,
+    first_bytes::Protocol,
     runtime::ClientRuntime,
 };
 
@@ -871,7 +871,7 @@ fn held_contradictions_are_capped_and_counted() {
             sock_id: 7,
             keepalive: false,
             keepalive_idle: 0.0,
-            obs: Observation::Reuse {
+            what: Observation::Reuse {
                 idle: 2.0,
                 failed: Some(FailureMode::Fin),
                 refreshed: false,

@@ -3,7 +3,7 @@ use super::*;
 const S: u64 = 1_000_000_000;
 
 fn at(ts_s: u64, sock: u64, obs: Observation) -> Observed {
-    Observed { ts_ns: 1_700_000_000 * S + ts_s * S, sock_id: sock, keepalive: false, keepalive_idle: 0.0, obs }
+    Observed { ts_ns: 1_700_000_000 * S + ts_s * S, sock_id: sock, keepalive: false, keepalive_idle: 0.0, what: obs }
 }
 
 fn ok(idle: f64) -> Observation {

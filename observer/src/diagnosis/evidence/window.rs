@@ -282,7 +282,7 @@ impl Evidence {
             s.counts.keepalive += 1;
             s.min_keepalive_idle = min_positive(s.min_keepalive_idle, o.keepalive_idle);
         }
-        match o.obs {
+        match o.what {
             Observation::Reuse { idle, failed, refreshed, after_stall, after_goodbye, ping } => {
                 s.counts.reuses += 1;
                 s.max_reuse_idle = max_opt(s.max_reuse_idle, Some(idle));

@@ -58,7 +58,7 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
 }
 
 /// Where the send probe finds a write's bytes, for the name a client used
-/// ([`crate::kernel::hello`]). `None` (names off) on a layout it does not
+/// ([`crate::kernel::first_bytes`]). `None` (names off) on a layout it does not
 /// know: then `msg_iter` stays 0 and the probe never reads user memory.
 fn iov_iter(btf: &Btf) -> Option<Offsets> {
     let ptr = ["ubuf", "__iov", "iov"].iter().find_map(|f| btf.offset("iov_iter", f).ok())?;

@@ -232,7 +232,7 @@ fn the_protocol_is_on_our_side() {
     assert!(markdown(&plain).contains("| Protocol | not told by the first bytes"));
     let mut hello = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
     hello.kind = EventKind::ServerName;
-    hello.protocol = Some(crate::kernel::hello::Protocol::H2);
+    hello.protocol = Some(crate::kernel::first_bytes::Protocol::H2);
     events.insert(0, hello);
     let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
     assert_eq!(serde_json::to_value(&r).unwrap()["our_side"]["protocols"], serde_json::json!(["h2"]));

@@ -58,7 +58,7 @@ fn run() -> Vec<SockEvent> {
 /// routes.
 fn scenario() -> Vec<Record> {
     let mut agg = Aggregator::new(Config::default());
-    let mut volume = Volume::default();
+    let mut volume = ConnectionCounts::default();
     let mut out = Vec::new();
     for e in run() {
         let fed = agg.feed(&e);
@@ -177,7 +177,7 @@ fn schema_mismatch_is_a_clear_error() {
 
 #[test]
 fn connection_storms_become_one_record_per_minute() {
-    let mut v = Volume::default();
+    let mut v = ConnectionCounts::default();
     let mut out = Vec::new();
     for k in 0..100_000u64 {
         out.extend(v.add(&ev(T0 + k * 1_000_000, EventKind::Established, 0.0, None)));
@@ -187,7 +187,7 @@ fn connection_storms_become_one_record_per_minute() {
     let minutes: Vec<u64> = out
         .iter()
         .filter_map(|r| match r {
-            Record::Volume { minute, connections, .. } => Some(*minute * 1_000_000 + *connections),
+            Record::Connections { minute, connections, .. } => Some(*minute * 1_000_000 + *connections),
             _ => None,
         })
         .collect();
@@ -195,7 +195,7 @@ fn connection_storms_become_one_record_per_minute() {
     let total: u64 = out
         .iter()
         .map(|r| match r {
-            Record::Volume { connections, .. } => *connections,
+            Record::Connections { connections, .. } => *connections,
             _ => 0,
         })
         .sum();
@@ -263,9 +263,9 @@ fn files_are_private() {
 fn every_table_counts_toward_the_size_limit() {
     let dir = tempfile::tempdir().unwrap();
     let mut store = Store::open(dir.path()).unwrap();
-    // Volume only: 30,000 destination-minutes and no evidence at all.
+    // Connection counts only: 30,000 destination-minutes and no evidence at all.
     let batch: Vec<Record> = (0..30_000u64)
-        .map(|k| Record::Volume {
+        .map(|k| Record::Connections {
             minute: T0 / (60 * S) + k / 100,
             destination: format!("10.{}.{}.1:443", k % 100, k / 1000),
             role: Role::Client,
@@ -337,7 +337,7 @@ fn schema_1_is_migrated_and_reports_pick_the_namespace() {
     let mut store = Store::open(dir.path()).unwrap();
     let mut e = ev(T0 + 4000 * S, EventKind::Established, 0.0, None);
     e.netns = 7;
-    let mut volume = Volume::default();
+    let mut volume = ConnectionCounts::default();
     volume.add(&e);
     store.insert(&volume.flush()).unwrap();
     assert!(store.volume(d, 0).unwrap().iter().any(|v| v.netns == Some(7) && v.connections == 1));
@@ -482,7 +482,7 @@ fn a_store_refusing_past_the_give_up_counts_and_goes_on() {
             // A minute's connection count: a record, not an event.
             let minute = now / 60_000_000_000 + k;
             let destination = "10.0.0.2:443".to_owned();
-            assert!(w.send(Record::Volume { minute, destination, role: Role::Client, netns: 0, connections: 7 }));
+            assert!(w.send(Record::Connections { minute, destination, role: Role::Client, netns: 0, connections: 7 }));
         }
     }
     let state = w.state();

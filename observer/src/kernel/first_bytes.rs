@@ -19,7 +19,7 @@
 
 use observer_common::HELLO_BYTES;
 
-use crate::names::named;
+use crate::named::named;
 
 named! {
     /// Where a name came from.

@@ -15,7 +15,7 @@ use crate::{
     diagnosis::key::{DestKey, Destination},
     diagnosis::table::ServerName,
     kernel::event::SockEvent,
-    kernel::hello::Protocol,
+    kernel::first_bytes::Protocol,
 };
 
 /// Distinct names kept per destination.
