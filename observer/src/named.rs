@@ -1,6 +1,8 @@
 //! Names from one place: an enum declared with [`named!`] gets its stable
 //! name per value (`as_str`, the JSON and every label and text), `parse`,
-//! `ALL`, and serde from that one list, so the spellings cannot drift.
+//! `ALL`, and serde from that one list, so the spellings cannot drift. An
+//! enum that crosses the kernel boundary names each value's wire constant
+//! (`observer_common`) in the same list, and gets its decoder, `of_wire`.
 
 /// Declare a unit enum with one stable name per value:
 ///
@@ -10,7 +12,31 @@
 ///     pub enum Role { Client => "client", Server => "server" }
 /// }
 /// ```
+///
+/// With wire values (`enum Name: wire`), each value may name the
+/// `observer_common` constant the probes write for it; `of_wire` decodes:
+///
+/// ```ignore
+/// named! {
+///     pub enum Outcome: wire { Ok = outcome::OK => "ok", Eof = outcome::EOF => "eof" }
+/// }
+/// ```
 macro_rules! named {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident: wire { $( $(#[$vmeta:meta])* $variant:ident $(= $wire:path)? => $text:literal ),+ $(,)? }) => {
+        named! { $(#[$meta])* $vis enum $name { $( $(#[$vmeta])* $variant => $text ),+ } }
+
+        impl $name {
+            /// The value a wire constant names (None: none, or one this
+            /// daemon does not know).
+            #[must_use]
+            pub const fn of_wire(v: u8) -> Option<Self> {
+                match v {
+                    $( $( $wire => Some(Self::$variant), )? )+
+                    _ => None,
+                }
+            }
+        }
+    };
     ($(#[$meta:meta])* $vis:vis enum $name:ident { $( $(#[$vmeta:meta])* $variant:ident => $text:literal ),+ $(,)? }) => {
         $(#[$meta])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -59,6 +85,20 @@ mod tests {
     named! {
         /// A test enum.
         pub enum Color { Red => "red", DarkBlue => "dark_blue" }
+    }
+
+    const RED: u8 = 1;
+
+    named! {
+        /// A test enum with wire values, one without.
+        pub enum Shade: wire { Light = RED => "light", Dark => "dark" }
+    }
+
+    #[test]
+    fn one_list_gives_the_wire_decoder() {
+        assert_eq!(Shade::of_wire(RED), Some(Shade::Light));
+        assert_eq!(Shade::of_wire(0), None, "a value without a wire constant is never decoded");
+        assert_eq!(Shade::Dark.as_str(), "dark");
     }
 
     #[test]

@@ -33,34 +33,35 @@ pub enum DecodeError {
 }
 
 named! {
-    pub enum EventKind {
+    /// Each kind once: its wire value (`observer_common::kind`) and name.
+    pub enum EventKind: wire {
         /// Connection established.
-        Established => "established",
+        Established = kind::ESTABLISHED => "established",
         /// Connection reached CLOSE.
-        Closed => "closed",
+        Closed = kind::CLOSED => "closed",
         /// Outcome of a reuse (first write after idle).
-        Reuse => "reuse",
+        Reuse = kind::REUSE => "reuse",
         /// The peer closed (FIN or RST) a socket idle with nothing outstanding.
-        PeerCloseWhileIdle => "peer_close_while_idle",
+        PeerCloseWhileIdle = kind::PEER_CLOSE => "peer_close_while_idle",
         /// The local process closed a socket it held idle (a pool idle close),
         /// or closed after the peer had (`peer_closed_first`).
-        LocalClose => "local_close",
+        LocalClose = kind::LOCAL_CLOSE => "local_close",
         /// The peer closed or reset a connection after receiving a request and
         /// before any response byte: the peer's request deadline, observed.
-        RequestAborted => "request_aborted",
+        RequestAborted = kind::REQUEST_ABORTED => "request_aborted",
         /// We closed a connection with a request outstanding: our own request
         /// deadline, observed.
-        RequestTimeout => "request_timeout",
+        RequestTimeout = kind::REQUEST_TIMEOUT => "request_timeout",
         /// Server side: a client wrote on a connection we had already closed
         /// idle, and the kernel answered with an RST.
-        LateReuse => "late_reuse",
+        LateReuse = kind::LATE_REUSE => "late_reuse",
         /// The application closed a client socket the peer had closed or the
         /// kernel had timed out while idle, without writing on it: the pool
         /// (or its reader) discarded a dead socket instead of failing on it.
-        DiscardedDead => "discarded_dead",
+        DiscardedDead = kind::DISCARDED_DEAD => "discarded_dead",
         /// A client connection's first bytes named the host it was meant
         /// for (TLS SNI, HTTP `Host`): `server_name`. No evidence.
-        ServerName => "server_name",
+        ServerName = kind::HELLO => "server_name",
     }
 }
 
@@ -86,14 +87,14 @@ impl Role {
 }
 
 named! {
-    pub enum Outcome {
-        Ok => "ok",
-        Eof => "eof",
-        Reset => "reset",
-        Stall => "stall",
+    pub enum Outcome: wire {
+        Ok = outcome::OK => "ok",
+        Eof = outcome::EOF => "eof",
+        Reset = outcome::RESET => "reset",
+        Stall = outcome::STALL => "stall",
         /// The kernel had timed the socket out while idle (keep-alive or
         /// retransmission timeout): the write failed before a byte was sent.
-        TimedOut => "timed_out",
+        TimedOut = outcome::TIMED_OUT => "timed_out",
     }
 }
 
@@ -106,28 +107,29 @@ impl Outcome {
 
 named! {
     /// How a peer closed, or how a stall ended.
-    pub enum How {
-        Fin => "fin",
-        Rst => "rst",
-        Response => "response",
-        LocalClose => "local_close",
-        Timeout => "timeout",
-        Destroyed => "destroyed",
+    pub enum How: wire {
+        Fin = how::FIN => "fin",
+        Rst = how::RST => "rst",
+        Response = how::RESPONSE => "response",
+        LocalClose = how::LOCAL_CLOSE => "local_close",
+        Timeout = how::TIMEOUT => "timeout",
+        Destroyed = how::DESTROYED => "destroyed",
         /// `ok`: the response arrived, then the peer's FIN or RST.
-        ClosedAfterResponse => "closed_after_response",
+        ClosedAfterResponse = how::CLOSED_AFTER_RESPONSE => "closed_after_response",
         /// `stall`: decided at the application's next write (a cancel, a
         /// ping, another stream), the bytes still unacknowledged.
-        AppWrite => "app_write",
+        AppWrite = how::APP_WRITE => "app_write",
         /// `stall`: a later request on a connection whose earlier reuse
         /// stalled; a failure the client saw, dated by that first stall
         /// (no evidence of the path's timeout).
-        AfterStall => "after_stall",
+        AfterStall = how::AFTER_STALL => "after_stall",
         /// `eof`/`reset`: a reuse written while the peer's goodbye (an
         /// HTTP/2 `GOAWAY`, a TLS `close_notify`) waited unread, then
         /// ended unanswered: the client wrote past the drain signal.
-        AfterGoodbye => "after_goodbye",
-        /// Doomed sockets only: a reuse on it stalled and the application
-        /// still holds it (every call on it fails).
+        AfterGoodbye = how::AFTER_GOODBYE => "after_goodbye",
+        /// Doomed sockets only (no wire value of its own: the doomed table
+        /// says it): a reuse on it stalled and the application still holds
+        /// it (every call on it fails).
         Stalled => "stalled",
     }
 }
@@ -273,19 +275,7 @@ pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError
 
 /// Decode a kernel [`Event`].
 pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
-    let kind = match raw.kind {
-        kind::ESTABLISHED => EventKind::Established,
-        kind::CLOSED => EventKind::Closed,
-        kind::REUSE => EventKind::Reuse,
-        kind::PEER_CLOSE => EventKind::PeerCloseWhileIdle,
-        kind::LOCAL_CLOSE => EventKind::LocalClose,
-        kind::REQUEST_ABORTED => EventKind::RequestAborted,
-        kind::REQUEST_TIMEOUT => EventKind::RequestTimeout,
-        kind::LATE_REUSE => EventKind::LateReuse,
-        kind::DISCARDED_DEAD => EventKind::DiscardedDead,
-        kind::HELLO => EventKind::ServerName,
-        other => return Err(DecodeError::Kind(other)),
-    };
+    let kind = EventKind::of_wire(raw.kind).ok_or(DecodeError::Kind(raw.kind))?;
     let local = addr(raw.family, raw.saddr, raw.sport)?;
     let remote = addr(raw.family, raw.daddr, raw.dport)?;
     // A socket first seen established carries no role (or, from older
@@ -294,27 +284,8 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         Role::Unknown => Role::of_wire(role::guess(raw.sport, raw.dport)),
         r => r,
     };
-    let outcome = match raw.outcome {
-        outcome::OK => Some(Outcome::Ok),
-        outcome::EOF => Some(Outcome::Eof),
-        outcome::RESET => Some(Outcome::Reset),
-        outcome::STALL => Some(Outcome::Stall),
-        outcome::TIMED_OUT => Some(Outcome::TimedOut),
-        _ => None,
-    };
-    let how = match raw.how {
-        how::FIN => Some(How::Fin),
-        how::RST => Some(How::Rst),
-        how::RESPONSE => Some(How::Response),
-        how::LOCAL_CLOSE => Some(How::LocalClose),
-        how::TIMEOUT => Some(How::Timeout),
-        how::DESTROYED => Some(How::Destroyed),
-        how::CLOSED_AFTER_RESPONSE => Some(How::ClosedAfterResponse),
-        how::APP_WRITE => Some(How::AppWrite),
-        how::AFTER_STALL => Some(How::AfterStall),
-        how::AFTER_GOODBYE => Some(How::AfterGoodbye),
-        _ => None,
-    };
+    let outcome = Outcome::of_wire(raw.outcome);
+    let how = How::of_wire(raw.how);
     let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());
     let keepalive = raw.flags & flags::KEEPALIVE != 0;
     let keepalive_idle_seconds = match (keepalive, raw.keepalive_jiffies, clock.hz) {

@@ -230,3 +230,20 @@ fn owner_fields_stay_flat_in_the_json() {
     assert_eq!(back.owner.as_ref().and_then(|o| o.runtime.as_deref()), None);
     assert_eq!(back.cgroup(), ev.cgroup());
 }
+
+/// Each event kind, outcome and closing way is declared once with its wire
+/// value: every kind has exactly one, and no two share one.
+#[test]
+fn every_kind_has_one_wire_value() {
+    for k in EventKind::ALL {
+        let wires: Vec<u8> = (0..=u8::MAX).filter(|&v| EventKind::of_wire(v) == Some(*k)).collect();
+        assert_eq!(wires.len(), 1, "{k:?}: {wires:?}");
+    }
+    for o in Outcome::ALL {
+        assert_eq!((0..=u8::MAX).filter(|&v| Outcome::of_wire(v) == Some(*o)).count(), 1, "{o:?}");
+    }
+    assert_eq!(Outcome::of_wire(observer_common::outcome::NONE), None);
+    assert_eq!(How::of_wire(observer_common::how::NONE), None);
+    let wired = How::ALL.iter().filter(|h| (0..=u8::MAX).any(|v| How::of_wire(v) == Some(**h))).count();
+    assert_eq!(wired, How::ALL.len() - 1, "all but `stalled`, which the doomed table says");
+}
