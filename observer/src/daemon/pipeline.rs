@@ -35,22 +35,14 @@ impl Pipeline {
     pub(crate) fn handle(&mut self, ev: SockEvent) {
         self.shared.health.events.fetch_add(1, Ordering::Relaxed);
         let Self { enrich, outputs, shared, .. } = self;
-        enrich.take(ev, shared, &mut |ev| {
-            outputs.record(&ev);
-            let fed = diagnose(shared, &ev);
-            outputs.write(&ev, &fed, &shared.metrics);
-        });
+        enrich.take(ev, shared, &mut |ev| onward(outputs, shared, &ev));
     }
 
     /// Hand on the events that waited for their owner and have it now
     /// (`all`: every one, as at shutdown).
     pub(crate) fn release(&mut self, all: bool) {
         let Self { enrich, outputs, shared, .. } = self;
-        enrich.release(all, shared, &mut |ev| {
-            outputs.record(&ev);
-            let fed = diagnose(shared, &ev);
-            outputs.write(&ev, &fed, &shared.metrics);
-        });
+        enrich.release(all, shared, &mut |ev| onward(outputs, shared, &ev));
     }
 
     /// Take `observer probe`'s new results from the store into the table.
@@ -62,6 +54,14 @@ impl Pipeline {
     pub(crate) const fn stop(&self) -> bool {
         self.outputs.stop
     }
+}
+
+/// An enriched event on through the last two stages: recorded as it is
+/// fed (a replay of the recording feeds the same), diagnosed, and written.
+fn onward(outputs: &mut Outputs, shared: &DaemonState, ev: &SockEvent) {
+    outputs.record(ev);
+    let fed = diagnose(shared, ev);
+    outputs.write(ev, &fed, &shared.metrics);
 }
 
 /// The diagnosis: the one feed call, its figures counted, and what it
