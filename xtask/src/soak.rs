@@ -179,8 +179,26 @@ impl Drop for Mount {
 pub fn run(minutes: f64) -> Result<()> {
     let total = Duration::from_secs_f64(minutes * 60.0);
     let root = crate::workspace_root().join("target/soak");
-    let _ = std::fs::remove_dir_all(&root);
     let mnt = root.join("mnt");
+    // A soak stopped before its end can leave its tmpfs mounted; the
+    // directory then cannot be removed, and its old recording would be read
+    // as this run's.
+    let mounted = |p: &Path| {
+        std::fs::read_to_string("/proc/self/mounts")
+            .is_ok_and(|m| m.lines().any(|l| l.split_whitespace().nth(1) == p.to_str()))
+    };
+    for _ in 0..8 {
+        if !mounted(&mnt) {
+            break;
+        }
+        sh(&format!("umount -l {}", mnt.display()))?;
+    }
+    match std::fs::remove_dir_all(&root) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("clearing {} from an earlier soak", root.display()));
+        }
+        _ => {}
+    }
     std::fs::create_dir_all(&mnt)?;
     sh(&format!("mount -t tmpfs -o size=24m observer-soak {}", mnt.display()))?;
     let _mount = Mount(mnt.clone());

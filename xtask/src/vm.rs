@@ -19,6 +19,7 @@ const HOST_SUITES: &[(&str, &str)] = &[
     ("cli_config", "no kernel behaviour"),
     ("store_kill", "no kernel behaviour"),
     ("report_render", "no kernel behaviour (Chromium)"),
+    ("examples", "no kernel behaviour (docs/examples and the README's sample against a recording)"),
     ("deploy", "no kernel behaviour"),
     ("container", "no kernel behaviour (podman)"),
     ("systemd_unit", "no kernel behaviour (systemd-nspawn boots systemd on the host's root)"),
