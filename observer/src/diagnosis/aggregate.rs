@@ -427,16 +427,6 @@ impl Aggregator {
         }
     }
 
-    /// The `destination` label of an evidence event already ingested: its
-    /// address, or `other` past the cap. None for events of no destination.
-    #[must_use]
-    pub fn label_of(&self, ev: &SockEvent) -> Option<RowId> {
-        let (addr, role) = destination_of(ev)?;
-        let own = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
-        let other = DestKey { dest: Destination::Other, role, netns: Netns::HOST };
-        [own, other].into_iter().find(|k| self.dests.contains_key(k)).map(|k| k.id())
-    }
-
     /// The idle age past which a client socket is at risk, per client
     /// destination: past the path timeout (the point, or the largest idle
     /// age proven to survive) once a failure bounded it. Server rows have

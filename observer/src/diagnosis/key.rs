@@ -41,12 +41,6 @@ impl Netns {
         self.0
     }
 
-    /// Whether this is the host's namespace.
-    #[must_use]
-    pub const fn is_host(self) -> bool {
-        self.0.is_none()
-    }
-
     /// The `netns` label value: empty for the host's namespace (Prometheus
     /// treats an empty label as absent), else the inode.
     #[must_use]

@@ -699,20 +699,18 @@ fn one_address_in_two_namespaces_is_two_rows() {
         send(&mut agg, 100, 40.0, Outcome::Ok, ("app", None));
         send(&mut agg, 4_026_532_999, 40.0, Outcome::Reset, ("api", Some("c0ffee")));
     }
-    let label = {
-        let mut e = reuse(ts, "10.96.0.10:5432", 1.0, Outcome::Ok);
-        e.netns = 4_026_532_999;
-        agg.label_of(&e).unwrap()
-    };
-    assert_eq!(label.netns.inode(), Some(4_026_532_999));
     let rows = table(&mut agg);
     assert_eq!(rows.len(), 2, "{rows:#?}");
-    let host = rows.iter().find(|r| r.id.netns.is_host()).unwrap();
+    let host = rows.iter().find(|r| r.id.netns == crate::diagnosis::key::Netns::HOST).unwrap();
     let pod = rows.iter().find(|r| r.id.netns.inode() == Some(4_026_532_999)).unwrap();
     assert_eq!((host.reuses, host.failures), (5, 0));
     assert_eq!((pod.reuses, pod.failures), (5, 5));
     assert_eq!(pod.owners.len(), 1);
     assert_eq!((pod.owners[0].process.as_str(), pod.owners[0].container()), ("api", Some("c0ffee")));
+    // The feed names the row an event went to by the same key.
+    let mut e = reuse(ts, "10.96.0.10:5432", 1.0, Outcome::Ok);
+    e.netns = 4_026_532_999;
+    assert_eq!(agg.feed(&e).ingested.unwrap().id.netns.inode(), Some(4_026_532_999));
     assert_eq!(host.owners[0].container(), None);
     assert_eq!(host.processes, vec!["app".to_owned()]);
 }
