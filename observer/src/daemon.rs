@@ -46,7 +46,7 @@ const SOCKET_REFRESH: Duration = Duration::from_secs(5);
 
 /// Open the store and rebuild the estimates from what it holds.
 fn open_store(args: &RunArgs, aggregator: &mut Aggregator, filter: &Filter) -> Result<Writer> {
-    let store = Store::open(&args.data_dir).context("opening the evidence store")?;
+    let store = Store::open(&args.data_dir, aggregator.host_netns()).context("opening the evidence store")?;
     let since = clock_ns(libc::CLOCK_REALTIME).saturating_sub(nanos(args.window));
     let mut replayed = 0u64;
     store

@@ -244,7 +244,7 @@ fn events_to_a_closed_pipe_end_the_run_cleanly() -> Result<()> {
     for id in &ids {
         ensure!(sh(&format!("bpftool prog show id {id}")).is_err(), "program {id} still loaded");
     }
-    let store = Store::open(data.path())?;
+    let store = Store::open(data.path(), 0)?;
     let stored = store.events(None, 0)?.iter().filter(|e| e.kind == EventKind::Reuse).count();
     ensure!(stored >= 1, "the reuses seen before the pipe closed are stored: {stored} stored of {reuses} made");
     eprintln!(
@@ -507,7 +507,7 @@ fn a_full_disk_degrades_then_resumes_and_every_loss_is_counted() -> Result<()> {
     );
     // The store: consistent, and nothing given up (the disk came back
     // within the minute a refused batch is held).
-    let store = Store::open(&data)?;
+    let store = Store::open(&data, 0)?;
     ensure!(store.integrity_ok()?, "integrity_check");
     let stored = store
         .events(None, 0)?
@@ -552,7 +552,7 @@ fn kill_9_during_a_degraded_store_loses_only_the_degraded_window() -> Result<()>
     drop(daemon);
     let made = traffic.finish();
     std::fs::remove_file(&filler)?;
-    let store = Store::open(&data).context("the store opens after kill -9")?;
+    let store = Store::open(&data, 0).context("the store opens after kill -9")?;
     ensure!(store.integrity_ok()?, "integrity_check after a kill during a degraded store");
     let stored = StoredReuses::of(&store.events(None, 0)?, port);
     let (mut before, mut lost_before, mut window, mut lost_window) = (0u64, Vec::new(), 0u64, 0u64);
@@ -599,7 +599,7 @@ fn unusable_data_dirs_are_one_line_errors() -> Result<()> {
         foreign.path().join("evidence.sqlite").display()
     ))?;
     let newer = tempfile::tempdir()?;
-    drop(Store::open(newer.path())?);
+    drop(Store::open(newer.path(), 0)?);
     sh(&format!(
         "python3 -c \"import sqlite3; c = sqlite3.connect('{}'); c.execute('UPDATE meta SET value = 99'); c.commit()\"",
         newer.path().join("evidence.sqlite").display()
@@ -722,11 +722,11 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
         sh(&format!("kill -9 {}", daemon.pid()))?;
         kills.push(wall_ns());
         drop(daemon);
-        let store = Store::open(&data).context("the store opens after kill -9")?;
+        let store = Store::open(&data, 0).context("the store opens after kill -9")?;
         ensure!(store.integrity_ok()?, "integrity_check after kill {}", kills.len());
     }
     let made = traffic.finish();
-    let events = Store::open(&data)?.events(None, 0)?;
+    let events = Store::open(&data, 0)?.events(None, 0)?;
     let stored: std::collections::HashSet<(u64, String, String)> = events
         .iter()
         .filter(|e| e.kind == EventKind::Reuse)

@@ -25,7 +25,7 @@ fn sigkill_mid_write_leaves_a_readable_store() {
     }
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
-    let store = Store::open(dir.path()).expect("the store opens after SIGKILL");
+    let store = Store::open(dir.path(), 0).expect("the store opens after SIGKILL");
     assert!(store.integrity_ok().unwrap(), "integrity_check");
     let n = store.count().unwrap();
     assert!(n >= committed, "{n} records, {committed} were reported committed");

@@ -38,6 +38,7 @@ use std::{collections::HashMap, net::SocketAddr};
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::{Observation, Observed},
+    diagnosis::key::destination_of,
     diagnosis::probed::ProbeEvidence,
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
 };
@@ -93,6 +94,9 @@ pub struct Ingested {
 /// exposition and the bench feed events.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Fed {
+    /// The event's own row key (its address, never the overflow row; its
+    /// namespace settled): what the store files it under.
+    pub key: Option<DestKey>,
     /// The event as evidence: its row and what it proves (None: no evidence).
     pub ingested: Option<Ingested>,
     /// The event named its row anew (a name the row had not seen).
@@ -128,16 +132,6 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self { window_ns: 24 * HOUR_NS, max_destinations: 1000, host_netns: 0 }
-    }
-}
-
-/// The destination an event belongs to, if any.
-#[must_use]
-pub const fn destination_of(ev: &SockEvent) -> Option<(SocketAddr, Role)> {
-    match ev.role {
-        Role::Client => Some((ev.remote, Role::Client)),
-        Role::Server => Some((ev.local, Role::Server)),
-        Role::Unknown => None,
     }
 }
 
@@ -216,6 +210,13 @@ impl Aggregator {
         self.evicted
     }
 
+    /// The host's network namespace inode the table settles keys against
+    /// (0: not known).
+    #[must_use]
+    pub const fn host_netns(&self) -> u32 {
+        self.config.host_netns
+    }
+
     /// The key's namespace part of an event's raw inode.
     const fn netns_of(&self, raw: u32) -> Netns {
         Netns::of(raw, self.config.host_netns)
@@ -236,7 +237,7 @@ impl Aggregator {
         if own(&self.dests) < self.config.max_destinations {
             key
         } else {
-            DestKey { dest: Destination::Other, role, netns: Netns::HOST }
+            DestKey::other(role)
         }
     }
 
@@ -244,6 +245,7 @@ impl Aggregator {
     pub fn feed(&mut self, ev: &SockEvent) -> Fed {
         let ingested = self.ingest(ev);
         Fed {
+            key: DestKey::of_event(ev, self.config.host_netns),
             ingested,
             fresh_name: self.take_fresh_name(),
             restarts: self.take_restarts(),

@@ -9,7 +9,7 @@ use std::{fmt, net::SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-use crate::kernel::event::Role;
+use crate::kernel::event::{Role, SockEvent};
 
 /// A network namespace as a row names it: the host's (`null` in JSON, an
 /// empty `netns` label, `NULL` in the store's row-keyed tables), or
@@ -84,7 +84,36 @@ pub struct DestKey {
     pub netns: Netns,
 }
 
+/// The destination an event belongs to, if any: the remote address of a
+/// client socket, the local listening address of a server socket.
+#[must_use]
+pub const fn destination_of(ev: &SockEvent) -> Option<(SocketAddr, Role)> {
+    match ev.role {
+        Role::Client => Some((ev.remote, Role::Client)),
+        Role::Server => Some((ev.local, Role::Server)),
+        Role::Unknown => None,
+    }
+}
+
 impl DestKey {
+    /// The key of an event's own destination (never the overflow row),
+    /// its namespace settled against the host's inode.
+    #[must_use]
+    pub const fn of_event(ev: &SockEvent, host_netns: u32) -> Option<Self> {
+        match destination_of(ev) {
+            Some((addr, role)) => {
+                Some(Self { dest: Destination::Addr(addr), role, netns: Netns::of(ev.netns, host_netns) })
+            }
+            None => None,
+        }
+    }
+
+    /// The overflow row of a role.
+    #[must_use]
+    pub const fn other(role: Role) -> Self {
+        Self { dest: Destination::Other, role, netns: Netns::HOST }
+    }
+
     /// This key as interfaces name it.
     #[must_use]
     pub fn id(&self) -> RowId {

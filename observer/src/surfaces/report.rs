@@ -20,7 +20,7 @@ pub use markdown::markdown;
 use crate::{
     diagnosis::aggregate::{Aggregator, Change, Config, FailureMode},
     diagnosis::evidence::Observation,
-    diagnosis::key::{Netns, RowId},
+    diagnosis::key::{destination_of, DestKey, Netns, RowId},
     diagnosis::probed::ProbeEvidence,
     diagnosis::table::{Select, SelectError},
     kernel::event::{EventKind, Role, SockEvent},
@@ -234,17 +234,18 @@ fn utc(ns: u64) -> String {
 /// clock), with new connections counted per minute.
 #[must_use]
 pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::SocketAddr, since_ns: u64) -> Input {
-    let mine: Vec<SockEvent> = events
-        .into_iter()
-        .filter(|e| crate::diagnosis::aggregate::destination_of(e).is_some_and(|(a, _)| a == destination))
-        .collect();
+    let mine: Vec<SockEvent> =
+        events.into_iter().filter(|e| destination_of(e).is_some_and(|(a, _)| a == destination)).collect();
     let until = mine.last().map_or(0, |e| e.ts_unix_ns);
     let since = until.saturating_sub(since_ns);
     // Counted as the daemon counts them for the store.
     let mut counts = ConnectionCounts::default();
     let mut records = Vec::new();
     for e in mine.iter().filter(|e| e.kind == EventKind::Established) {
-        records.extend(counts.add(e));
+        // A recording does not say which namespace was the host's (0).
+        if let Some(key) = DestKey::of_event(e, 0) {
+            records.extend(counts.add(key, e.ts_unix_ns));
+        }
     }
     records.extend(counts.flush());
     let evidence = mine
@@ -259,8 +260,8 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
         volume: records
             .into_iter()
             .filter_map(|r| match r {
-                Record::Connections { minute, role, netns, connections, .. } => {
-                    Some(ConnectionCount { minute, role, netns: Some(netns), connections })
+                Record::Connections { minute, key, connections } => {
+                    Some(ConnectionCount { minute, role: key.role, netns: Some(key.netns), connections })
                 }
                 _ => None,
             })
@@ -430,12 +431,10 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     let role = row.id.role;
     let id = row.id.clone();
     let mine: Vec<&Taken> = taken.iter().filter(|(row, _)| *row == id).map(|(_, t)| t).collect();
-    // The row's netns as the aggregator names it (null: the host's or
-    // unknown); counts stored before the store knew namespaces count for
-    // every namespace of their role.
-    let ns = |raw: u32| Netns::of(raw, input.host_netns);
+    // Counts stored before the store knew namespaces count for every
+    // namespace of their role.
     let volume: Vec<&ConnectionCount> =
-        input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| ns(n) == row.id.netns)).collect();
+        input.volume.iter().filter(|v| v.role == role && v.netns.is_none_or(|n| n == row.id.netns)).collect();
     let changes: Vec<Change> =
         input.changes.iter().filter(|c| c.id.role == role && c.id.netns == row.id.netns).cloned().collect();
     let reuses: Vec<&Taken> = mine.iter().copied().filter(|t| t.is_reuse()).collect();

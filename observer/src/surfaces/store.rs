@@ -24,15 +24,12 @@
 //! - A directory it creates is 0700, a database it creates 0600; what
 //!   exists keeps its mode. Readers open it read-only (`open.rs`).
 //! - `observer probe` adds its result to the `probes` table of an
-//!   existing store (schema 3; schemas 1 and 2 are migrated in place by
-//!   the daemon); the daemon reads new ones as they come.
-//! - Every row carries its destination, role and network namespace (the
-//!   row identity of [`crate::diagnosis::key::RowId`]); schema 1 had no
-//!   namespace and is migrated in place on open: evidence and changes take
-//!   it from their stored JSON, connection counts keep none (null).
+//!   existing store; the daemon reads new ones as they come.
+//! - Every row carries its row key ([`DestKey`]): destination, role and
+//!   network namespace, settled as rows name it (`netns` NULL: the
+//!   host's). Older schemas are migrated in place by the daemon (`open.rs`).
 
 use std::{
-    collections::HashMap,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -41,22 +38,27 @@ use log::warn;
 use rusqlite::{params, Connection};
 
 use crate::{
-    diagnosis::aggregate::{destination_of, Change, Fed},
+    diagnosis::aggregate::{Change, Fed},
+    diagnosis::key::DestKey,
     diagnosis::probed::ProbeEvidence,
-    kernel::event::{EventKind, Role, SockEvent},
+    kernel::event::{EventKind, SockEvent},
 };
 
 mod debug;
 mod open;
+mod volume;
 mod writer;
 
 pub use debug::{debug_evidence_keys, debug_write_evidence};
+pub use volume::{ConnectionCount, ConnectionCounts};
 pub use writer::{Writer, WriterState, GIVE_UP_AFTER, QUEUE, RETRY_EVERY};
 
 /// Name of the database file in the data directory.
 pub const DB_FILE: &str = "evidence.sqlite";
-/// Schema 3: the `probes` table (schema 2: a `netns` column on every table).
-pub const SCHEMA_VERSION: i64 = 3;
+/// Schema 4: every table's `netns` is the row key's, settled (NULL: the
+/// host's namespace); schema 3 added the `probes` table, schema 2 a
+/// `netns` column on every table.
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
@@ -136,76 +138,29 @@ impl Default for Limits {
 #[derive(Debug, Clone)]
 #[allow(clippy::large_enum_variant, reason = "events are nearly every record: boxing would cost an allocation each")]
 pub enum Record {
-    /// An event the feed kept ([`Fed::stored`]), stored as it is.
-    Evidence(SockEvent),
+    /// An event the feed kept ([`Fed::stored`]), stored as it is under
+    /// its row's key.
+    Evidence {
+        key: DestKey,
+        event: SockEvent,
+    },
     Change(Change),
     /// What `observer probe` measured.
     Probe(ProbeEvidence),
     /// New connections to one destination in one minute.
     Connections {
         minute: u64,
-        destination: String,
-        role: Role,
-        /// The sockets' network namespace inode, as events carry it.
-        netns: u32,
+        key: DestKey,
         connections: u64,
     },
 }
 
-/// New connections of one row in one minute, as stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConnectionCount {
-    /// Unix minute.
-    pub minute: u64,
-    pub role: Role,
-    /// Network namespace inode as events carry it; None for counts stored
-    /// by schema 1, which kept none.
-    pub netns: Option<u32>,
-    pub connections: u64,
-}
-
-/// Per-minute connection counts, aggregated in memory before they reach
-/// the writer: one record per destination, role, namespace and minute.
-#[derive(Debug, Default)]
-pub struct ConnectionCounts {
-    minute: u64,
-    counts: HashMap<(String, Role, u32), u64>,
-}
-
-impl ConnectionCounts {
-    /// Destinations counted per minute; the rest are counted as `other`.
-    pub const MAX_KEYS: usize = 4096;
-
-    /// Count an `established` event; returns the previous minute's records
-    /// once a new minute starts.
-    pub fn add(&mut self, ev: &SockEvent) -> Vec<Record> {
-        let Some((addr, role)) = destination_of(ev) else { return Vec::new() };
-        let minute = ev.ts_unix_ns / 60_000_000_000;
-        let out = if minute > self.minute { self.flush() } else { Vec::new() };
-        self.minute = self.minute.max(minute);
-        let key = (addr.to_string(), role, ev.netns);
-        let key = if self.counts.contains_key(&key) || self.counts.len() < Self::MAX_KEYS {
-            key
-        } else {
-            ("other".to_owned(), role, 0)
-        };
-        *self.counts.entry(key).or_default() += 1;
-        out
-    }
-
-    /// The records of the minute counted so far.
-    pub fn flush(&mut self) -> Vec<Record> {
-        let minute = self.minute;
-        self.counts
-            .drain()
-            .map(|((destination, role, netns), connections)| Record::Connections {
-                minute,
-                destination,
-                role,
-                netns,
-                connections,
-            })
-            .collect()
+impl Record {
+    /// An event stored under its own row key (None: it has no
+    /// destination), its namespace settled against `host_netns`.
+    #[must_use]
+    pub fn evidence(event: SockEvent, host_netns: u32) -> Option<Self> {
+        DestKey::of_event(&event, host_netns).map(|key| Self::Evidence { key, event })
     }
 }
 
@@ -218,9 +173,10 @@ pub fn keep(ev: &SockEvent, fed: &Fed, volume: &mut ConnectionCounts, mut send: 
     for c in &fed.changes {
         send(Record::Change(c.clone()));
     }
+    let Some(key) = fed.key else { return };
     match ev.kind {
-        EventKind::Established => volume.add(ev).into_iter().for_each(send),
-        _ if fed.stored() => send(Record::Evidence(ev.clone())),
+        EventKind::Established => volume.add(key, ev.ts_unix_ns).into_iter().for_each(send),
+        _ if fed.stored() => send(Record::Evidence { key, event: ev.clone() }),
         _ => {}
     }
 }
@@ -255,7 +211,7 @@ impl Store {
             )?;
             let mut vol_stmt = tx.prepare_cached(
                 "INSERT INTO volume (minute, destination, role, netns, connections) VALUES (?1, ?2, ?3, ?4, ?5)
-                 ON CONFLICT (minute, destination, role, netns) DO UPDATE SET connections = connections + ?5",
+                 ON CONFLICT (minute, destination, role, IFNULL(netns, 0)) DO UPDATE SET connections = connections + ?5",
             )?;
             let mut ch_stmt = tx.prepare_cached(
                 "INSERT INTO changes (ts_unix_ns, destination, role, netns, change) VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -265,24 +221,23 @@ impl Store {
             )?;
             for r in records {
                 match r {
-                    Record::Evidence(ev) => {
-                        let Some((addr, role)) = destination_of(ev) else { continue };
+                    Record::Evidence { key, event } => {
                         ev_stmt.execute(params![
-                            i64::try_from(ev.ts_unix_ns).unwrap_or(i64::MAX),
-                            addr.to_string(),
-                            role.as_str(),
-                            ev.netns,
-                            ev.kind.as_str(),
-                            serde_json::to_string(ev)?
+                            i64::try_from(event.ts_unix_ns).unwrap_or(i64::MAX),
+                            key.dest.to_string(),
+                            key.role.as_str(),
+                            key.netns.inode(),
+                            event.kind.as_str(),
+                            serde_json::to_string(event)?
                         ])?;
                         n += 1;
                     }
-                    Record::Connections { minute, destination, role, netns, connections } => {
+                    Record::Connections { minute, key, connections } => {
                         vol_stmt.execute(params![
                             i64::try_from(*minute).unwrap_or(i64::MAX),
-                            destination,
-                            role.as_str(),
-                            netns,
+                            key.dest.to_string(),
+                            key.role.as_str(),
+                            key.netns.inode(),
                             i64::try_from(*connections).unwrap_or(i64::MAX)
                         ])?;
                     }
@@ -430,30 +385,6 @@ impl Store {
                     warn!("evidence store {}: skipping a stored probe that does not decode: {e}", self.path.display());
                 }
             }
-        }
-        Ok(out)
-    }
-
-    /// New connections per minute for a destination, per role and namespace.
-    pub fn volume(&self, destination: &str, since_ns: u64) -> Result<Vec<ConnectionCount>, StoreError> {
-        let since = i64::try_from(since_ns / 60_000_000_000).unwrap_or(i64::MAX);
-        let mut stmt = self.conn.prepare(
-            "SELECT minute, role, netns, SUM(connections) FROM volume WHERE destination = ?1 AND minute >= ?2
-             GROUP BY minute, role, netns ORDER BY minute",
-        )?;
-        let rows = stmt.query_map(params![destination, since], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?))
-        })?;
-        let mut out = Vec::new();
-        for r in rows {
-            let (m, role, netns, c) = r?;
-            let Some(role) = Role::parse(&role) else { continue };
-            out.push(ConnectionCount {
-                minute: u64::try_from(m).unwrap_or(0),
-                role,
-                netns: u32::try_from(netns).ok(),
-                connections: u64::try_from(c).unwrap_or(0),
-            });
         }
         Ok(out)
     }

@@ -10,9 +10,9 @@
 
 use std::collections::BTreeMap;
 
-use super::{destination_of, Aggregator};
+use super::Aggregator;
 use crate::{
-    diagnosis::key::{DestKey, Destination},
+    diagnosis::key::{destination_of, DestKey, Destination},
     diagnosis::table::ServerName,
     kernel::event::SockEvent,
     kernel::first_bytes::Protocol,

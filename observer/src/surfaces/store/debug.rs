@@ -14,7 +14,8 @@ use crate::{
 /// Writes batches of synthetic evidence, forever (tests kill it with
 /// SIGKILL) or until `records` are written, over `destinations`.
 pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destinations: u16) -> Result<()> {
-    let mut store = Store::open(dir)?;
+    let host_netns = crate::kernel::owner::host_netns();
+    let mut store = Store::open(dir, host_netns)?;
     let mut k: u64 = 0;
     let destinations = u64::from(destinations.max(1));
     while records.is_none_or(|n| k < n) {
@@ -23,7 +24,7 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
         // 5,000 when a count is asked for (a large store written fast).
         let n = records.map_or(500, |r| (r - k).min(5_000));
         let batch: Vec<Record> = (0..n)
-            .map(|i| {
+            .filter_map(|i| {
                 k += 1;
                 let mut e = crate::kernel::event::SockEvent::new(
                     now + i,
@@ -40,7 +41,7 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
                 e.comm = "writer".into();
                 e.outcome = Some(crate::kernel::event::Outcome::Ok);
                 e.sock_id = k;
-                Record::Evidence(e)
+                Record::evidence(e, host_netns)
             })
             .collect();
         store.insert(&batch)?;

@@ -1,7 +1,7 @@
 //! Opening the evidence store. The daemon opens it read-write: it creates
 //! the directory (0700) and the database (0600) when they are missing,
 //! checks the schema before it writes anything, and migrates schemas 1
-//! and 2. `observer probe` opens an existing store read-write to add its
+//! to 3. `observer probe` opens an existing store read-write to add its
 //! result, and does nothing else. Readers (`report`, `debug
 //! evidence-keys`) open it read-only: they never
 //! create, chmod, migrate or switch the journal mode of what they are
@@ -18,7 +18,9 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension as _};
 
 use super::{Store, StoreError, DB_FILE, SCHEMA_VERSION};
 
-/// Schema 3, as a fresh store creates it: these and [`PROBES_TABLE`].
+/// Schema 4, as a fresh store creates it: these, [`PROBES_TABLE`] and
+/// [`VOLUME_TABLE`]. `netns` is the row key's (NULL: the host's
+/// namespace, else another namespace's inode), except in `probes`.
 const SCHEMA: &str = "CREATE TABLE evidence (
          id INTEGER PRIMARY KEY,
          ts_unix_ns INTEGER NOT NULL,
@@ -35,16 +37,47 @@ const SCHEMA: &str = "CREATE TABLE evidence (
          destination TEXT NOT NULL,
          role TEXT,
          netns INTEGER,
-         change TEXT NOT NULL);
-     CREATE TABLE volume (
+         change TEXT NOT NULL);";
+
+/// Schema 4's connection counts: one row per minute and row key. `netns`
+/// -1 marks counts schema 1 stored without a namespace; the unique index
+/// treats the host's NULL as one value.
+const VOLUME_TABLE: &str = "CREATE TABLE volume (
          minute INTEGER NOT NULL,
          destination TEXT NOT NULL,
          role TEXT NOT NULL,
-         netns INTEGER NOT NULL,
-         connections INTEGER NOT NULL,
-         PRIMARY KEY (minute, destination, role, netns));";
+         netns INTEGER,
+         connections INTEGER NOT NULL);
+     CREATE UNIQUE INDEX volume_key ON volume(minute, destination, role, IFNULL(netns, 0));";
 
-/// What schema 3 added: `observer probe`'s results.
+/// Schema 3 to 4 in one transaction: the raw namespace inodes evidence
+/// and connection counts were filed under become the row key's, settled
+/// against this host's namespace (`host`; it and 0 become NULL; changes
+/// were settled already); connection counts move to [`VOLUME_TABLE`],
+/// summed where two raw spellings meet. Probes keep the inode of the
+/// namespace the probe ran in: a probe cannot always tell the host's (it
+/// may not read PID 1's), so the daemon settles it when it takes one.
+fn migrate_3_to_4(conn: &Connection, host: u32) -> rusqlite::Result<()> {
+    let settled = format!("CASE WHEN netns = 0 OR netns = {host} THEN NULL ELSE netns END");
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE;
+         UPDATE evidence SET netns = {settled};
+         ALTER TABLE volume RENAME TO volume3;
+         DROP INDEX IF EXISTS volume_key;
+         {VOLUME_TABLE}
+         INSERT INTO volume SELECT minute, destination, role, {settled}, SUM(connections) FROM volume3
+             GROUP BY minute, destination, role, {settled};
+         DROP TABLE volume3;
+         UPDATE meta SET value = 4 WHERE key = 'schema';
+         COMMIT;"
+    ))
+    .inspect_err(|_| {
+        let _ = conn.execute_batch("ROLLBACK");
+    })
+}
+
+/// What schema 3 added: `observer probe`'s results, each filed under the
+/// inode of the namespace the probe ran in.
 const PROBES_TABLE: &str = "CREATE TABLE probes (
          id INTEGER PRIMARY KEY,
          ts_unix_ns INTEGER NOT NULL,
@@ -103,8 +136,9 @@ fn tables(conn: &Connection) -> rusqlite::Result<Vec<String>> {
 
 impl Store {
     /// Open (or create) the store in `dir`, read-write: the daemon's and
-    /// the crash tests' writer.
-    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+    /// the crash tests' writer. `host_netns` is this host's namespace
+    /// inode (0: not known), for the migration from schema 3.
+    pub fn open(dir: &Path, host_netns: u32) -> Result<Self, StoreError> {
         let dir_err = |error| StoreError::CreateDir { path: dir.to_path_buf(), error };
         // Evidence names peers and processes: what observer creates is
         // private to the daemon's user. A directory or file that exists is
@@ -153,15 +187,19 @@ impl Store {
             None if fresh => {
                 conn.execute_batch(SCHEMA).map_err(fail)?;
                 conn.execute_batch(PROBES_TABLE).map_err(fail)?;
+                conn.execute_batch(VOLUME_TABLE).map_err(fail)?;
                 conn.execute("INSERT INTO meta (key, value) VALUES ('schema', ?1)", [SCHEMA_VERSION]).map_err(fail)?;
             }
             Some(v) if v == SCHEMA_VERSION => {}
-            Some(from @ (1 | 2)) => {
+            Some(from @ 1..=3) => {
                 let migrate = |error| StoreError::Migrate { path: path.clone(), from, error };
                 if from == 1 {
                     migrate_1_to_2(&conn).map_err(migrate)?;
                 }
-                migrate_2_to_3(&conn).map_err(migrate)?;
+                if from <= 2 {
+                    migrate_2_to_3(&conn).map_err(migrate)?;
+                }
+                migrate_3_to_4(&conn, host_netns).map_err(migrate)?;
             }
             found => return Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
         }
@@ -213,7 +251,7 @@ impl Store {
             conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).optional().map_err(fail)?;
         match version {
             Some(v) if v == SCHEMA_VERSION => Ok(Self { conn, path }),
-            Some(found @ (1 | 2)) => Err(StoreError::NotMigrated { path, found }),
+            Some(found @ 1..=3) => Err(StoreError::NotMigrated { path, found }),
             found => Err(StoreError::Schema { path, found: found.unwrap_or(0) }),
         }
     }

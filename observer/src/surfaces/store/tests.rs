@@ -4,11 +4,22 @@ use std::{sync::atomic::Ordering, time::Instant};
 use super::*;
 use crate::{
     diagnosis::aggregate::{Aggregator, Config},
+    diagnosis::key::{Destination, Netns},
     kernel::event::{clock_ns, How, Outcome, Role},
 };
 
 const S: u64 = 1_000_000_000;
 const T0: u64 = 1_700_000_000 * S;
+
+/// An event's row key (the host's namespace unknown here).
+fn key(e: &SockEvent) -> DestKey {
+    DestKey::of_event(e, 0).expect("a test event has a destination")
+}
+
+/// An event as the store files it (the host's namespace unknown here).
+fn evid(e: SockEvent) -> Record {
+    Record::evidence(e, 0).expect("a test event has a destination")
+}
 
 fn ev(ts: u64, kind: EventKind, idle: f64, outcome: Option<Outcome>) -> SockEvent {
     let mut e = SockEvent::new(
@@ -83,10 +94,10 @@ fn restart_keeps_evidence_and_rebuilds_the_same_estimates() {
         }
     }
     {
-        let mut store = Store::open(dir.path()).unwrap();
+        let mut store = Store::open(dir.path(), 0).unwrap();
         store.insert(&scenario()).unwrap();
     }
-    let store = Store::open(dir.path()).unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
     let events = store.events(None, 0).unwrap();
     assert_eq!(events.len(), 30 + 15 + 1, "30 finished reuses, 15 peer closes and one fresh name");
     assert_eq!(events, classified, "the store holds what the feed took, in order");
@@ -110,12 +121,12 @@ fn restart_keeps_evidence_and_rebuilds_the_same_estimates() {
 #[test]
 fn retention_by_age() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     let day = 86_400 * S;
     store
         .insert(&[
-            Record::Evidence(ev(T0, EventKind::Reuse, 5.0, Some(Outcome::Ok))),
-            Record::Evidence(ev(T0 + 3 * day, EventKind::Reuse, 6.0, Some(Outcome::Ok))),
+            evid(ev(T0, EventKind::Reuse, 5.0, Some(Outcome::Ok))),
+            evid(ev(T0 + 3 * day, EventKind::Reuse, 6.0, Some(Outcome::Ok))),
         ])
         .unwrap();
     let p = store
@@ -146,13 +157,13 @@ fn retention_by_size_keeps_the_newest() {
 #[test]
 fn writer_batches_and_counts_what_it_drops() {
     let dir = tempfile::tempdir().unwrap();
-    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), 1).unwrap();
+    let w = Writer::start(Store::open(dir.path(), 0).unwrap(), Limits::default(), 1).unwrap();
     let sent = 100_000u64;
     let mut accepted = 0u64;
     // Recent timestamps: the writer prunes by age as it starts.
     let now = clock_ns(libc::CLOCK_REALTIME);
     for k in 0..sent {
-        if w.send(Record::Evidence(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))) {
+        if w.send(evid(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))) {
             accepted += 1;
         }
     }
@@ -160,7 +171,7 @@ fn writer_batches_and_counts_what_it_drops() {
     assert_eq!(w.finish(), 0, "nothing refused");
     assert_eq!(accepted + dropped, sent);
     assert!(dropped > 0, "a one-record queue under a tight loop must overflow");
-    let store = Store::open(dir.path()).unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
     assert_eq!(store.count().unwrap(), accepted, "everything accepted was written");
 }
 
@@ -168,10 +179,10 @@ fn writer_batches_and_counts_what_it_drops() {
 fn schema_mismatch_is_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), 0).unwrap();
         store.conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema'", []).unwrap();
     }
-    let Err(e) = Store::open(dir.path()) else { panic!("must fail") };
+    let Err(e) = Store::open(dir.path(), 0) else { panic!("must fail") };
     assert!(e.to_string().contains("schema version 99"), "{e}");
 }
 
@@ -180,7 +191,7 @@ fn connection_storms_become_one_record_per_minute() {
     let mut v = ConnectionCounts::default();
     let mut out = Vec::new();
     for k in 0..100_000u64 {
-        out.extend(v.add(&ev(T0 + k * 1_000_000, EventKind::Established, 0.0, None)));
+        out.extend(v.add(key(&ev(T0 + k * 1_000_000, EventKind::Established, 0.0, None)), T0 + k * 1_000_000));
     }
     // 100 s of connections at 1 kHz: one record for each finished minute.
     out.extend(v.flush());
@@ -201,7 +212,7 @@ fn connection_storms_become_one_record_per_minute() {
         .sum();
     assert_eq!(total, 100_000);
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     store.insert(&out).unwrap();
     let vol: u64 = store.volume("10.0.0.2:443", 0).unwrap().iter().map(|v| v.connections).sum();
     assert_eq!(vol, 100_000);
@@ -210,7 +221,7 @@ fn connection_storms_become_one_record_per_minute() {
 #[test]
 fn a_bad_row_is_skipped_not_fatal() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     store.insert(&scenario()).unwrap();
     store
         .conn
@@ -232,10 +243,9 @@ fn a_bad_row_is_skipped_not_fatal() {
 /// second from `T0`, checkpointed.
 fn twenty_thousand_reuses() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
-    let batch: Vec<Record> = (0..20_000u64)
-        .map(|k| Record::Evidence(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok))))
-        .collect();
+    let mut store = Store::open(dir.path(), 0).unwrap();
+    let batch: Vec<Record> =
+        (0..20_000u64).map(|k| evid(ev(T0 + k * S, EventKind::Reuse, 1.0 + k as f64, Some(Outcome::Ok)))).collect();
     store.insert(&batch).unwrap();
     store.compact().unwrap();
     (dir, store)
@@ -250,7 +260,7 @@ fn mode(p: &Path) -> u32 {
 fn files_are_private() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut store = Store::open(&data).unwrap();
+    let mut store = Store::open(&data, 0).unwrap();
     store.insert(&scenario()).unwrap();
     assert_eq!(mode(&data), 0o700);
     assert_eq!(mode(&data.join(DB_FILE)), 0o600);
@@ -262,15 +272,13 @@ fn files_are_private() {
 #[test]
 fn every_table_counts_toward_the_size_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     // Connection counts only: 30,000 destination-minutes and no evidence at all.
     let batch: Vec<Record> = (0..30_000u64)
-        .map(|k| Record::Connections {
-            minute: T0 / (60 * S) + k / 100,
-            destination: format!("10.{}.{}.1:443", k % 100, k / 1000),
-            role: Role::Client,
-            netns: 0,
-            connections: 1,
+        .map(|k| {
+            let addr = format!("10.{}.{}.1:443", k % 100, k / 1000).parse().unwrap();
+            let key = DestKey { dest: Destination::Addr(addr), role: Role::Client, netns: Netns::HOST };
+            Record::Connections { minute: T0 / (60 * S) + k / 100, key, connections: 1 }
         })
         .collect();
     store.insert(&batch).unwrap();
@@ -291,7 +299,7 @@ const SCHEMA1: &[u8] = include_bytes!("../../../tests/fixtures/store-schema1.sql
 fn schema_1_is_migrated_and_reports_pick_the_namespace() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join(DB_FILE), SCHEMA1).unwrap();
-    let store = Store::open(dir.path()).unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
     let version: i64 = store.conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
     assert_eq!(version, SCHEMA_VERSION);
     let d = "10.0.0.2:443";
@@ -334,23 +342,23 @@ fn schema_1_is_migrated_and_reports_pick_the_namespace() {
     assert!(asked.contains("--netns 4026532284") && asked.contains("--netns 4026532301"), "{asked}");
     // New writes carry their namespace; a reopened store is not migrated twice.
     drop(store);
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     let mut e = ev(T0 + 4000 * S, EventKind::Established, 0.0, None);
     e.netns = 7;
     let mut volume = ConnectionCounts::default();
-    volume.add(&e);
+    volume.add(key(&e), e.ts_unix_ns);
     store.insert(&volume.flush()).unwrap();
-    assert!(store.volume(d, 0).unwrap().iter().any(|v| v.netns == Some(7) && v.connections == 1));
+    assert!(store.volume(d, 0).unwrap().iter().any(|v| v.netns == Some(Netns::from(Some(7))) && v.connections == 1));
 }
 
 #[test]
 fn a_foreign_schema_is_refused_with_the_fix() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), 0).unwrap();
         store.conn.execute("UPDATE meta SET value = 99 WHERE key = 'schema'", []).unwrap();
     }
-    let e = Store::open(dir.path()).err().expect("schema 99 is refused").to_string();
+    let e = Store::open(dir.path(), 0).err().expect("schema 99 is refused").to_string();
     assert!(e.contains("schema version 99") && e.contains("--data-dir"), "{e}");
 }
 
@@ -362,7 +370,7 @@ fn bad_store_files_are_named_and_left_untouched() {
     let check = |dir: &Path, want: &str| {
         let file = dir.join(DB_FILE);
         let before = std::fs::read(&file).unwrap();
-        let e = match Store::open(dir).and_then(|s| s.events(None, 0).map(|_| s)) {
+        let e = match Store::open(dir, 0).and_then(|s| s.events(None, 0).map(|_| s)) {
             Ok(_) => panic!("{want}: opened"),
             Err(e) => e.to_string(),
         };
@@ -397,10 +405,9 @@ fn bad_store_files_are_named_and_left_untouched() {
     // Ours, with its data pages overwritten (the first page, the schema, intact).
     let bad = tempfile::tempdir().unwrap();
     {
-        let mut s = Store::open(bad.path()).unwrap();
+        let mut s = Store::open(bad.path(), 0).unwrap();
         s.insert(&scenario()).unwrap();
-        let many: Vec<Record> =
-            (0..2000).map(|k| Record::Evidence(ev(T0 + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))).collect();
+        let many: Vec<Record> = (0..2000).map(|k| evid(ev(T0 + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))).collect();
         s.insert(&many).unwrap();
         s.compact().unwrap();
     }
@@ -423,12 +430,12 @@ fn bad_store_files_are_named_and_left_untouched() {
 fn a_refusing_store_is_retried_and_resumes_without_loss() {
     let dir = tempfile::tempdir().unwrap();
     let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
-    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), QUEUE).unwrap();
+    let w = Writer::start(Store::open(dir.path(), 0).unwrap(), Limits::default(), QUEUE).unwrap();
     let state = w.state();
     let now = clock_ns(libc::CLOCK_REALTIME);
     side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
     for k in 0..50 {
-        assert!(w.send(Record::Evidence(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+        assert!(w.send(evid(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
     }
     let until = Instant::now() + Duration::from_secs(5);
     while !state.degraded.load(Ordering::Relaxed) {
@@ -436,7 +443,7 @@ fn a_refusing_store_is_retried_and_resumes_without_loss() {
         std::thread::sleep(Duration::from_millis(20));
     }
     for k in 50..100 {
-        assert!(w.send(Record::Evidence(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+        assert!(w.send(evid(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
     }
     side.execute_batch("ALTER TABLE evidence_away RENAME TO evidence").unwrap();
     let until = Instant::now() + Duration::from_secs(10);
@@ -445,7 +452,7 @@ fn a_refusing_store_is_retried_and_resumes_without_loss() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(w.finish(), 0, "nothing given up");
-    assert_eq!(Store::open(dir.path()).unwrap().count().unwrap(), 100, "every record written after the pause");
+    assert_eq!(Store::open(dir.path(), 0).unwrap().count().unwrap(), 100, "every record written after the pause");
 }
 
 /// At shutdown a store that still refuses is not waited for: what is
@@ -454,11 +461,11 @@ fn a_refusing_store_is_retried_and_resumes_without_loss() {
 fn a_refusing_store_at_shutdown_counts_what_it_gives_up() {
     let dir = tempfile::tempdir().unwrap();
     let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
-    let w = Writer::start(Store::open(dir.path()).unwrap(), Limits::default(), QUEUE).unwrap();
+    let w = Writer::start(Store::open(dir.path(), 0).unwrap(), Limits::default(), QUEUE).unwrap();
     side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
     let now = clock_ns(libc::CLOCK_REALTIME);
     for k in 0..300 {
-        assert!(w.send(Record::Evidence(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+        assert!(w.send(evid(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
     }
     let started = Instant::now();
     assert_eq!(w.finish(), 300, "every queued record is counted");
@@ -473,16 +480,16 @@ fn a_store_refusing_past_the_give_up_counts_and_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let side = Connection::open(dir.path().join(DB_FILE)).unwrap();
     let limits = Limits { give_up_after: Duration::from_secs(1), ..Limits::default() };
-    let w = Writer::start(Store::open(dir.path()).unwrap(), limits, QUEUE).unwrap();
+    let w = Writer::start(Store::open(dir.path(), 0).unwrap(), limits, QUEUE).unwrap();
     side.execute_batch("ALTER TABLE evidence RENAME TO evidence_away").unwrap();
     let now = clock_ns(libc::CLOCK_REALTIME);
     for k in 0..50 {
-        assert!(w.send(Record::Evidence(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+        assert!(w.send(evid(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
         if k % 10 == 0 {
             // A minute's connection count: a record, not an event.
             let minute = now / 60_000_000_000 + k;
-            let destination = "10.0.0.2:443".to_owned();
-            assert!(w.send(Record::Connections { minute, destination, role: Role::Client, netns: 0, connections: 7 }));
+            let key = key(&ev(now, EventKind::Established, 0.0, None));
+            assert!(w.send(Record::Connections { minute, key, connections: 7 }));
         }
     }
     let state = w.state();
@@ -494,7 +501,7 @@ fn a_store_refusing_past_the_give_up_counts_and_goes_on() {
     assert!(state.degraded.load(Ordering::Relaxed));
     side.execute_batch("ALTER TABLE evidence_away RENAME TO evidence").unwrap();
     for k in 50..60 {
-        assert!(w.send(Record::Evidence(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
+        assert!(w.send(evid(ev(now + k, EventKind::Reuse, 2.0, Some(Outcome::Ok)))));
     }
     let deadline = Instant::now() + Duration::from_secs(20);
     while state.degraded.load(Ordering::Relaxed) {
@@ -503,7 +510,7 @@ fn a_store_refusing_past_the_give_up_counts_and_goes_on() {
     }
     let other = state.failed_other.load(Ordering::Relaxed);
     let all = w.finish();
-    let (given_up, stored) = (all - other, Store::open(dir.path()).unwrap().count().unwrap());
+    let (given_up, stored) = (all - other, Store::open(dir.path(), 0).unwrap().count().unwrap());
     assert!(given_up > 0 && stored > 0, "given up {given_up}, stored {stored}");
     assert_eq!(stored + given_up, 60, "every event stored or counted as an event");
     assert!(other <= 5, "the connection counts are counted apart: {other}");
@@ -516,14 +523,14 @@ fn what_exists_keeps_its_mode() {
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     // The daemon in an existing directory: it creates its database 0600
     // and leaves the directory as the operator made it.
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     store.insert(&scenario()).unwrap();
     drop(store);
     assert_eq!(mode(dir.path()), 0o755);
     assert_eq!(mode(&dir.path().join(DB_FILE)), 0o600);
     // An existing database of ours keeps the mode its operator gave it.
     std::fs::set_permissions(dir.path().join(DB_FILE), std::fs::Permissions::from_mode(0o640)).unwrap();
-    drop(Store::open(dir.path()).unwrap());
+    drop(Store::open(dir.path(), 0).unwrap());
     assert_eq!(mode(&dir.path().join(DB_FILE)), 0o640);
     // A foreign database is refused with its mode and bytes unchanged.
     let other = tempfile::tempdir().unwrap();
@@ -531,7 +538,7 @@ fn what_exists_keeps_its_mode() {
     Connection::open(&foreign).unwrap().execute_batch("CREATE TABLE t (x);").unwrap();
     std::fs::set_permissions(&foreign, std::fs::Permissions::from_mode(0o644)).unwrap();
     let bytes = std::fs::read(&foreign).unwrap();
-    assert!(matches!(Store::open(other.path()), Err(StoreError::Foreign { .. })));
+    assert!(matches!(Store::open(other.path(), 0), Err(StoreError::Foreign { .. })));
     assert!(matches!(Store::open_read_only(other.path()), Err(StoreError::Foreign { .. })));
     assert_eq!((mode(&foreign), std::fs::read(&foreign).unwrap()), (0o644, bytes));
 }
@@ -548,7 +555,7 @@ fn a_reader_changes_nothing() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing created");
     assert_eq!(mode(dir.path()), 0o755);
     // A store no daemon holds open (its WAL folded in at close) reads.
-    let mut store = Store::open(dir.path()).unwrap();
+    let mut store = Store::open(dir.path(), 0).unwrap();
     store.insert(&scenario()).unwrap();
     let written = store.events(None, 0).unwrap().len();
     drop(store);
@@ -560,7 +567,7 @@ fn a_reader_changes_nothing() {
     drop(reader);
     assert_eq!(std::fs::read(&db).unwrap(), before, "the database's bytes are unchanged");
     // Beside a live writer it reads what was committed.
-    let mut writer = Store::open(dir.path()).unwrap();
+    let mut writer = Store::open(dir.path(), 0).unwrap();
     writer.insert(&scenario()).unwrap();
     assert_eq!(Store::open_read_only(dir.path()).unwrap().events(None, 0).unwrap().len(), 2 * written);
     // Schema 1 is the daemon's to migrate: a reader says so and leaves it.
@@ -624,8 +631,9 @@ fn schema_2_gains_the_probes_table_and_only_the_daemon_migrates_it() {
     let dir = tempfile::tempdir().unwrap();
     let written;
     {
-        // Schema 2 is schema 3 without the probes table.
-        let mut store = Store::open(dir.path()).unwrap();
+        // Schema 2 is schema 3 without the probes table (and schema 3's
+        // volume table is schema 4's with the key's index).
+        let mut store = Store::open(dir.path(), 0).unwrap();
         store.insert(&scenario()).unwrap();
         written = store.events(None, 0).unwrap().len();
         store.conn.execute_batch("DROP TABLE probes; UPDATE meta SET value = 2 WHERE key = 'schema';").unwrap();
@@ -638,9 +646,9 @@ fn schema_2_gains_the_probes_table_and_only_the_daemon_migrates_it() {
         assert!(e.to_string().contains("observer run --data-dir"), "{e}");
     }
     assert_eq!(std::fs::read(&db).unwrap(), before, "neither a reader nor a probe changed it");
-    let store = Store::open(dir.path()).unwrap();
+    let store = Store::open(dir.path(), 0).unwrap();
     let version: i64 = store.conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
-    assert_eq!(version, 3);
+    assert_eq!(version, SCHEMA_VERSION);
     assert_eq!(store.events(None, 0).unwrap().len(), written, "the evidence stays");
     assert!(store.probes_after(0, 0).unwrap().is_empty());
 }
@@ -653,7 +661,7 @@ fn a_probe_adds_to_an_existing_store_and_never_makes_one() {
     assert_eq!(std::fs::read_dir(empty.path()).unwrap().count(), 0, "nothing created");
 
     let dir = tempfile::tempdir().unwrap();
-    let mut daemon = Store::open(dir.path()).unwrap();
+    let mut daemon = Store::open(dir.path(), 0).unwrap();
     daemon.insert(&scenario()).unwrap();
     let mut probe = Store::open_existing(dir.path()).unwrap();
     probe.insert(&[Record::Probe(probe_at(T0 + 10 * S, "10.0.0.2:443"))]).unwrap();
@@ -673,4 +681,81 @@ fn a_probe_adds_to_an_existing_store_and_never_makes_one() {
     let limits = Limits { retention_ns: 100 * S, ..Limits::default() };
     daemon.prune(T0 + 115 * S, limits).unwrap();
     assert_eq!(daemon.probes_after(0, 0).unwrap().len(), 1);
+}
+
+/// Schema 3 filed evidence and connection counts under the raw inode
+/// events carry, so the host's namespace was spelled two ways (its inode,
+/// and 0 where it was not known). Schema 4 files both under the row key:
+/// NULL, one row of counts per minute; another namespace keeps its inode.
+#[test]
+fn schema_3_files_the_hosts_namespace_once() {
+    const HOST: u32 = 4_026_531_840;
+    const POD: u32 = 4_026_532_301;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let store = Store::open(dir.path(), 0).unwrap();
+        // Schema 3's volume table, with rows as schema 3 wrote them.
+        store
+            .conn
+            .execute_batch(&format!(
+                "DROP TABLE volume;
+                 CREATE TABLE volume (minute INTEGER NOT NULL, destination TEXT NOT NULL, role TEXT NOT NULL,
+                     netns INTEGER NOT NULL, connections INTEGER NOT NULL,
+                     PRIMARY KEY (minute, destination, role, netns));
+                 INSERT INTO volume VALUES (100, '10.0.0.2:443', 'client', {HOST}, 3),
+                     (100, '10.0.0.2:443', 'client', 0, 2), (100, '10.0.0.2:443', 'client', {POD}, 5),
+                     (100, '10.0.0.2:443', 'client', -1, 1);
+                 UPDATE meta SET value = 3 WHERE key = 'schema';"
+            ))
+            .unwrap();
+        for (raw, k) in [(HOST, 1), (0, 2), (POD, 3)] {
+            let mut e = ev(T0 + k, EventKind::Reuse, 5.0, Some(Outcome::Ok));
+            e.netns = raw;
+            let json = serde_json::to_string(&e).unwrap();
+            store
+                .conn
+                .execute(
+                    "INSERT INTO evidence (ts_unix_ns, destination, role, netns, kind, event)
+                     VALUES (?1, '10.0.0.2:443', 'client', ?2, 'reuse', ?3)",
+                    params![i64::try_from(e.ts_unix_ns).unwrap(), raw, json],
+                )
+                .unwrap();
+        }
+    }
+    let Err(e) = Store::open_read_only(dir.path()) else { panic!("schema 3 is the daemon's to migrate") };
+    assert!(e.to_string().contains("schema 3"), "{e}");
+    let mut store = Store::open(dir.path(), HOST).unwrap();
+    let version: i64 = store.conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
+    assert_eq!(version, 4);
+    let filed: Vec<Option<i64>> = store
+        .conn
+        .prepare("SELECT netns FROM evidence ORDER BY ts_unix_ns")
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(filed, [None, None, Some(i64::from(POD))]);
+    let mut volume = store.volume("10.0.0.2:443", 0).unwrap();
+    volume.sort_by_key(|v| v.netns);
+    let got: Vec<(Option<Netns>, u64)> = volume.iter().map(|v| (v.netns, v.connections)).collect();
+    assert_eq!(
+        got,
+        [(None, 1), (Some(Netns::HOST), 5), (Some(Netns::from(Some(POD))), 5)],
+        "the host's two spellings summed; schema 1's unknown kept apart"
+    );
+    // A count of the host's row for a minute already stored adds to it.
+    let k =
+        DestKey { dest: Destination::Addr("10.0.0.2:443".parse().unwrap()), role: Role::Client, netns: Netns::HOST };
+    store.insert(&[Record::Connections { minute: 100, key: k, connections: 4 }]).unwrap();
+    let host: u64 = store
+        .volume("10.0.0.2:443", 0)
+        .unwrap()
+        .iter()
+        .filter(|v| v.netns == Some(Netns::HOST))
+        .map(|v| v.connections)
+        .sum();
+    assert_eq!(host, 9);
+    let rows: i64 = store.conn.query_row("SELECT COUNT(*) FROM volume", [], |r| r.get(0)).unwrap();
+    assert_eq!(rows, 3, "one row per minute and key");
 }

@@ -135,7 +135,7 @@ impl Drop for Writer {
 
 /// An event record (evidence or a name), counted as an event when lost.
 fn is_event(r: &Record) -> bool {
-    matches!(r, Record::Evidence(_))
+    matches!(r, Record::Evidence { .. })
 }
 
 /// The writer thread. A refused batch is held and retried every
