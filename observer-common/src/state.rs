@@ -73,6 +73,10 @@ pub struct SockState {
     /// `flags`, where `PREEXISTING` once shared a bit with
     /// `st::UNREAD_BEFORE_REQ` and a request's end cleared it.
     pub event_flags: u8,
+    /// What the last read was (`rd` bits, the probes' own).
+    pub read_flags: u8,
+    /// Explicit padding, always zero.
+    pub pad: [u8; 7],
 }
 
 impl SockState {
@@ -109,9 +113,11 @@ impl SockState {
         hello: 0,
         watch: 0,
         event_flags: 0,
+        read_flags: 0,
+        pad: [0; 7],
     };
 }
 
 /// Size of [`SockState`] in socket-local storage.
-pub const SOCK_STATE_SIZE: usize = 184;
+pub const SOCK_STATE_SIZE: usize = 192;
 const _: () = assert!(core::mem::size_of::<SockState>() == SOCK_STATE_SIZE);

@@ -14,7 +14,7 @@ use super::{
     maps::min_idle_ns,
     requests::{
         acked, answered, clear_request, end_stalled, eof_read, expire_request, local_ended_request, peer_ended_request,
-        read_all, request_bytes, resolve_answered, st,
+        rd, read_all, request_bytes, resolve_answered, st,
     },
     sock::{last_activity, remember_idle_close},
 };
@@ -33,6 +33,14 @@ pub const CONTROL_NS: u64 = 100_000_000;
 /// its `GOAWAY` (`goAwayTimeout`, for the client's frames in flight), and
 /// the FIN must not date the close a second after the goodbye.
 pub const GOODBYE_GRACE_NS: u64 = 2_000_000_000;
+
+/// The connection's idle age is not known since a late read that may
+/// have been the peer's goodbye ([`rd::LATE_TO_REACTION`]): the peer's
+/// close is dated neither from that read nor from before it.
+#[inline(always)]
+fn idle_unknown(st: &SockState) -> bool {
+    st.read_flags & rd::LATE_TO_REACTION != 0
+}
 
 /// The peer's FIN arrived (`ESTABLISHED -> CLOSE_WAIT`).
 #[inline(always)]
@@ -65,7 +73,7 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     let anchor = last_activity(st);
-    let idle_close = anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns();
+    let idle_close = anchor != 0 && now.saturating_sub(anchor) >= min_idle_ns() && !idle_unknown(st);
     mark_dead(sk, st, dead::FIN, idle_close);
     if idle_close {
         emit(sk, st, kind::PEER_CLOSE, now, |e| {
@@ -108,7 +116,7 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
         return;
     }
     let last = last_activity(st);
-    let idle_close = st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns();
+    let idle_close = st.peer_fin_ns == 0 && last != 0 && now.saturating_sub(last) >= min_idle_ns() && !idle_unknown(st);
     // After an idle FIN the RST ends a socket that was already an idle
     // close: it stays one.
     mark_dead(sk, st, dead::RST, idle_close || st.dead & dead::IDLE != 0);
@@ -230,7 +238,7 @@ pub(crate) fn is_small_fresh_request(sk: *const c_void, st: &SockState, now: u64
 /// came after at least `CONTROL_NS` of quiet).
 #[inline(always)]
 pub(crate) fn goodbye_idle(sk: *const c_void, st: &SockState, now: u64, within: u64) -> u64 {
-    if st.burst_ns == 0 || st.burst_anchor_ns == 0 || now.saturating_sub(st.burst_ns) >= within {
+    if idle_unknown(st) || st.burst_ns == 0 || st.burst_anchor_ns == 0 || now.saturating_sub(st.burst_ns) >= within {
         return 0;
     }
     if st.last_send_ns > st.burst_ns && write_seq(sk).wrapping_sub(st.burst_wseq) > CONTROL_BYTES {

@@ -52,6 +52,27 @@ pub mod st {
     pub const FIN_DEFERRED: u8 = 0x80;
 }
 
+/// Probes' own `SockState::read_flags` bits (never on the wire).
+pub mod rd {
+    /// A read answered, after a quiet spell of at least `min_idle`, a
+    /// request written right after the read before it ([`is_reaction`]).
+    /// Such a write is often no request at all but an acknowledgement
+    /// (HTTP/2 `SETTINGS` or `PING` acks, `WINDOW_UPDATE`), and the late
+    /// read then the peer's goodbye (a `GOAWAY`) rather than an answer:
+    /// until an exchange is answered again, the connection's idle age is
+    /// not known, and no idle close of the peer's is claimed on it.
+    pub const LATE_TO_REACTION: u8 = 0x01;
+}
+
+/// The outstanding request is no reuse and was written right after a
+/// read (within `CONTROL_NS`): the next request of a busy exchange, or a
+/// write in reaction to what was read (an acknowledgement, or our
+/// `close_notify` in answer to the last response).
+#[inline(always)]
+pub(crate) fn is_reaction(st: &SockState) -> bool {
+    st.flags & st::REUSE == 0 && st.last_recv_ns != 0 && st.req_ns.saturating_sub(st.last_recv_ns) < CONTROL_NS
+}
+
 /// Forget the outstanding request.
 #[inline(always)]
 pub(crate) fn clear_request(st: &mut SockState) {
@@ -174,8 +195,15 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
                 if st.flags & st::REUSE != 0 {
                     count(counter::REUSE_UNRESOLVED);
                 }
+                // An unanswered write made right after a read was most
+                // likely no request (an HTTP/2 client's acknowledgement):
+                // this write after the quiet spell is one, a reuse. A
+                // writer that never reads is a one-way writer.
+                let reaction = is_reaction(st);
                 clear_request(st);
-                st.flags |= st::ONE_WAY;
+                if !reaction {
+                    st.flags |= st::ONE_WAY;
+                }
             }
         }
         // A write after the application read the peer's EOF answers the
@@ -234,6 +262,11 @@ pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
     if st.req_ns != 0 {
         // Without snapshots the read itself is the answer (a busy exchange).
         if st.flags & st::SEQ == 0 || answered(sk, st, false) {
+            st.read_flags = if now.saturating_sub(st.req_ns) >= min_idle_ns() && is_reaction(st) {
+                rd::LATE_TO_REACTION
+            } else {
+                0
+            };
             resolve_answered(sk, st, now, how::NONE);
         }
     } else {
@@ -350,7 +383,11 @@ pub(crate) fn local_ended_request(
     } else if reuse {
         count(counter::REUSE_UNRESOLVED);
     }
-    if !peer_first && !after_goodbye && stall_how == how::LOCAL_CLOSE {
+    // A write right after a read, closed within `CONTROL_NS`: our own
+    // goodbye in answer to the last response (a client's `close_notify` as
+    // it exits) as likely as a deadline that short; no deadline is claimed.
+    let goodbye = is_reaction(st) && now.saturating_sub(st.req_ns) < CONTROL_NS;
+    if !peer_first && !after_goodbye && !goodbye && stall_how == how::LOCAL_CLOSE {
         request_event(sk, st, now, kind::REQUEST_TIMEOUT, how::NONE, bytes);
     }
     clear_request(st);
