@@ -195,11 +195,14 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
                 if st.flags & st::REUSE != 0 {
                     count(counter::REUSE_UNRESOLVED);
                 }
-                // An unanswered write made right after a read was most
+                // An unanswered write made right after a read, and
+                // received (everything we wrote is acknowledged), was most
                 // likely no request (an HTTP/2 client's acknowledgement):
                 // this write after the quiet spell is one, a reuse. A
-                // writer that never reads is a one-way writer.
-                let reaction = is_reaction(st);
+                // writer that never reads is a one-way writer; bytes still
+                // unacknowledged may be a stuck request, and a stall of
+                // this write would be dated by a quiet spell that was none.
+                let reaction = is_reaction(st) && !after(if have_wseq { wseq } else { write_seq(sk) }, snd_una(sk));
                 clear_request(st);
                 if !reaction {
                     st.flags |= st::ONE_WAY;
