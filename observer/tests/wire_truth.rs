@@ -903,7 +903,9 @@ fn a_write_in_reaction_to_a_read_dates_nothing_it_cannot_know() -> Result<()> {
     };
     ensure!(!requests(&first), "the acknowledgement is no request: {:?}", kinds(&first));
     ensure!(!requests(&second), "our goodbye is no request timed out: {:?}", kinds(&second));
-    ensure!(second.iter().any(|e| e.kind == EventKind::Closed), "the daemon saw the second connection");
+    for (evs, which) in [(&first, "first"), (&again, "reused"), (&second, "last")] {
+        ensure!(evs.iter().any(|e| e.kind == EventKind::Closed), "the daemon saw the {which} connection end");
+    }
     eprintln!("MEASURED reaction writes: {:?} / {:?} / {:?}", kinds(&first), kinds(&again), kinds(&second));
     Ok(())
 }

@@ -38,7 +38,6 @@ use std::{collections::HashMap, net::SocketAddr};
 use crate::{
     diagnosis::estimate,
     diagnosis::evidence::{Observation, Observed},
-    diagnosis::key::destination_of,
     diagnosis::probed::ProbeEvidence,
     kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
 };
@@ -222,8 +221,9 @@ impl Aggregator {
         Netns::of(raw, self.config.host_netns)
     }
 
-    fn slot(&mut self, addr: SocketAddr, role: Role, netns: Netns) -> DestKey {
-        let key = DestKey { dest: Destination::Addr(addr), role, netns };
+    /// The row an event of key `key` (its own address) goes to: its own,
+    /// or its role's `other` row past the cap.
+    fn slot(&mut self, key: DestKey) -> DestKey {
         if self.dests.contains_key(&key) {
             return key;
         }
@@ -237,7 +237,7 @@ impl Aggregator {
         if own(&self.dests) < self.config.max_destinations {
             key
         } else {
-            DestKey::other(role)
+            DestKey::other(key.role)
         }
     }
 
@@ -263,9 +263,9 @@ impl Aggregator {
             self.fresh_name = self.note_name(ev);
             return None;
         }
-        let (addr, role) = destination_of(ev)?;
+        let own = DestKey::of_event(ev, self.config.host_netns)?;
         let o = Observed::of(ev)?;
-        let key = self.slot(addr, role, self.netns_of(ev.netns));
+        let key = self.slot(own);
         let now = self.latest_ns;
         let window = self.config.window_ns;
         let st = self.dests.entry(key).or_insert_with(|| DestState::new(window));
@@ -321,7 +321,12 @@ impl Aggregator {
         // A probe is an event of its row too: the row's clock moves to it.
         self.latest_ns = self.latest_ns.max(p.ts_unix_ns);
         // The probe stores its own namespace's inode: settled here.
-        let key = self.slot(addr, Role::Client, self.netns_of(p.id.netns.inode().unwrap_or(0)));
+        let own = DestKey {
+            dest: Destination::Addr(addr),
+            role: Role::Client,
+            netns: self.netns_of(p.id.netns.inode().unwrap_or(0)),
+        };
+        let key = self.slot(own);
         if key.dest == Destination::Other {
             return;
         }

@@ -12,10 +12,7 @@ use std::collections::BTreeMap;
 
 use super::Aggregator;
 use crate::{
-    diagnosis::key::{destination_of, DestKey, Destination},
-    diagnosis::table::ServerName,
-    kernel::event::SockEvent,
-    kernel::first_bytes::Protocol,
+    diagnosis::key::DestKey, diagnosis::table::ServerName, kernel::event::SockEvent, kernel::first_bytes::Protocol,
 };
 
 /// Distinct names kept per destination.
@@ -48,11 +45,10 @@ impl Aggregator {
     /// for its row (first sighting, or first since it was forgotten), which
     /// is what the store keeps.
     pub(crate) fn note_name(&mut self, ev: &SockEvent) -> bool {
-        let Some((addr, role)) = destination_of(ev) else { return false };
+        let Some(key) = DestKey::of_event(ev, self.host_netns()) else { return false };
         if ev.server_name.is_none() && ev.protocol.is_none() {
             return false;
         }
-        let key = DestKey { dest: Destination::Addr(addr), role, netns: self.netns_of(ev.netns) };
         let now = self.latest_ns;
         if !self.names.contains_key(&key) && self.names.len() >= 4 * self.config.max_destinations.max(1) {
             if let Some(oldest) = self.names.iter().min_by_key(|(_, n)| n.last_ns).map(|(k, _)| *k) {
