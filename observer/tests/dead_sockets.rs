@@ -105,25 +105,25 @@ fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> 
         assert!(err < common::idle_precision(), "idle age {} vs the client's {}", ev.idle_seconds, rec.idle);
         if rec.gap < 1.5 {
             assert_eq!(rec.result, "ok", "{rec:?}");
-            assert_eq!(ev.outcome, Some(Outcome::Ok), "{ev:?}");
-            assert!(!ev.failed_before_send, "{ev:?}");
+            assert_eq!(ev.outcome(), Some(Outcome::Ok), "{ev:?}");
+            assert!(!ev.failed_before_send(), "{ev:?}");
         } else {
             assert_eq!(rec.result, "reset", "the client saw connection reset by peer: {rec:?}");
-            assert_eq!(ev.outcome, Some(Outcome::Reset), "{ev:?}");
-            assert!(ev.failed_before_send && ev.safe_to_retry, "{ev:?}");
+            assert_eq!(ev.outcome(), Some(Outcome::Reset), "{ev:?}");
+            assert!(ev.failed_before_send() && ev.safe_to_retry(), "{ev:?}");
             let mine = of(&events, rec.local_addr());
             // HAProxy 2.6 half-closes first: its FIN, then the RST of
             // `nolinger` (the client's write then fails with EPIPE).
             let close = mine
                 .iter()
-                .find(|e| e.kind == EventKind::PeerCloseWhileIdle)
+                .find(|e| e.kind() == EventKind::PeerCloseWhileIdle)
                 .with_context(|| format!("the idle close before the reuse: {mine:#?}"))?;
-            assert!(matches!(close.how, Some(How::Fin | How::Rst)), "{close:?}");
+            assert!(matches!(close.how(), Some(How::Fin | How::Rst)), "{close:?}");
             assert!(common::fired(close.idle_seconds, 1.5, 0.1), "{close:?}");
-            hows.push(close.how.map_or("?", How::as_str));
+            hows.push(close.how().map_or("?", How::as_str));
             assert_eq!(
                 mine.iter()
-                    .filter(|e| e.kind == EventKind::Reuse && e.outcome.is_some_and(Outcome::is_failure))
+                    .filter(|e| e.kind() == EventKind::Reuse && e.outcome().is_some_and(Outcome::is_failure))
                     .count(),
                 1,
                 "one failed reuse per dead socket: {mine:#?}"
@@ -214,21 +214,21 @@ fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
         first.push(socks[0]);
     }
     daemon.wait_for("discarded_dead on each first connection", Duration::from_secs(5), |evs| {
-        first.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::DiscardedDead && e.local == *l))
+        first.iter().all(|l| evs.iter().any(|e| e.kind() == EventKind::DiscardedDead && e.local == *l))
     })?;
     std::thread::sleep(Duration::from_millis(700));
     let events = daemon.events();
     let mut resets = Vec::new();
     for l in &first {
         let mine = of(&events, *l);
-        let reset = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the idle RST")?;
-        assert_eq!(reset.how, Some(How::Rst), "{reset:?}");
+        let reset = mine.iter().find(|e| e.kind() == EventKind::PeerCloseWhileIdle).context("the idle RST")?;
+        assert_eq!(reset.how(), Some(How::Rst), "{reset:?}");
         assert!(common::fired(reset.idle_seconds, 1.5, 0.1), "{reset:?}");
-        let discarded = mine.iter().find(|e| e.kind == EventKind::DiscardedDead).context("discarded_dead")?;
-        assert_eq!(discarded.how, Some(How::Rst), "{discarded:?}");
+        let discarded = mine.iter().find(|e| e.kind() == EventKind::DiscardedDead).context("discarded_dead")?;
+        assert_eq!(discarded.how(), Some(How::Rst), "{discarded:?}");
         assert_eq!(discarded.role, Role::Client);
         assert!(
-            !mine.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestAborted)),
+            !mine.iter().any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestAborted)),
             "Go never wrote on the reset connection: {mine:#?}"
         );
         resets.push((reset.idle_seconds * 1000.0).round() / 1000.0);
@@ -296,12 +296,12 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
     let reuses = common::reuses_from(&events, rec.local_addr());
     ensure!(reuses.len() == 1, "one reuse, counted once: {reuses:#?}");
     let ev = &reuses[0];
-    assert_eq!(ev.outcome, Some(Outcome::TimedOut), "{ev:?}");
-    assert!(ev.failed_before_send && ev.safe_to_retry && ev.keepalive, "{ev:?}");
+    assert_eq!(ev.outcome(), Some(Outcome::TimedOut), "{ev:?}");
+    assert!(ev.failed_before_send() && ev.safe_to_retry() && ev.keepalive, "{ev:?}");
     assert!((ev.idle_seconds - rec.idle).abs() < common::idle_precision(), "{ev:?} vs {rec:?}");
     let mine = of(&events, rec.local_addr());
     assert!(
-        !mine.iter().any(|e| matches!(e.kind, EventKind::RequestAborted | EventKind::RequestTimeout)),
+        !mine.iter().any(|e| matches!(e.kind(), EventKind::RequestAborted | EventKind::RequestTimeout)),
         "the dead socket's write is no request: {mine:#?}"
     );
     // The kernel's kill is evidence itself: the first unanswered probe went
@@ -309,7 +309,7 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
     // was dead.
     let death = mine
         .iter()
-        .find(|e| e.kind == EventKind::PeerCloseWhileIdle && e.how == Some(How::Timeout))
+        .find(|e| e.kind() == EventKind::PeerCloseWhileIdle && e.how() == Some(How::Timeout))
         .with_context(|| format!("the keep-alive death: {mine:#?}"))?;
     assert!(death.keepalive && death.keepalive_idle_seconds == Some(2.0), "{death:?}");
     assert!(common::fired(death.idle_seconds, 4.0, 0.1), "killed after 2 s + 2 x 1 s of probes: {death:?}");
@@ -380,8 +380,8 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     let events = daemon.events();
     let discarded: Vec<&SockEvent> = events
         .iter()
-        .filter(|e| e.kind == EventKind::DiscardedDead && e.remote.port() == 7620)
-        .inspect(|e| assert_eq!(e.how, Some(How::Fin), "{e:?}"))
+        .filter(|e| e.kind() == EventKind::DiscardedDead && e.remote.port() == 7620)
+        .inspect(|e| assert_eq!(e.how(), Some(How::Fin), "{e:?}"))
         .collect();
     ensure!(discarded.len() == 10, "{discarded:#?}");
     let metrics = daemon.metrics()?;
@@ -534,18 +534,18 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
     }
     let (writer, reader, late) = (local(by_name("writer")?)?, local(by_name("reader")?)?, local(by_name("late")?)?);
     daemon.wait_for("the three settled", Duration::from_secs(5), |evs| {
-        [writer, late].iter().all(|l| evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == *l))
-            && evs.iter().any(|e| e.kind == EventKind::DiscardedDead && e.local == reader)
+        [writer, late].iter().all(|l| evs.iter().any(|e| e.kind() == EventKind::Reuse && e.local == *l))
+            && evs.iter().any(|e| e.kind() == EventKind::DiscardedDead && e.local == reader)
     })?;
     std::thread::sleep(Duration::from_millis(500));
     let events = daemon.events();
     let reuse = |l: SocketAddr| -> Result<SockEvent> {
         let mine = of(&events, l);
-        let failed: Vec<_> = mine.iter().filter(|e| e.kind == EventKind::Reuse).collect();
+        let failed: Vec<_> = mine.iter().filter(|e| e.kind() == EventKind::Reuse).collect();
         ensure!(failed.len() == 1, "one reuse: {mine:#?}");
-        ensure!(!mine.iter().any(|e| e.kind == EventKind::DiscardedDead), "never also discarded: {mine:#?}");
+        ensure!(!mine.iter().any(|e| e.kind() == EventKind::DiscardedDead), "never also discarded: {mine:#?}");
         let ev = (**failed[0]).clone();
-        ensure!(ev.outcome == Some(Outcome::Reset) && ev.failed_before_send && ev.safe_to_retry, "{ev:?}");
+        ensure!(ev.outcome() == Some(Outcome::Reset) && ev.failed_before_send() && ev.safe_to_retry(), "{ev:?}");
         Ok(ev)
     };
     let w = reuse(writer)?;
@@ -564,7 +564,7 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
     let late_idle = by_name("late")?["idle"].as_f64().context("idle")?;
     ensure!((l.idle_seconds - late_idle).abs() < common::idle_precision(), "late at {} vs {late_idle}", l.idle_seconds);
     let mine = of(&events, reader);
-    ensure!(!mine.iter().any(|e| e.kind == EventKind::Reuse), "the reader never wrote: {mine:#?}");
+    ensure!(!mine.iter().any(|e| e.kind() == EventKind::Reuse), "the reader never wrote: {mine:#?}");
     let body = daemon.metrics()?;
     let unseen = metric(&body, "observer_events_lost_total{reason=\"failed_write_unseen\"}");
     ensure!(unseen == Some(0.0), "nothing left unknown: {unseen:?}");

@@ -109,10 +109,10 @@ fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
     for line in text.lines() {
         let e: SockEvent = serde_json::from_str(line)?;
         agg.ingest(&e);
-        if e.kind == EventKind::Reuse
+        if e.kind() == EventKind::Reuse
             && e.role == Role::Client
             && e.remote.to_string() == dest
-            && e.outcome.is_some_and(Outcome::is_failure)
+            && e.outcome().is_some_and(Outcome::is_failure)
         {
             failures += 1;
         }

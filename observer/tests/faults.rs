@@ -125,7 +125,7 @@ struct StoredReuses(std::collections::HashMap<u16, Vec<u64>>);
 impl StoredReuses {
     fn of(events: &[SockEvent], port: u16) -> Self {
         let mut by_port: std::collections::HashMap<u16, Vec<u64>> = std::collections::HashMap::new();
-        for e in events.iter().filter(|e| e.kind == EventKind::Reuse && e.role == Role::Client) {
+        for e in events.iter().filter(|e| e.kind() == EventKind::Reuse && e.role == Role::Client) {
             if e.remote.port() == port {
                 by_port.entry(e.local.port()).or_default().push(e.ts_unix_ns);
             }
@@ -245,7 +245,7 @@ fn events_to_a_closed_pipe_end_the_run_cleanly() -> Result<()> {
         ensure!(sh(&format!("bpftool prog show id {id}")).is_err(), "program {id} still loaded");
     }
     let store = Store::open(data.path(), 0)?;
-    let stored = store.events(None, 0)?.iter().filter(|e| e.kind == EventKind::Reuse).count();
+    let stored = store.events(None, 0)?.iter().filter(|e| e.kind() == EventKind::Reuse).count();
     ensure!(stored >= 1, "the reuses seen before the pipe closed are stored: {stored} stored of {reuses} made");
     eprintln!(
         "MEASURED closed pipe: exit 0 {:.1} s after the reader left, {} programs detached, {stored} reuses stored ({reuses} made)",
@@ -405,7 +405,7 @@ fn server_idle_closes_past_the_kernels_table_are_counted() -> Result<()> {
                 .events()
                 .iter()
                 .filter(|e| {
-                    e.kind == EventKind::LocalClose && e.role == Role::Server && ports.contains(&e.local.port())
+                    e.kind() == EventKind::LocalClose && e.role == Role::Server && ports.contains(&e.local.port())
                 })
                 .count();
             let counters = sh("bpftool map dump name COUNTERS").unwrap_or_default();
@@ -512,7 +512,7 @@ fn a_full_disk_degrades_then_resumes_and_every_loss_is_counted() -> Result<()> {
     let stored = store
         .events(None, 0)?
         .iter()
-        .filter(|e| e.kind == EventKind::Reuse && e.role == Role::Client && e.remote.port() == port)
+        .filter(|e| e.kind() == EventKind::Reuse && e.role == Role::Client && e.remote.port() == port)
         .count() as u64;
     ensure!(store_error == 0 && store_backlog == 0, "store_error {store_error}, store_backlog {store_backlog}");
     ensure!(table == reuses, "the table counted every reuse the clients made: {table} of {reuses}");
@@ -644,8 +644,9 @@ fn a_command_whose_reader_goes_away_ends_quietly() -> Result<()> {
             format!("10.1.{}.{}:443", k / 250, k % 250 + 1).parse()?,
             2.0,
         );
-        e.outcome = Some(observer::kernel::event::Outcome::Ok);
-        e.elapsed_seconds = Some(0.002);
+        if let observer::kernel::event::Body::Reuse(r) = &mut e.body {
+            r.elapsed_seconds = 0.002;
+        }
         text.push_str(&e.to_json_line());
         text.push('\n');
     }
@@ -680,7 +681,7 @@ fn recorded_around(text: &str, made: &[(u16, u64)], starts: &[u64], port: u16, a
         .map(|e| {
             #[allow(clippy::cast_precision_loss, reason = "seconds for a message")]
             let rel = (e.ts_unix_ns as f64 - at as f64) / 1e9;
-            format!("{:?} at {rel:+.3} s idle {:.3} preexisting {}", e.kind, e.idle_seconds, e.preexisting)
+            format!("{:?} at {rel:+.3} s idle {:.3} preexisting {}", e.kind(), e.idle_seconds, e.preexisting)
         })
         .collect()
 }
@@ -729,7 +730,7 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
     let events = Store::open(&data, 0)?.events(None, 0)?;
     let stored: std::collections::HashSet<(u64, String, String)> = events
         .iter()
-        .filter(|e| e.kind == EventKind::Reuse)
+        .filter(|e| e.kind() == EventKind::Reuse)
         .map(|e| (e.ts_unix_ns, e.local.to_string(), e.remote.to_string()))
         .collect();
     // The recording: whole lines, and what it holds older than the bound
@@ -738,7 +739,7 @@ fn kill_9_at_20_random_points_loses_at_most_the_last_second() -> Result<()> {
     let (mut recorded, mut old_missing, mut recent_missing) = (0u64, Vec::new(), 0u64);
     for (n, line) in text.lines().enumerate() {
         let e: SockEvent = serde_json::from_str(line).with_context(|| format!("line {} of the recording", n + 1))?;
-        if e.kind != EventKind::Reuse {
+        if e.kind() != EventKind::Reuse {
             continue;
         }
         recorded += 1;

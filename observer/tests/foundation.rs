@@ -35,12 +35,12 @@ fn connection_events(probes: &mut Probes, client: SocketAddr, server: SocketAddr
         probes.drain(usize::MAX, |ev| {
             if let Ok(ev) = ev {
                 let ours = (ev.local == client && ev.remote == server) || (ev.local == server && ev.remote == client);
-                if ours && matches!(ev.kind, EventKind::Established | EventKind::Closed) {
+                if ours && matches!(ev.kind(), EventKind::Established | EventKind::Closed) {
                     seen.push(ev);
                 }
             }
         });
-        let n = |k: EventKind, r: Role| seen.iter().filter(|e| e.kind == k && e.role == r).count();
+        let n = |k: EventKind, r: Role| seen.iter().filter(|e| e.kind() == k && e.role == r).count();
         if n(EventKind::Established, Role::Client) >= 1
             && n(EventKind::Established, Role::Server) >= 1
             && n(EventKind::Closed, Role::Client) >= 1
@@ -63,18 +63,18 @@ fn establish_and_close_events_carry_addresses_ipv4_and_ipv6() -> Result<()> {
         let seen = connection_events(&mut probes, client, server)?;
         let est_client = seen
             .iter()
-            .find(|e| e.kind == EventKind::Established && e.role == Role::Client)
+            .find(|e| e.kind() == EventKind::Established && e.role == Role::Client)
             .context("client establish")?;
         assert_eq!(est_client.local, client, "client establish local address");
         assert_eq!(est_client.remote, server, "client establish remote address");
         let est_server = seen
             .iter()
-            .find(|e| e.kind == EventKind::Established && e.role == Role::Server)
+            .find(|e| e.kind() == EventKind::Established && e.role == Role::Server)
             .context("server establish")?;
         assert_eq!(est_server.local, server);
         assert_eq!(est_server.remote, client);
         let closed =
-            seen.iter().find(|e| e.kind == EventKind::Closed && e.role == Role::Client).context("client close")?;
+            seen.iter().find(|e| e.kind() == EventKind::Closed && e.role == Role::Client).context("client close")?;
         assert_eq!((closed.local, closed.remote), (client, server));
         assert!(est_client.ts_unix_ns <= closed.ts_unix_ns, "close after establish");
     }
@@ -207,11 +207,11 @@ fn runs_as_an_unprivileged_user_with_capabilities() -> Result<()> {
     let out = sh(&format!("python3 {} {port}", client.display()))?;
     let local_port: u16 = out.trim().parse()?;
     let evs = daemon.wait_for("the reuse", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == observer::kernel::event::EventKind::Reuse && e.local.port() == local_port)
+        evs.iter().any(|e| e.kind() == observer::kernel::event::EventKind::Reuse && e.local.port() == local_port)
     })?;
     let reuse =
-        evs.iter().find(|e| e.kind == observer::kernel::event::EventKind::Reuse && e.local.port() == local_port);
-    ensure!(reuse.is_some_and(|r| r.outcome == Some(observer::kernel::event::Outcome::Ok)), "{reuse:?}");
+        evs.iter().find(|e| e.kind() == observer::kernel::event::EventKind::Reuse && e.local.port() == local_port);
+    ensure!(reuse.is_some_and(|r| r.outcome() == Some(observer::kernel::event::Outcome::Ok)), "{reuse:?}");
     eprintln!("MEASURED capabilities: uid 65534 with exactly CAP_BPF and CAP_PERFMON (the unit's set): probes attached, reuse seen: {reuse:?}");
     drop(daemon);
 

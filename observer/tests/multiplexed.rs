@@ -363,12 +363,12 @@ fn client_events(daemon: &Daemon, dest: std::net::SocketAddr) -> String {
             format!(
                 "{} {} idle {:.3} {:?} {:?} elapsed {:?} bytes {}",
                 e.sock_id,
-                e.kind.as_str(),
+                e.kind().as_str(),
                 e.idle_seconds,
-                e.outcome,
-                e.how,
-                e.elapsed_seconds,
-                e.bytes
+                e.outcome(),
+                e.how(),
+                e.elapsed_seconds(),
+                e.bytes()
             )
         })
         .collect();
@@ -478,7 +478,7 @@ fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Resu
     let rows = daemon.status()?;
     let r = row(&rows, &dest.to_string())?;
     measured("http2 lazy client past goaway", ok, failed, r);
-    let timeouts = daemon.events().iter().filter(|e| e.remote == dest && e.kind == EventKind::RequestTimeout).count();
+    let timeouts = daemon.events().iter().filter(|e| e.remote == dest && e.kind() == EventKind::RequestTimeout).count();
     let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", client_events(&daemon, dest));
     ensure!(r.failures == failed as u64, "every refused request counted: {seen}");
     ensure!(r.failures_after_goodbye == failed as u64, "each written past the goodbye: {seen}");

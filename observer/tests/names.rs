@@ -151,8 +151,8 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
     let names: Vec<String> = daemon
         .events()
         .into_iter()
-        .filter(|e| e.kind == EventKind::ServerName && e.remote.to_string() == dest)
-        .filter_map(|e| e.server_name)
+        .filter(|e| e.kind() == EventKind::ServerName && e.remote.to_string() == dest)
+        .filter_map(|e| e.as_server_name().and_then(|n| n.server_name.clone()))
         .collect();
     ensure!(!names.is_empty() && names.iter().all(|n| n == name), "only the name sent: {names:?}");
     // The fix in Go's words, and its default as a finding.
@@ -242,7 +242,7 @@ fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
     let rows = settle(&blind)?;
     let b = row(&rows, &dest)?;
     assert!(b.server_names.is_empty(), "--no-names: {b:#?}");
-    ensure!(!blind.events().iter().any(|e| e.kind == EventKind::ServerName), "--no-names printed a name");
+    ensure!(!blind.events().iter().any(|e| e.kind() == EventKind::ServerName), "--no-names printed a name");
     let metrics = blind.metrics()?;
     ensure!(!metrics.contains("observer_destination_info{"), "--no-names exported a name");
     assert_eq!(b.reuses, r.reuses, "the same evidence either way");
@@ -299,15 +299,15 @@ fn odd_first_writes_give_no_false_name() -> Result<()> {
     let named: Vec<(u16, String)> = daemon
         .events()
         .into_iter()
-        .filter(|e| e.kind == EventKind::ServerName && e.remote.ip().to_string() == topo.server_v4)
-        .map(|e| (e.remote.port(), e.server_name.unwrap_or_default()))
+        .filter(|e| e.kind() == EventKind::ServerName && e.remote.ip().to_string() == topo.server_v4)
+        .map(|e| (e.remote.port(), e.as_server_name().and_then(|n| n.server_name.clone()).unwrap_or_default()))
         .collect();
     assert_eq!(named, vec![(9104, "big.example".to_owned())], "only the whole name");
     let established = daemon
         .events()
         .iter()
         .filter(|e| {
-            e.kind == EventKind::Established && e.role == Role::Client && (9101..=9104).contains(&e.remote.port())
+            e.kind() == EventKind::Established && e.role == Role::Client && (9101..=9104).contains(&e.remote.port())
         })
         .count();
     assert_eq!(established, 4, "every connection was seen");

@@ -105,7 +105,7 @@ fn inode(path: &str) -> Result<u32> {
 }
 
 fn reuses(d: &Daemon) -> Vec<SockEvent> {
-    d.events().into_iter().filter(|e| e.kind == EventKind::Reuse && e.role == Role::Client).collect()
+    d.events().into_iter().filter(|e| e.kind() == EventKind::Reuse && e.role == Role::Client).collect()
 }
 
 #[test]
@@ -227,7 +227,7 @@ fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
     };
     let reused_from = |evs: &[SockEvent], rel: &str| -> usize {
         evs.iter()
-            .filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest && e.cgroup() == Some(rel))
+            .filter(|e| e.kind() == EventKind::Reuse && e.remote.to_string() == dest && e.cgroup() == Some(rel))
             .count()
     };
     pooled(&first, "0.6")?;
@@ -235,25 +235,25 @@ fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
     // Seen by both (the unfiltered one may not have its owner yet; the
     // --cgroup one kept it, so it knew the cgroup).
     all.wait_for("the first cgroup's reuse", Duration::from_secs(10), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest)
+        evs.iter().any(|e| e.kind() == EventKind::Reuse && e.remote.to_string() == dest)
     })?;
     by_cgroup.wait_for("the first cgroup's reuse", Duration::from_secs(10), |evs| reused_from(evs, &first_rel) == 1)?;
     pooled(&late, "0.7")?;
     let late_rel = cg.rel(&late);
     for (who, d) in [("unfiltered", &all), ("--cgroup", &by_cgroup)] {
         let seen = d.wait_for("the late cgroup's reuse", Duration::from_secs(10), |evs| {
-            evs.iter().filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest).count() >= 2
+            evs.iter().filter(|e| e.kind() == EventKind::Reuse && e.remote.to_string() == dest).count() >= 2
         });
         let seen = seen.with_context(|| format!("{who}: the late cgroup's reuse never came (left out)"))?;
         let r: Vec<&SockEvent> =
-            seen.iter().filter(|e| e.kind == EventKind::Reuse && e.remote.to_string() == dest).collect();
+            seen.iter().filter(|e| e.kind() == EventKind::Reuse && e.remote.to_string() == dest).collect();
         ensure!(r.len() == 2, "{who}: two reuses: {r:#?}");
         if who == "--cgroup" {
             // The new cgroup's events waited for their owner: kept, named.
             ensure!(reused_from(&seen, &late_rel) == 1, "{who}: the late reuse carries its cgroup: {r:#?}");
             let established = seen
                 .iter()
-                .filter(|e| e.kind == EventKind::Established && e.cgroup() == Some(late_rel.as_str()))
+                .filter(|e| e.kind() == EventKind::Established && e.cgroup() == Some(late_rel.as_str()))
                 .count();
             ensure!(established == 1, "{who}: its connection's establishment too: {seen:#?}");
         }

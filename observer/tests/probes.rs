@@ -72,11 +72,11 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
             rec.gap
         );
         if rec.gap < 2.0 {
-            assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
-            assert!(!ev.safe_to_retry);
+            assert_eq!(ev.outcome(), Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
+            assert!(!ev.safe_to_retry());
         } else {
-            assert!(matches!(ev.outcome, Some(Outcome::Eof | Outcome::Reset)), "gap {}: {ev:?}", rec.gap);
-            assert!(ev.safe_to_retry, "nginx's FIN came before the write: {ev:?}");
+            assert!(matches!(ev.outcome(), Some(Outcome::Eof | Outcome::Reset)), "gap {}: {ev:?}", rec.gap);
+            assert!(ev.safe_to_retry(), "nginx's FIN came before the write: {ev:?}");
             assert_ne!(rec.result, "ok", "the client saw the failure too");
         }
         assert_eq!(ev.role, Role::Client);
@@ -84,11 +84,11 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
     }
     let peer_closes: Vec<&SockEvent> = events
         .iter()
-        .filter(|e| e.kind == EventKind::PeerCloseWhileIdle && e.role == Role::Client && e.remote.port() == 8080)
+        .filter(|e| e.kind() == EventKind::PeerCloseWhileIdle && e.role == Role::Client && e.remote.port() == 8080)
         .collect();
     ensure!(peer_closes.len() >= 2, "expected a peer close before each failed reuse: {peer_closes:#?}");
     for pc in &peer_closes {
-        assert_eq!(pc.how, Some(How::Fin));
+        assert_eq!(pc.how(), Some(How::Fin));
         assert!(
             common::fired(pc.idle_seconds, 2.0, 0.1),
             "peer close at {} s, nginx keepalive_timeout is 2 s",
@@ -98,7 +98,7 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
     eprintln!(
         "MEASURED fin: {} events, {} reuses, {} peer closes at {:?} s, worst idle-age error {:.1} ms",
         events.len(),
-        events.iter().filter(|e| e.kind == EventKind::Reuse).count(),
+        events.iter().filter(|e| e.kind() == EventKind::Reuse).count(),
         peer_closes.len(),
         peer_closes.iter().map(|e| (e.idle_seconds * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
         worst * 1000.0
@@ -145,11 +145,11 @@ fn fin_then_request_closed_before_the_reset_is_eof() -> Result<()> {
         let (ev, err) = matching(&events, rec)?;
         assert!(err < common::idle_precision(), "idle age {} vs client's {}", ev.idle_seconds, rec.idle);
         if rec.gap < 2.0 {
-            assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
+            assert_eq!(ev.outcome(), Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
         } else {
             assert_ne!(rec.result, "ok", "the client saw the failure too");
-            assert_eq!(ev.outcome, Some(Outcome::Eof), "gap {}: no RST reached the client: {ev:?}", rec.gap);
-            assert!(ev.safe_to_retry, "nginx's FIN came before the write: {ev:?}");
+            assert_eq!(ev.outcome(), Some(Outcome::Eof), "gap {}: no RST reached the client: {ev:?}", rec.gap);
+            assert!(ev.safe_to_retry(), "nginx's FIN came before the write: {ev:?}");
             failed.push((ev.idle_seconds * 1000.0).round() / 1000.0);
         }
     }
@@ -178,9 +178,9 @@ fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
     })?;
     let (ok, err_ok) = matching(&events, &recs[0])?;
     let (reset, err_reset) = matching(&events, &recs[1])?;
-    assert_eq!(ok.outcome, Some(Outcome::Ok), "{ok:?}");
-    assert_eq!(reset.outcome, Some(Outcome::Reset), "{reset:?}");
-    assert!(!reset.safe_to_retry, "the request reached the path; only the hop answered");
+    assert_eq!(ok.outcome(), Some(Outcome::Ok), "{ok:?}");
+    assert_eq!(reset.outcome(), Some(Outcome::Reset), "{reset:?}");
+    assert!(!reset.safe_to_retry(), "the request reached the path; only the hop answered");
     assert!(common::fired(reset.idle_seconds, 4.0, 0.1), "reset after idle {}", reset.idle_seconds);
     assert!(
         err_ok < common::idle_precision() && err_reset < common::idle_precision(),
@@ -215,30 +215,30 @@ fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     let local = recs[0].local_addr();
     let events = daemon.wait_for("the stall and the request timeout", Duration::from_secs(5), |evs| {
         !reuses_from(evs, local).is_empty()
-            && evs.iter().any(|e| e.kind == EventKind::RequestTimeout && e.local == local)
+            && evs.iter().any(|e| e.kind() == EventKind::RequestTimeout && e.local == local)
     })?;
     let (stall, err) = matching(&events, &recs[0])?;
-    assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
-    assert!(stall.retransmits >= 1, "{stall:?}");
-    assert_eq!(stall.how, Some(How::LocalClose), "the stall ended when the client gave up: {stall:?}");
+    assert_eq!(stall.outcome(), Some(Outcome::Stall), "{stall:?}");
+    assert!(stall.retransmits() >= 1, "{stall:?}");
+    assert_eq!(stall.how(), Some(How::LocalClose), "the stall ended when the client gave up: {stall:?}");
     assert!(stall.local.is_ipv6() && stall.remote.is_ipv6(), "{stall:?}");
     assert!(err < common::idle_precision(), "idle-age error {err}");
     // Our read timeout is our own request deadline; it is not a pool idle close.
     let timeout =
-        events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
-    assert!(timeout.reuse && timeout.request_outstanding, "{timeout:?}");
+        events.iter().find(|e| e.kind() == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
+    assert!(timeout.as_request().is_some_and(|r| r.reuse), "{timeout:?}");
     assert!(
-        common::fired(timeout.elapsed_seconds.unwrap_or_default(), 2.0, 0.1),
+        common::fired(timeout.elapsed_seconds().unwrap_or_default(), 2.0, 0.1),
         "the client's 2 s read timeout: {timeout:?}"
     );
-    assert!(!events.iter().any(|e| e.kind == EventKind::LocalClose && e.local == local), "no pool idle close");
+    assert!(!events.iter().any(|e| e.kind() == EventKind::LocalClose && e.local == local), "no pool idle close");
     eprintln!(
         "MEASURED drop: {} events; stall idle {:.3} s, {} retransmits, ended by {:?} after {:.3} s; idle-age error {:.1} ms",
         events.len(),
         stall.idle_seconds,
-        stall.retransmits,
-        stall.how,
-        stall.elapsed_seconds.unwrap_or_default(),
+        stall.retransmits(),
+        stall.how(),
+        stall.elapsed_seconds().unwrap_or_default(),
         err * 1000.0
     );
     Ok(())
@@ -284,9 +284,9 @@ fn busy_connection_has_no_reuse() -> Result<()> {
     ensure!(exchanges == 48 && longest < 0.9, "{exchanges} exchanges, longest gap {longest:.3} s");
     // Wait until the connection's close was seen, so silence means something.
     let events = daemon.wait_for("the busy connection's close", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Closed && e.local == local)
+        evs.iter().any(|e| e.kind() == EventKind::Closed && e.local == local)
     })?;
-    assert!(events.iter().any(|e| e.kind == EventKind::Established && e.local == local), "establish seen");
+    assert!(events.iter().any(|e| e.kind() == EventKind::Established && e.local == local), "establish seen");
     let reuses = reuses_from(&events, local);
     assert!(reuses.is_empty(), "a connection busy every 100 ms must not produce reuses: {reuses:#?}");
     eprintln!(
@@ -364,7 +364,7 @@ fn preexisting_connection_is_picked_up() -> Result<()> {
     let (ev, err) = matching(&events, &recs[1])?;
     for e in [&first, &ev] {
         ensure!(e.preexisting, "{e:?}");
-        ensure!(e.outcome == Some(Outcome::Ok), "{e:?}");
+        ensure!(e.outcome() == Some(Outcome::Ok), "{e:?}");
         ensure!(
             e.remote == format!("{}:9000", topo.server_v4).parse()?,
             "addresses read for a socket opened before observer: {e:?}"
@@ -434,18 +434,18 @@ fn preexisting_connection_to_a_high_port_server_takes_its_role_from_the_listener
     let peer = recs[1].local_addr();
     let events = daemon.wait_for("the reuse, and the server's socket closed", Duration::from_secs(5), |evs| {
         !reuses_from(evs, peer).is_empty()
-            && evs.iter().any(|e| e.kind == EventKind::Closed && e.local.port() == SERVER_PORT && e.remote == peer)
+            && evs.iter().any(|e| e.kind() == EventKind::Closed && e.local.port() == SERVER_PORT && e.remote == peer)
     })?;
     let (ev, err) = matching(&events, &recs[1])?;
     assert!(ev.preexisting, "{ev:?}");
     assert_eq!(ev.role, Role::Client, "no listener on the client's port: it connected");
-    assert_eq!(ev.outcome, Some(Outcome::Ok));
+    assert_eq!(ev.outcome(), Some(Outcome::Ok));
     assert_eq!(ev.remote, format!("{}:{SERVER_PORT}", topo.server_v4).parse()?);
     assert!(err < common::idle_precision(), "idle-age error {err}");
     // The server's side of it: never a client, never a reuse.
     let server_side: Vec<_> = events.iter().filter(|e| e.local.port() == SERVER_PORT && e.remote == peer).collect();
     assert!(server_side.iter().all(|e| e.role == Role::Server), "the server's socket is a server's: {server_side:#?}");
-    assert!(server_side.iter().all(|e| e.kind != EventKind::Reuse), "{server_side:#?}");
+    assert!(server_side.iter().all(|e| e.kind() != EventKind::Reuse), "{server_side:#?}");
     eprintln!(
         "MEASURED high-port server: reuse from {} to {} role {:?}, idle {:.3} s (error {:.1} ms); {} events from the server's socket, all role server",
         ev.local,
@@ -491,7 +491,7 @@ for _ in range(300):
     )?;
     let port: u16 = after.trim().parse()?;
     daemon.wait_for("an event after the overload", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Established && e.local.port() == port)
+        evs.iter().any(|e| e.kind() == EventKind::Established && e.local.port() == port)
     })?;
     let status = daemon.terminate()?;
     assert_eq!(status.code(), Some(0));
@@ -519,16 +519,16 @@ fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result
     let local = recs[0].local_addr();
     let events = daemon.wait_for("the stall", Duration::from_secs(5), |evs| !reuses_from(evs, local).is_empty())?;
     let (stall, err) = matching(&events, &recs[0])?;
-    assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
-    assert_eq!(stall.how, Some(How::Timeout), "ended by ETIMEDOUT: {stall:?}");
-    assert!(stall.retransmits >= 3, "{stall:?}");
+    assert_eq!(stall.outcome(), Some(Outcome::Stall), "{stall:?}");
+    assert_eq!(stall.how(), Some(How::Timeout), "ended by ETIMEDOUT: {stall:?}");
+    assert!(stall.retransmits() >= 3, "{stall:?}");
     assert!(err < common::idle_precision(), "idle-age error {err}");
     eprintln!(
         "MEASURED etimedout: stall idle {:.3} s, {} retransmits, ended by {:?} after {:.3} s; client saw {}",
         stall.idle_seconds,
-        stall.retransmits,
-        stall.how,
-        stall.elapsed_seconds.unwrap_or_default(),
+        stall.retransmits(),
+        stall.how(),
+        stall.elapsed_seconds().unwrap_or_default(),
         recs[0].result
     );
     Ok(())
@@ -570,20 +570,20 @@ fn stall_ended_by_a_local_abort() -> Result<()> {
     let local = recs[0].local_addr();
     let events = daemon.wait_for("the stall and the abort", Duration::from_secs(5), |evs| {
         !reuses_from(evs, local).is_empty()
-            && evs.iter().any(|e| e.kind == EventKind::RequestTimeout && e.local == local)
+            && evs.iter().any(|e| e.kind() == EventKind::RequestTimeout && e.local == local)
     })?;
     let (stall, err) = matching(&events, &recs[0])?;
-    assert_eq!(stall.outcome, Some(Outcome::Stall), "{stall:?}");
-    assert_eq!(stall.how, Some(How::LocalClose), "{stall:?}");
-    assert!(stall.retransmits >= 1 && err < common::idle_precision(), "{stall:?}");
+    assert_eq!(stall.outcome(), Some(Outcome::Stall), "{stall:?}");
+    assert_eq!(stall.how(), Some(How::LocalClose), "{stall:?}");
+    assert!(stall.retransmits() >= 1 && err < common::idle_precision(), "{stall:?}");
     let timeout =
-        events.iter().find(|e| e.kind == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
-    assert!(timeout.request_outstanding && timeout.reuse, "{timeout:?}");
+        events.iter().find(|e| e.kind() == EventKind::RequestTimeout && e.local == local).context("request timeout")?;
+    assert!(timeout.as_request().is_some_and(|r| r.reuse), "{timeout:?}");
     eprintln!(
         "MEASURED abort: stall {} retransmits, ended by {:?} after {:.3} s",
-        stall.retransmits,
-        stall.how,
-        stall.elapsed_seconds.unwrap_or_default()
+        stall.retransmits(),
+        stall.how(),
+        stall.elapsed_seconds().unwrap_or_default()
     );
     Ok(())
 }

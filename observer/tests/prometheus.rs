@@ -57,7 +57,7 @@ fn pool_events(daemon: &Daemon) -> Vec<String> {
         .events()
         .into_iter()
         .filter(|e| e.remote.port() == 9005 || e.local.port() == 9005)
-        .map(|e| format!("{} {:.3}", e.kind.as_str(), e.idle_seconds))
+        .map(|e| format!("{} {:.3}", e.kind().as_str(), e.idle_seconds))
         .collect()
 }
 

@@ -28,12 +28,12 @@ fn check_reuses(events: &[SockEvent], recs: &[ClientReuse], timeout: f64) -> Res
         assert!(err < common::idle_precision(), "idle age {} vs the client's {}", ev.idle_seconds, rec.idle);
         assert_eq!(ev.role, Role::Client);
         if rec.gap < timeout {
-            assert_eq!(ev.outcome, Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
+            assert_eq!(ev.outcome(), Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
             assert_eq!(rec.result, "ok");
         } else {
             assert_ne!(rec.result, "ok", "the client saw the failure too: {rec:?}");
-            assert!(matches!(ev.outcome, Some(Outcome::Eof | Outcome::Reset)), "gap {}: {ev:?}", rec.gap);
-            assert!(ev.safe_to_retry, "the server had closed before the write: {ev:?}");
+            assert!(matches!(ev.outcome(), Some(Outcome::Eof | Outcome::Reset)), "gap {}: {ev:?}", rec.gap);
+            assert!(ev.safe_to_retry(), "the server had closed before the write: {ev:?}");
             failed.push((ev.idle_seconds * 1000.0).round() / 1000.0);
         }
     }
@@ -45,8 +45,8 @@ fn check_reuses(events: &[SockEvent], recs: &[ClientReuse], timeout: f64) -> Res
 fn check_peer_closes(events: &[SockEvent], port: u16, timeout: f64, at_least: usize) -> Result<Vec<f64>> {
     let closes: Vec<f64> = events
         .iter()
-        .filter(|e| e.kind == EventKind::PeerCloseWhileIdle && e.role == Role::Client && e.remote.port() == port)
-        .inspect(|e| assert_eq!(e.how, Some(How::Fin), "{e:?}"))
+        .filter(|e| e.kind() == EventKind::PeerCloseWhileIdle && e.role == Role::Client && e.remote.port() == port)
+        .inspect(|e| assert_eq!(e.how(), Some(How::Fin), "{e:?}"))
         .map(|e| e.idle_seconds)
         .collect();
     ensure!(closes.len() >= at_least, "{} peer closes, expected {at_least}: {events:#?}", closes.len());
@@ -59,7 +59,9 @@ fn check_peer_closes(events: &[SockEvent], port: u16, timeout: f64, at_least: us
 fn no_request_events(events: &[SockEvent], port: u16) {
     let bad: Vec<&SockEvent> = events
         .iter()
-        .filter(|e| e.remote.port() == port && matches!(e.kind, EventKind::RequestAborted | EventKind::RequestTimeout))
+        .filter(|e| {
+            e.remote.port() == port && matches!(e.kind(), EventKind::RequestAborted | EventKind::RequestTimeout)
+        })
         .collect();
     assert!(bad.is_empty(), "no request was aborted or timed out: {bad:#?}");
 }
@@ -270,7 +272,7 @@ fn node_keep_alive_timeout_fails_a_readerless_pool_but_not_nodes_agent() -> Resu
     );
     daemon.wait_for("the agent's idle close", Duration::from_secs(5), |evs| {
         evs.iter()
-            .any(|e| e.local == agent_sock && matches!(e.kind, EventKind::PeerCloseWhileIdle | EventKind::LocalClose))
+            .any(|e| e.local == agent_sock && matches!(e.kind(), EventKind::PeerCloseWhileIdle | EventKind::LocalClose))
     })?;
     std::thread::sleep(Duration::from_millis(700));
     let events = daemon.events();
@@ -278,7 +280,10 @@ fn node_keep_alive_timeout_fails_a_readerless_pool_but_not_nodes_agent() -> Resu
     let server_closes: Vec<f64> = events
         .iter()
         .filter(|e| {
-            e.kind == EventKind::LocalClose && e.role == Role::Server && e.local.port() == 3000 && !e.peer_closed_first
+            e.kind() == EventKind::LocalClose
+                && e.role == Role::Server
+                && e.local.port() == 3000
+                && e.as_local_close().is_some_and(|c| !c.peer_closed_first)
         })
         .map(|e| e.idle_seconds)
         .collect();
@@ -298,20 +303,20 @@ fn node_keep_alive_timeout_fails_a_readerless_pool_but_not_nodes_agent() -> Resu
     assert!(
         !mine
             .iter()
-            .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout)),
+            .any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout)),
         "Node's agent never wrote on the closed socket: {mine:#?}"
     );
     let agent_close = mine
         .iter()
-        .find(|e| matches!(e.kind, EventKind::PeerCloseWhileIdle | EventKind::LocalClose))
+        .find(|e| matches!(e.kind(), EventKind::PeerCloseWhileIdle | EventKind::LocalClose))
         .context("the agent's close")?;
-    if agent_close.kind == EventKind::LocalClose {
+    if agent_close.kind() == EventKind::LocalClose {
         assert!(agent_close.is_pool_idle_close() && agent_close.idle_seconds < effective, "{agent_close:?}");
     }
     no_request_events(&events, 3000);
     eprintln!(
         "MEASURED node keepAliveTimeout 2000 ms: the server closes idle at {effective:.3} s; the readerless pool saw peer closes at {closes:?} s and failed reuses at {failed:?} s; Node's agent: {} at {:.3} s, no reuse",
-        agent_close.kind.as_str(),
+        agent_close.kind().as_str(),
         agent_close.idle_seconds
     );
     Ok(())

@@ -134,10 +134,10 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
         let mut per: std::collections::BTreeMap<u16, (usize, Vec<String>)> = std::collections::BTreeMap::new();
         for e in daemon.events().iter().filter(|e| e.remote.port() == 8080 && e.role == Role::Client) {
             let slot = per.entry(e.local.port()).or_default();
-            if e.kind == observer::kernel::event::EventKind::Reuse {
+            if e.kind() == observer::kernel::event::EventKind::Reuse {
                 slot.0 += 1;
             } else if slot.1.len() < 6 {
-                slot.1.push(format!("{} {:.3}", e.kind.as_str(), e.idle_seconds));
+                slot.1.push(format!("{} {:.3}", e.kind().as_str(), e.idle_seconds));
             }
         }
         let few: Vec<_> = per.iter().filter(|(_, (n, _))| (10..299).contains(n)).collect();

@@ -21,17 +21,17 @@ fn of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {
 fn kinds(evs: &[&SockEvent]) -> Vec<String> {
     evs.iter()
         .map(|e| {
-            let mut k = e.kind.as_str().to_owned();
-            if let Some(o) = e.outcome {
+            let mut k = e.kind().as_str().to_owned();
+            if let Some(o) = e.outcome() {
                 k = format!("{k}:{}", o.as_str());
             }
-            if let Some(h) = e.how {
+            if let Some(h) = e.how() {
                 k = format!("{k}/{}", h.as_str());
             }
             format!(
                 "{k}@idle={:.3}{}",
                 e.idle_seconds,
-                e.elapsed_seconds.map(|x| format!(",elapsed={x:.3}")).unwrap_or_default()
+                e.elapsed_seconds().map(|x| format!(",elapsed={x:.3}")).unwrap_or_default()
             )
         })
         .collect()
@@ -82,7 +82,7 @@ fn one_client_run(
     let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
     let local = *locals(&out)?.last().context("the client's address")?;
     daemon.wait_for(until.as_str(), Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == until && e.local == local)
+        evs.iter().any(|e| e.kind() == until && e.local == local)
     })?;
     settle();
     Ok((local, daemon.events()))
@@ -129,24 +129,24 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
     let socks = locals(&out)?;
     ensure!(socks.len() == 5, "client printed {out}");
     daemon.wait_for("five reuse outcomes", Duration::from_secs(5), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == *l))
+        socks.iter().all(|l| evs.iter().any(|e| e.kind() == EventKind::Reuse && e.local == *l))
     })?;
     settle();
     let events = daemon.events();
     let mut hows = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
-        let reuses: Vec<_> = mine.iter().filter(|e| e.kind == EventKind::Reuse).collect();
+        let reuses: Vec<_> = mine.iter().filter(|e| e.kind() == EventKind::Reuse).collect();
         ensure!(reuses.len() == 1, "one reuse per connection: {:?}", kinds(&mine));
         let r = reuses[0];
-        assert_eq!(r.outcome, Some(Outcome::Ok), "the response arrived: {:?}", kinds(&mine));
+        assert_eq!(r.outcome(), Some(Outcome::Ok), "the response arrived: {:?}", kinds(&mine));
         assert!(common::fired(r.idle_seconds, 1.0, 0.05), "{r:?}");
         assert!(
-            !mine.iter().any(|e| e.kind == EventKind::PeerCloseWhileIdle || e.kind == EventKind::RequestAborted),
+            !mine.iter().any(|e| e.kind() == EventKind::PeerCloseWhileIdle || e.kind() == EventKind::RequestAborted),
             "the FIN after a response is no failure: {:?}",
             kinds(&mine)
         );
-        hows.push(r.how.map_or("none", How::as_str));
+        hows.push(r.how().map_or("none", How::as_str));
     }
     eprintln!(
         "MEASURED response-then-close: 5 reuses, all ok, how = {hows:?}; events per socket e.g. {:?}",
@@ -159,7 +159,7 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
     let busy = locals(&out)?;
     ensure!(busy.len() == 3, "client printed {out}");
     daemon.wait_for("the busy connections to close", Duration::from_secs(5), |evs| {
-        busy.iter().all(|l| evs.iter().any(|e| e.kind == EventKind::Closed && e.local == *l))
+        busy.iter().all(|l| evs.iter().any(|e| e.kind() == EventKind::Closed && e.local == *l))
     })?;
     settle();
     let events = daemon.events();
@@ -167,7 +167,7 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
         let mine = of(&events, *l);
         assert!(
             !mine.iter().any(|e| matches!(
-                e.kind,
+                e.kind(),
                 EventKind::Reuse
                     | EventKind::RequestAborted
                     | EventKind::PeerCloseWhileIdle
@@ -233,19 +233,19 @@ fn deadline_scenario(
     let socks = locals(&out)?;
     ensure!(socks.len() == count, "client printed {out}");
     daemon.wait_for(kind.as_str(), Duration::from_secs_f64(common::tolerance(5.0)), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == kind && e.local == *l))
+        socks.iter().all(|l| evs.iter().any(|e| e.kind() == kind && e.local == *l))
     })?;
     settle();
     let events = daemon.events();
     let mut found = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
-        let ev = mine.iter().find(|e| e.kind == kind).context("the deadline event")?;
-        let e = ev.elapsed_seconds.unwrap_or_default();
+        let ev = mine.iter().find(|e| e.kind() == kind).context("the deadline event")?;
+        let e = ev.elapsed_seconds().unwrap_or_default();
         assert!(common::fired(e, expect_s, 0.1), "the {expect_s} s deadline: {ev:?}");
-        assert!(ev.request_outstanding && !ev.reuse, "{ev:?}");
+        assert!(ev.as_request().is_some_and(|r| !r.reuse), "{ev:?}");
         assert!(
-            !mine.iter().any(|e| forbidden.contains(&e.kind) || e.is_pool_idle_close()),
+            !mine.iter().any(|e| forbidden.contains(&e.kind()) || e.is_pool_idle_close()),
             "a deadline is no idle close: {:?}",
             kinds(&mine)
         );
@@ -254,7 +254,7 @@ fn deadline_scenario(
     eprintln!(
         "MEASURED {}: elapsed {:?} s; e.g. {:?}",
         kind.as_str(),
-        found.iter().map(|e| (e.elapsed_seconds.unwrap_or_default() * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
+        found.iter().map(|e| (e.elapsed_seconds().unwrap_or_default() * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
         kinds(&of(&events, socks[0]))
     );
     Ok(found)
@@ -271,7 +271,7 @@ fn peer_killing_a_slow_request_is_request_aborted() -> Result<()> {
         (EventKind::RequestAborted, 3.0),
         &[EventKind::PeerCloseWhileIdle, EventKind::Reuse],
     )?;
-    assert!(found.iter().all(|e| e.how == Some(How::Fin)), "{found:?}");
+    assert!(found.iter().all(|e| e.how() == Some(How::Fin)), "{found:?}");
     Ok(())
 }
 
@@ -314,7 +314,7 @@ fn go_clients(
     }
     ensure!(socks.len() == 2, "{socks:?}");
     daemon.wait_for(until.as_str(), Duration::from_secs(5), |evs| {
-        socks.iter().all(|l| evs.iter().any(|e| e.kind == until && e.local == *l))
+        socks.iter().all(|l| evs.iter().any(|e| e.kind() == until && e.local == *l))
     })?;
     settle();
     Ok((socks, daemon.events()))
@@ -331,12 +331,15 @@ fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
     let mut idles = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
-        let close = mine.iter().find(|e| e.kind == EventKind::LocalClose).context("local close")?;
+        let close = mine.iter().find(|e| e.kind() == EventKind::LocalClose).context("local close")?;
         assert!(close.is_pool_idle_close(), "{close:?}");
-        assert!(close.control_write, "the close_notify was taken as part of the close: {close:?}");
+        assert!(
+            close.as_local_close().is_some_and(|c| c.control_write),
+            "the close_notify was taken as part of the close: {close:?}"
+        );
         assert!(common::fired(close.idle_seconds, 1.5, 0.1), "Go's IdleConnTimeout is 1.5 s: {close:?}");
         assert!(
-            !mine.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout)),
+            !mine.iter().any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestTimeout)),
             "close_notify is no reuse: {:?}",
             kinds(&mine)
         );
@@ -363,22 +366,22 @@ fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()>
     let mut idles = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
-        let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
+        let pc = mine.iter().find(|e| e.kind() == EventKind::PeerCloseWhileIdle).context("peer close")?;
         assert!(
             common::fired(pc.idle_seconds, 2.0, 0.1),
             "Go's server IdleTimeout is 2 s: {pc:?} ({:?})",
             kinds(&mine)
         );
         assert_eq!(pc.role, Role::Client);
-        assert!(!mine.iter().any(|e| e.kind == EventKind::Reuse), "{:?}", kinds(&mine));
+        assert!(!mine.iter().any(|e| e.kind() == EventKind::Reuse), "{:?}", kinds(&mine));
         assert!(!mine.iter().any(|e| e.is_pool_idle_close()), "Go closed after the peer: {:?}", kinds(&mine));
         idles.push((pc.idle_seconds * 1000.0).round() / 1000.0);
         // The same close from the server: its close_notify is part of it.
         let srv = events
             .iter()
-            .find(|e| e.kind == EventKind::LocalClose && e.remote == *l && e.role == Role::Server)
+            .find(|e| e.kind() == EventKind::LocalClose && e.remote == *l && e.role == Role::Server)
             .context("the server's own idle close")?;
-        assert!(srv.control_write && !srv.peer_closed_first, "{srv:?}");
+        assert!(srv.as_local_close().is_some_and(|c| c.control_write && !c.peer_closed_first), "{srv:?}");
         assert!(common::fired(srv.idle_seconds, 2.0, 0.1), "{srv:?}");
     }
     eprintln!("MEASURED tls server idle close seen by a Go reader: idle {idles:?} s (and by the server itself, control_write); e.g. {:?}", kinds(&of(&events, socks[0])));
@@ -442,20 +445,22 @@ fn tls_bare_fin_then_close_notify_from_a_reader_is_no_reuse() -> Result<()> {
     let mut idles = Vec::new();
     for l in &socks {
         let mine = of(&events, *l);
-        let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("peer close")?;
+        let pc = mine.iter().find(|e| e.kind() == EventKind::PeerCloseWhileIdle).context("peer close")?;
         assert!(common::fired(pc.idle_seconds, 2.0, 0.1), "the server closes at 2 s: {pc:?}");
-        assert_eq!(pc.how, Some(How::Fin));
+        assert_eq!(pc.how(), Some(How::Fin));
         // The server's RST answers the close_notify; Go's close comes after
         // it or before it, and is then its own close after the peer's.
         assert!(
-            mine.iter().filter(|e| e.kind == EventKind::LocalClose).all(|c| c.peer_closed_first),
+            mine.iter()
+                .filter(|e| e.kind() == EventKind::LocalClose)
+                .all(|c| c.as_local_close().is_some_and(|c| c.peer_closed_first)),
             "{:?}",
             kinds(&mine)
         );
         assert!(
             !mine
                 .iter()
-                .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout | EventKind::RequestAborted)),
+                .any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestTimeout | EventKind::RequestAborted)),
             "Go's close_notify after the EOF is no request: {:?}",
             kinds(&mine)
         );
@@ -521,20 +526,20 @@ fn one_lost_segment_answered_late_is_ok_not_stall() -> Result<()> {
     ensure!(result == "ok", "the echo came back: {line}");
     let local = locals(addr)?[0];
     daemon.wait_for("the reuse outcome", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Reuse && e.local == local)
+        evs.iter().any(|e| e.kind() == EventKind::Reuse && e.local == local)
     })?;
     settle();
     let events = daemon.events();
     let mine = of(&events, local);
-    let r = mine.iter().find(|e| e.kind == EventKind::Reuse).context("reuse")?;
-    assert_eq!(r.outcome, Some(Outcome::Ok), "answered late is ok: {:?}", kinds(&mine));
-    assert!(r.retransmits >= 1, "the segment was lost and retransmitted: {r:?}");
-    assert!(r.elapsed_seconds.unwrap_or_default() > 0.3, "answered after --stall-after: {r:?}");
-    assert!(!mine.iter().any(|e| e.outcome == Some(Outcome::Stall)), "{:?}", kinds(&mine));
+    let r = mine.iter().find(|e| e.kind() == EventKind::Reuse).context("reuse")?;
+    assert_eq!(r.outcome(), Some(Outcome::Ok), "answered late is ok: {:?}", kinds(&mine));
+    assert!(r.retransmits() >= 1, "the segment was lost and retransmitted: {r:?}");
+    assert!(r.elapsed_seconds().unwrap_or_default() > 0.3, "answered after --stall-after: {r:?}");
+    assert!(!mine.iter().any(|e| e.outcome() == Some(Outcome::Stall)), "{:?}", kinds(&mine));
     eprintln!(
         "MEASURED lost segment: ok after {:.3} s with {} retransmits (stall-after 0.3 s); {:?}",
-        r.elapsed_seconds.unwrap_or_default(),
-        r.retransmits,
+        r.elapsed_seconds().unwrap_or_default(),
+        r.retransmits(),
         kinds(&mine)
     );
     Ok(())
@@ -572,11 +577,11 @@ s.close()
 fn zero_length_reads_are_not_eof() -> Result<()> {
     let (local, events) = one_client_run("zread", ECHO_SERVER, ZERO_READ_CLIENT, EventKind::Reuse)?;
     let mine = of(&events, local);
-    let reuses: Vec<_> = mine.iter().filter(|e| e.kind == EventKind::Reuse).collect();
+    let reuses: Vec<_> = mine.iter().filter(|e| e.kind() == EventKind::Reuse).collect();
     ensure!(reuses.len() == 1, "{:?}", kinds(&mine));
-    assert_eq!(reuses[0].outcome, Some(Outcome::Ok), "{:?}", kinds(&mine));
+    assert_eq!(reuses[0].outcome(), Some(Outcome::Ok), "{:?}", kinds(&mine));
     assert!(reuses[0].idle_seconds > 1.9, "zero-length reads do not reset the idle clock: {:?}", reuses[0]);
-    assert!(!mine.iter().any(|e| e.outcome == Some(Outcome::Eof)), "{:?}", kinds(&mine));
+    assert!(!mine.iter().any(|e| e.outcome() == Some(Outcome::Eof)), "{:?}", kinds(&mine));
     eprintln!("MEASURED zero-length reads: {:?}", kinds(&mine));
     Ok(())
 }
@@ -624,11 +629,11 @@ fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
     assert!(
         !mine
             .iter()
-            .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout)),
+            .any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout)),
         "a one-way writer has no requests to fail: {:?}",
         kinds(&mine)
     );
-    let pc = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the sink's idle close")?;
+    let pc = mine.iter().find(|e| e.kind() == EventKind::PeerCloseWhileIdle).context("the sink's idle close")?;
     assert!(common::fired(pc.idle_seconds, 2.0, 0.1), "the sink closes after 2 s idle: {pc:?}");
     eprintln!("MEASURED one-way writer: {:?}", kinds(&mine));
     Ok(())
@@ -648,12 +653,12 @@ fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<(
     let client_addr = recs[0].local_addr();
     let server_addr: SocketAddr = format!("{}:8080", topo.server_v4).parse()?;
     let events = daemon.wait_for("the late reuse", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::LateReuse && e.remote == client_addr)
+        evs.iter().any(|e| e.kind() == EventKind::LateReuse && e.remote == client_addr)
     })?;
-    let late = events.iter().find(|e| e.kind == EventKind::LateReuse && e.remote == client_addr).context("late")?;
+    let late = events.iter().find(|e| e.kind() == EventKind::LateReuse && e.remote == client_addr).context("late")?;
     assert_eq!(late.local, server_addr, "{late:?}");
     assert_eq!(late.role, Role::Server);
-    let after = late.elapsed_seconds.unwrap_or_default();
+    let after = late.elapsed_seconds().unwrap_or_default();
     assert!(
         (after - 1.0).abs() < common::tolerance(0.1),
         "the client wrote 3 s after its last request, nginx closed at 2 s: {late:?}"
@@ -661,7 +666,7 @@ fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<(
     assert!(common::fired(late.idle_seconds, 2.0, 0.1), "nginx's idle close at 2 s: {late:?}");
     let server_close = events
         .iter()
-        .find(|e| e.kind == EventKind::LocalClose && e.local == server_addr && e.remote == client_addr)
+        .find(|e| e.kind() == EventKind::LocalClose && e.local == server_addr && e.remote == client_addr)
         .context("nginx's idle close")?;
     assert_eq!(server_close.role, Role::Server);
     eprintln!(
@@ -701,14 +706,16 @@ fn idle_runs_from_the_answer_on_the_wire_not_from_its_read() -> Result<()> {
     let server = format!("import sys; sys.argv.append('2')\n{ECHO_SERVER}");
     let (local, events) = one_client_run("lateread", &server, LATE_READ_CLIENT, EventKind::Reuse)?;
     let mine = of(&events, local);
-    let close = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the server's idle close")?;
+    let close = mine.iter().find(|e| e.kind() == EventKind::PeerCloseWhileIdle).context("the server's idle close")?;
     assert!(common::fired(close.idle_seconds, 2.0, 0.1), "closed 2 s after the echo: {close:?}");
-    let reuse = mine.iter().find(|e| e.kind == EventKind::Reuse).context("the reuse")?;
-    assert_ne!(reuse.outcome, Some(Outcome::Ok), "{:?}", kinds(&mine));
+    let reuse = mine.iter().find(|e| e.kind() == EventKind::Reuse).context("the reuse")?;
+    assert_ne!(reuse.outcome(), Some(Outcome::Ok), "{:?}", kinds(&mine));
     assert!(common::fired(reuse.idle_seconds, 2.4, 0.15), "2.4 s after the echo arrived: {reuse:?}");
     eprintln!(
         "MEASURED late read: peer close at idle {:.3} s, reuse {:?} at idle {:.3} s",
-        close.idle_seconds, reuse.outcome, reuse.idle_seconds
+        close.idle_seconds,
+        reuse.outcome(),
+        reuse.idle_seconds
     );
     Ok(())
 }
@@ -747,11 +754,11 @@ fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()>
     let server = format!("import sys; sys.argv += ['2', '0.05']\n{ECHO_SERVER}");
     let (local, events) = one_client_run("slowans", &server, WAIT_FOR_CLOSE_CLIENT, EventKind::PeerCloseWhileIdle)?;
     let mine = of(&events, local);
-    let client = mine.iter().find(|e| e.kind == EventKind::PeerCloseWhileIdle).context("the client's view")?;
+    let client = mine.iter().find(|e| e.kind() == EventKind::PeerCloseWhileIdle).context("the client's view")?;
     assert_eq!(client.role, Role::Client);
     let server = events
         .iter()
-        .find(|e| e.kind == EventKind::LocalClose && e.remote == local && e.role == Role::Server)
+        .find(|e| e.kind() == EventKind::LocalClose && e.remote == local && e.role == Role::Server)
         .context("the server's own idle close")?;
     assert!(common::fired(server.idle_seconds, 2.0, 0.1), "{server:?}");
     let tick = tick_seconds()?;
@@ -773,7 +780,7 @@ fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()>
     assert!(
         !mine
             .iter()
-            .any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestTimeout | EventKind::RequestAborted)),
+            .any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestTimeout | EventKind::RequestAborted)),
         "{:?}",
         kinds(&mine)
     );
@@ -878,33 +885,35 @@ fn a_write_in_reaction_to_a_read_dates_nothing_it_cannot_know() -> Result<()> {
     let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000", client.display(), topo.server_v4))?;
     let [acked, reused, exits] = locals(&out)?[..] else { bail!("three client addresses: {out}") };
     daemon.wait_for("closed", Duration::from_secs(5), |evs| {
-        evs.iter().any(|e| e.kind == EventKind::Closed && e.local == exits)
+        evs.iter().any(|e| e.kind() == EventKind::Closed && e.local == exits)
     })?;
     settle();
     let events = daemon.events();
     let (first, second) = (of(&events, acked), of(&events, exits));
     let again = of(&events, reused);
-    let reuse =
-        again.iter().find(|e| e.kind == EventKind::Reuse).with_context(|| format!("the reuse: {:?}", kinds(&again)))?;
+    let reuse = again
+        .iter()
+        .find(|e| e.kind() == EventKind::Reuse)
+        .with_context(|| format!("the reuse: {:?}", kinds(&again)))?;
     ensure!(
-        reuse.outcome == Some(Outcome::Ok) && common::fired(reuse.idle_seconds, 1.5, 0.1),
+        reuse.outcome() == Some(Outcome::Ok) && common::fired(reuse.idle_seconds, 1.5, 0.1),
         "a reuse after 1.5 s, answered: {reuse:?}"
     );
     for e in &first {
         ensure!(
-            e.kind != EventKind::PeerCloseWhileIdle || common::fired(e.idle_seconds, 2.0, 0.1),
+            e.kind() != EventKind::PeerCloseWhileIdle || common::fired(e.idle_seconds, 2.0, 0.1),
             "the peer's close dated {:.3} s idle (its goodbye came 2 s after the answer): {:?}",
             e.idle_seconds,
             kinds(&first)
         );
     }
     let requests = |evs: &[&SockEvent]| {
-        evs.iter().any(|e| matches!(e.kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout))
+        evs.iter().any(|e| matches!(e.kind(), EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout))
     };
     ensure!(!requests(&first), "the acknowledgement is no request: {:?}", kinds(&first));
     ensure!(!requests(&second), "our goodbye is no request timed out: {:?}", kinds(&second));
     for (evs, which) in [(&first, "first"), (&again, "reused"), (&second, "last")] {
-        ensure!(evs.iter().any(|e| e.kind == EventKind::Closed), "the daemon saw the {which} connection end");
+        ensure!(evs.iter().any(|e| e.kind() == EventKind::Closed), "the daemon saw the {which} connection end");
     }
     eprintln!("MEASURED reaction writes: {:?} / {:?} / {:?}", kinds(&first), kinds(&again), kinds(&second));
     Ok(())

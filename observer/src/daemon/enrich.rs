@@ -12,7 +12,7 @@ use super::{
     probed::ProbeSockets,
 };
 use crate::{
-    kernel::event::{EventKind, Role, SockEvent},
+    kernel::event::{Body, EventKind, Role, SockEvent},
     kernel::owner::{Filter, Owner, Resolver},
     kernel::runtime::Runtimes,
     surfaces::metrics,
@@ -94,11 +94,13 @@ impl Enrich {
             return;
         }
         if ev.role == Role::Client {
-            match ev.kind {
+            match ev.kind() {
                 EventKind::Reuse => {
                     if let Some(p) = self.runtimes.of(ev.pid, &ev.comm) {
                         ev.process = Some(p.name);
-                        ev.client_runtime = Some(p.runtime);
+                        if let Body::Reuse(r) = &mut ev.body {
+                            r.client_runtime = Some(p.runtime);
+                        }
                     }
                 }
                 EventKind::ServerName | EventKind::Established => {

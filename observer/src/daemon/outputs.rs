@@ -28,7 +28,7 @@ use log::{info, warn};
 use crate::{
     cli::EventsFormat,
     diagnosis::aggregate::Fed,
-    kernel::event::{EventKind, SockEvent},
+    kernel::event::{Body, SockEvent},
     surfaces::metrics::{self, Metrics},
     surfaces::store::{self, ConnectionCounts, Writer},
 };
@@ -360,7 +360,7 @@ impl Outputs {
                 let _ = w.send(r);
             });
         }
-        let is_connection = matches!(ev.kind, EventKind::Established | EventKind::Closed);
+        let is_connection = matches!(ev.body, Body::Established | Body::Closed);
         if is_connection && !self.connections {
             return;
         }

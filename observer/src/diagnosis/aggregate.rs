@@ -259,7 +259,7 @@ impl Aggregator {
     /// report use too.
     pub fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
-        if ev.kind == EventKind::ServerName {
+        if ev.kind() == EventKind::ServerName {
             self.fresh_name = self.note_name(ev);
             return None;
         }
@@ -281,7 +281,7 @@ impl Aggregator {
                 st.processes.insert(who, 1);
             }
             // `None`: not told yet (or a recording from before runtimes).
-            match &ev.client_runtime {
+            match ev.as_reuse().and_then(|r| r.client_runtime.as_ref()) {
                 Some(rt) if rt.is_unknown() => st.unknown_runtime = true,
                 Some(rt) => {
                     if let Some(n) = st.runtimes.get_mut(rt) {

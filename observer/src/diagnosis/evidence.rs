@@ -24,7 +24,7 @@ use observer_common::CONTROL_FRAME_BYTES;
 
 use crate::{
     diagnosis::table::FailureMode,
-    kernel::event::{EventKind, How, Outcome, SockEvent},
+    kernel::event::{Body, How, Outcome, PeerClose, Reuse, SockEvent},
 };
 
 mod window;
@@ -110,57 +110,55 @@ pub struct Observed {
     pub what: Observation,
 }
 
-/// The failure mode an event shows.
+/// The failure mode a failed reuse shows.
 #[must_use]
-pub fn failure_mode(ev: &SockEvent) -> FailureMode {
-    match (ev.kind, ev.outcome, ev.how) {
-        (EventKind::PeerCloseWhileIdle, _, Some(How::Rst)) => FailureMode::Rst,
-        (EventKind::PeerCloseWhileIdle, _, _) => FailureMode::Fin,
+fn failure_mode(r: &Reuse) -> FailureMode {
+    match r.outcome {
+        Outcome::Ok => FailureMode::None,
         // A reuse written on a socket the peer had reset (or the kernel had
         // timed out) while idle failed because of that.
+        Outcome::Reset if r.failed_before_send => FailureMode::Rst,
         // (A timed-out one, like a stall, shows a silent drop.)
-        (_, Some(Outcome::Reset), _) if ev.failed_before_send => FailureMode::Rst,
-        (_, Some(Outcome::TimedOut | Outcome::Stall), _) => FailureMode::SilentDrop,
+        Outcome::TimedOut | Outcome::Stall => FailureMode::SilentDrop,
         // A reuse written after the peer's FIN failed because of that FIN.
-        (_, Some(Outcome::Eof | Outcome::Reset), _) if ev.safe_to_retry => FailureMode::Fin,
-        (_, Some(Outcome::Eof), _) => FailureMode::Fin,
-        (_, Some(Outcome::Reset), _) => FailureMode::Rst,
-        _ => FailureMode::None,
+        Outcome::Eof => FailureMode::Fin,
+        Outcome::Reset if r.safe_to_retry => FailureMode::Fin,
+        Outcome::Reset => FailureMode::Rst,
     }
 }
 
 impl Observed {
-    /// The observation an event carries, if it is evidence at all.
+    /// The observation an event carries, if it is evidence at all: the one
+    /// classification of events, by kind.
     #[must_use]
     pub fn of(ev: &SockEvent) -> Option<Self> {
         let idle = ev.idle_seconds;
-        let elapsed = ev.elapsed_seconds.unwrap_or_default();
         let ka_idle = ev.keepalive_idle_seconds.unwrap_or(0.0);
-        let what = match ev.kind {
-            EventKind::Reuse => Observation::Reuse {
+        let what = match &ev.body {
+            Body::Reuse(r) => Observation::Reuse {
                 idle,
-                failed: match ev.outcome? {
-                    Outcome::Ok => None,
-                    _ => Some(failure_mode(ev)),
-                },
+                failed: (r.outcome != Outcome::Ok).then(|| failure_mode(r)),
                 // Unknown keep-alive time counts as refreshed: the weaker claim.
                 refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
-                after_stall: ev.how == Some(How::AfterStall),
-                after_goodbye: ev.how == Some(How::AfterGoodbye),
-                ping: ev.outcome == Some(Outcome::Ok) && (1..=CONTROL_FRAME_BYTES).contains(&ev.bytes),
+                after_stall: r.how == Some(How::AfterStall),
+                after_goodbye: r.how == Some(How::AfterGoodbye),
+                ping: r.outcome == Outcome::Ok && (1..=CONTROL_FRAME_BYTES).contains(&r.bytes),
             },
-            EventKind::PeerCloseWhileIdle if ev.how == Some(How::Timeout) => Observation::KeepaliveDeath {
+            Body::PeerCloseWhileIdle(PeerClose { how: Some(How::Timeout), .. }) => Observation::KeepaliveDeath {
                 // The first unanswered probe went out one keep-alive idle
                 // time after the last segment received, when that is known.
                 silent: if ka_idle > 0.0 && ka_idle < idle { ka_idle } else { idle },
             },
-            EventKind::PeerCloseWhileIdle => Observation::PeerIdleClose { idle, mode: failure_mode(ev) },
-            EventKind::LocalClose if ev.is_pool_idle_close() => Observation::LocalIdleClose { idle },
-            EventKind::RequestAborted => Observation::RequestAborted { elapsed },
-            EventKind::RequestTimeout => Observation::RequestTimeout { elapsed },
-            EventKind::LateReuse => Observation::LateReuse { idle, elapsed },
-            EventKind::DiscardedDead => Observation::DiscardedDead,
-            _ => return None,
+            Body::PeerCloseWhileIdle(PeerClose { how, .. }) => Observation::PeerIdleClose {
+                idle,
+                mode: if *how == Some(How::Rst) { FailureMode::Rst } else { FailureMode::Fin },
+            },
+            Body::LocalClose(_) if ev.is_pool_idle_close() => Observation::LocalIdleClose { idle },
+            Body::RequestAborted(r) => Observation::RequestAborted { elapsed: r.elapsed_seconds },
+            Body::RequestTimeout(r) => Observation::RequestTimeout { elapsed: r.elapsed_seconds },
+            Body::LateReuse(l) => Observation::LateReuse { idle, elapsed: l.elapsed_seconds },
+            Body::DiscardedDead(_) => Observation::DiscardedDead,
+            Body::Established | Body::Closed | Body::LocalClose(_) | Body::ServerName(_) => return None,
         };
         #[allow(clippy::cast_possible_truncation, reason = "keep-alive times are far below f32 precision limits")]
         Some(Self {

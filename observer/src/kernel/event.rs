@@ -15,9 +15,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::{kernel::owner::Owner, named::named};
 
+mod body;
 pub(crate) mod clock;
 mod views;
 
+pub use body::{Body, Discarded, LateReuse, LocalClose, PeerClose, Request, Reuse, ServerName};
 pub use clock::{clock_ns, Clock};
 pub use views::{doomed_of, view_of, DoomedView, SocketView};
 
@@ -28,6 +30,8 @@ pub enum DecodeError {
     Size(usize),
     #[error("unknown event kind {0}: the eBPF object is newer than this daemon; rebuild both")]
     Kind(u8),
+    #[error("reuse record with unknown outcome {0}: the eBPF object is newer than this daemon; rebuild both")]
+    Outcome(u8),
     #[error("unknown address family {0}")]
     Family(u16),
 }
@@ -134,13 +138,16 @@ named! {
     }
 }
 
-/// One decoded event. Field names are the JSON interface (see README).
-#[allow(clippy::struct_excessive_bools, reason = "flat JSON record; each flag is an independent fact")]
+/// One decoded event: the header every kind shares, and its [`Body`]
+/// (`kind` and what only that kind says). Field names are the JSON
+/// interface (`docs/fields.md`): the body's fields sit beside the header's.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SockEvent {
     /// Wall-clock time of the event, ns since the Unix epoch.
     pub ts_unix_ns: u64,
-    pub kind: EventKind,
+    /// The kind (`kind` in JSON) and its own fields.
+    #[serde(flatten)]
+    pub body: Body,
     pub role: Role,
     /// Process that wrote on the socket (0 when unknown).
     pub pid: u32,
@@ -155,34 +162,6 @@ pub struct SockEvent {
     pub remote: SocketAddr,
     /// Idle age at the event, seconds (ns precision).
     pub idle_seconds: f64,
-    /// Reuse outcome (reuse events only).
-    #[serde(default)]
-    pub outcome: Option<Outcome>,
-    /// Reuses, `request_aborted`, `request_timeout`: seconds from the
-    /// request write to the event; `late_reuse`: seconds since our close.
-    #[serde(default)]
-    pub elapsed_seconds: Option<f64>,
-    /// Retransmits of the request before the outcome.
-    #[serde(default)]
-    pub retransmits: u32,
-    /// The peer's FIN came before the reuse write, or the kernel had
-    /// already failed the socket: no byte reached a live peer, one retry on
-    /// a fresh connection is safe.
-    #[serde(default)]
-    pub safe_to_retry: bool,
-    /// The reuse write failed in the kernel before any byte left the host
-    /// (the socket had been reset or timed out while idle).
-    #[serde(default)]
-    pub failed_before_send: bool,
-    /// Peer close: `fin`/`rst`; stall: how it ended.
-    #[serde(default)]
-    pub how: Option<How>,
-    /// Local close with a request still unanswered.
-    #[serde(default)]
-    pub request_outstanding: bool,
-    /// Local close after the peer had already closed.
-    #[serde(default)]
-    pub peer_closed_first: bool,
     /// Socket was open before observer started.
     #[serde(default)]
     pub preexisting: bool,
@@ -194,17 +173,6 @@ pub struct SockEvent {
     /// it could not be converted).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keepalive_idle_seconds: Option<f64>,
-    /// A small control write (TLS `close_notify`, GOAWAY) just before this
-    /// close was taken as part of it.
-    #[serde(default)]
-    pub control_write: bool,
-    /// The request of a `request_aborted`/`request_timeout` was a reuse.
-    #[serde(default)]
-    pub reuse: bool,
-    /// Request bytes written (reuses, `request_aborted`/`request_timeout`;
-    /// 0 = not measured).
-    #[serde(default)]
-    pub bytes: u32,
     /// Per-boot socket number (never a kernel address).
     #[serde(default)]
     pub sock_id: u64,
@@ -220,18 +188,6 @@ pub struct SockEvent {
     /// top level, all absent when unresolved.
     #[serde(flatten, default)]
     pub owner: Option<Owner>,
-    /// `server_name` events: the host name the client's first bytes
-    /// carried (TLS SNI or HTTP `Host`, lower-cased).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub server_name: Option<String>,
-    /// `server_name` events: the application protocol the first bytes
-    /// showed (`http1`, `h2`), where they tell it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub protocol: Option<crate::kernel::first_bytes::Protocol>,
-    /// Client reuses: the writing process's runtime and pool libraries,
-    /// where they can be told (see `kernel::runtime`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_runtime: Option<crate::kernel::runtime::ClientRuntime>,
 }
 
 fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
@@ -263,17 +219,17 @@ pub fn decode_bytes(bytes: &[u8], clock: Clock) -> Result<SockEvent, DecodeError
     // read_unaligned copes with any alignment of the ring-buffer slice.
     let raw: Event = unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<Event>()) };
     let mut ev = decode(&raw, clock)?;
-    if raw.kind == kind::HELLO {
+    if let Body::ServerName(named) = &mut ev.body {
         let n = usize::try_from(raw.bytes).unwrap_or(0).min(HELLO_BYTES);
         let first = bytes.get(EVENT_SIZE..EVENT_SIZE + n).unwrap_or_default();
-        ev.server_name = crate::kernel::first_bytes::server_name(first).map(|(name, _)| name);
-        ev.protocol = crate::kernel::first_bytes::protocol(first);
-        ev.bytes = 0;
+        named.server_name = crate::kernel::first_bytes::server_name(first).map(|(name, _)| name);
+        named.protocol = crate::kernel::first_bytes::protocol(first);
     }
     Ok(ev)
 }
 
-/// Decode a kernel [`Event`].
+/// Decode a kernel [`Event`]: the header here, the body by its kind
+/// ([`Body::decode`]).
 pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
     let kind = EventKind::of_wire(raw.kind).ok_or(DecodeError::Kind(raw.kind))?;
     let local = addr(raw.family, raw.saddr, raw.sport)?;
@@ -284,48 +240,29 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         Role::Unknown => Role::of_wire(role::guess(raw.sport, raw.dport)),
         r => r,
     };
-    let outcome = Outcome::of_wire(raw.outcome);
-    let how = How::of_wire(raw.how);
     let comm_len = raw.comm.iter().position(|&b| b == 0).unwrap_or(raw.comm.len());
     let keepalive = raw.flags & flags::KEEPALIVE != 0;
     let keepalive_idle_seconds = match (keepalive, raw.keepalive_jiffies, clock.hz) {
         (true, j, Some(hz)) if j > 0 && hz > 0 => Some(f64::from(j) / f64::from(hz)),
         _ => None,
     };
-    let timed =
-        matches!(kind, EventKind::Reuse | EventKind::RequestAborted | EventKind::RequestTimeout | EventKind::LateReuse)
-            || (matches!(kind, EventKind::DiscardedDead | EventKind::PeerCloseWhileIdle) && raw.elapsed_ns != 0);
     Ok(SockEvent {
         ts_unix_ns: clock.to_unix_ns(raw.ts_ns),
-        kind,
+        body: Body::decode(kind, raw)?,
         role,
         pid: raw.tgid,
         comm: String::from_utf8_lossy(&raw.comm[..comm_len]).into_owned(),
+        process: None,
         local,
         remote,
         idle_seconds: secs(raw.idle_ns),
-        outcome: if kind == EventKind::Reuse { outcome } else { None },
-        elapsed_seconds: timed.then(|| secs(raw.elapsed_ns)),
-        retransmits: raw.retransmits,
-        safe_to_retry: raw.flags & flags::FIN_BEFORE_WRITE != 0,
-        failed_before_send: raw.flags & flags::FAILED_BEFORE_SEND != 0,
-        how,
-        request_outstanding: raw.flags & flags::REQUEST_OUTSTANDING != 0,
-        peer_closed_first: raw.flags & flags::PEER_CLOSED_FIRST != 0,
         preexisting: raw.flags & flags::PREEXISTING != 0,
         keepalive,
         keepalive_idle_seconds,
-        control_write: raw.flags & flags::CONTROL_WRITE != 0,
-        reuse: raw.flags & flags::REUSE != 0,
-        bytes: raw.bytes,
         sock_id: raw.sock_id,
         netns: raw.netns,
         cgroup_id: raw.cgroup_id,
         owner: None,
-        server_name: None,
-        protocol: None,
-        client_runtime: None,
-        process: None,
     })
 }
 
@@ -342,12 +279,13 @@ impl SockEvent {
         self.owner.as_ref().and_then(|o| o.container.as_deref())
     }
 
-    /// An event with the given identity and nothing else set (recordings
-    /// written by other tools, tests, benchmarks).
+    /// An event with the given identity and body and nothing else set
+    /// (recordings written by other tools, tests, benchmarks). A bare
+    /// [`EventKind`] gives that kind's empty body ([`Body::empty`]).
     #[must_use]
     pub fn new(
         ts_unix_ns: u64,
-        kind: EventKind,
+        body: impl Into<Body>,
         role: Role,
         local: SocketAddr,
         remote: SocketAddr,
@@ -355,35 +293,131 @@ impl SockEvent {
     ) -> Self {
         Self {
             ts_unix_ns,
-            kind,
+            body: body.into(),
             role,
             pid: 0,
             comm: String::new(),
+            process: None,
             local,
             remote,
             idle_seconds,
-            outcome: None,
-            elapsed_seconds: None,
-            retransmits: 0,
-            safe_to_retry: false,
-            failed_before_send: false,
-            how: None,
-            request_outstanding: false,
-            peer_closed_first: false,
             preexisting: false,
             keepalive: false,
             keepalive_idle_seconds: None,
-            control_write: false,
-            reuse: false,
-            bytes: 0,
             sock_id: 0,
             netns: 0,
             cgroup_id: 0,
             owner: None,
-            server_name: None,
-            protocol: None,
-            client_runtime: None,
-            process: None,
+        }
+    }
+
+    /// The event's kind.
+    #[must_use]
+    pub const fn kind(&self) -> EventKind {
+        self.body.kind()
+    }
+
+    /// A reuse's body (None: another kind).
+    #[must_use]
+    pub const fn as_reuse(&self) -> Option<&Reuse> {
+        match &self.body {
+            Body::Reuse(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A reuse's outcome (None: another kind).
+    #[must_use]
+    pub fn outcome(&self) -> Option<Outcome> {
+        self.as_reuse().map(|r| r.outcome)
+    }
+
+    /// How it ended or closed, for the kinds that say (see [`How`]).
+    #[must_use]
+    pub const fn how(&self) -> Option<How> {
+        match &self.body {
+            Body::Reuse(Reuse { how, .. })
+            | Body::PeerCloseWhileIdle(PeerClose { how, .. })
+            | Body::RequestAborted(Request { how, .. })
+            | Body::RequestTimeout(Request { how, .. })
+            | Body::DiscardedDead(Discarded { how, .. }) => *how,
+            _ => None,
+        }
+    }
+
+    /// Seconds from the request write (reuses, requests), from our close
+    /// (`late_reuse`) or from the death (`discarded_dead`, keep-alive
+    /// deaths) to the event, for the kinds that time one.
+    #[must_use]
+    pub fn elapsed_seconds(&self) -> Option<f64> {
+        match &self.body {
+            Body::Reuse(r) => Some(r.elapsed_seconds),
+            Body::RequestAborted(r) | Body::RequestTimeout(r) => Some(r.elapsed_seconds),
+            Body::LateReuse(l) => Some(l.elapsed_seconds),
+            Body::PeerCloseWhileIdle(PeerClose { elapsed_seconds, .. })
+            | Body::DiscardedDead(Discarded { elapsed_seconds, .. }) => *elapsed_seconds,
+            _ => None,
+        }
+    }
+
+    /// Request bytes written (reuses, requests; 0 = not measured).
+    #[must_use]
+    pub const fn bytes(&self) -> u32 {
+        match &self.body {
+            Body::Reuse(Reuse { bytes, .. })
+            | Body::RequestAborted(Request { bytes, .. })
+            | Body::RequestTimeout(Request { bytes, .. }) => *bytes,
+            _ => 0,
+        }
+    }
+
+    /// Retransmits of the request (reuses, requests).
+    #[must_use]
+    pub const fn retransmits(&self) -> u32 {
+        match &self.body {
+            Body::Reuse(Reuse { retransmits, .. })
+            | Body::RequestAborted(Request { retransmits, .. })
+            | Body::RequestTimeout(Request { retransmits, .. }) => *retransmits,
+            _ => 0,
+        }
+    }
+
+    /// A reuse no byte of which reached a live peer (see [`Reuse`]).
+    #[must_use]
+    pub fn safe_to_retry(&self) -> bool {
+        self.as_reuse().is_some_and(|r| r.safe_to_retry)
+    }
+
+    /// A reuse the kernel failed before any byte left the host.
+    #[must_use]
+    pub fn failed_before_send(&self) -> bool {
+        self.as_reuse().is_some_and(|r| r.failed_before_send)
+    }
+
+    /// A `request_aborted`/`request_timeout` event's body (None: another kind).
+    #[must_use]
+    pub const fn as_request(&self) -> Option<&Request> {
+        match &self.body {
+            Body::RequestAborted(r) | Body::RequestTimeout(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// A `local_close` event's body (None: another kind).
+    #[must_use]
+    pub const fn as_local_close(&self) -> Option<&LocalClose> {
+        match &self.body {
+            Body::LocalClose(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// A `server_name` event's name and protocol (None: another kind).
+    #[must_use]
+    pub const fn as_server_name(&self) -> Option<&ServerName> {
+        match &self.body {
+            Body::ServerName(n) => Some(n),
+            _ => None,
         }
     }
 
@@ -392,7 +426,7 @@ impl SockEvent {
     /// had not closed first).
     #[must_use]
     pub const fn is_pool_idle_close(&self) -> bool {
-        matches!(self.kind, EventKind::LocalClose) && !self.request_outstanding && !self.peer_closed_first
+        matches!(self.body, Body::LocalClose(c) if !c.request_outstanding && !c.peer_closed_first)
     }
 
     /// Wall-clock time of the event.
@@ -409,13 +443,55 @@ impl SockEvent {
     }
 }
 
+/// Tests set what a case needs on a body built empty. Each panics on a
+/// kind without that field: a test that asks for one has a wrong kind.
+#[cfg(test)]
+impl SockEvent {
+    pub(crate) fn reuse_mut(&mut self) -> &mut Reuse {
+        match &mut self.body {
+            Body::Reuse(r) => r,
+            other => panic!("not a reuse: {other:?}"),
+        }
+    }
+
+    pub(crate) fn server_name_mut(&mut self) -> &mut ServerName {
+        match &mut self.body {
+            Body::ServerName(n) => n,
+            other => panic!("not a server_name: {other:?}"),
+        }
+    }
+
+    pub(crate) fn set_how(&mut self, to: Option<How>) {
+        match &mut self.body {
+            Body::Reuse(Reuse { how, .. })
+            | Body::PeerCloseWhileIdle(PeerClose { how, .. })
+            | Body::RequestAborted(Request { how, .. })
+            | Body::RequestTimeout(Request { how, .. })
+            | Body::DiscardedDead(Discarded { how, .. }) => *how = to,
+            other => panic!("no how: {other:?}"),
+        }
+    }
+
+    pub(crate) fn set_elapsed(&mut self, s: f64) {
+        match &mut self.body {
+            Body::Reuse(Reuse { elapsed_seconds, .. })
+            | Body::RequestAborted(Request { elapsed_seconds, .. })
+            | Body::RequestTimeout(Request { elapsed_seconds, .. })
+            | Body::LateReuse(LateReuse { elapsed_seconds }) => *elapsed_seconds = s,
+            Body::PeerCloseWhileIdle(PeerClose { elapsed_seconds, .. })
+            | Body::DiscardedDead(Discarded { elapsed_seconds, .. }) => *elapsed_seconds = Some(s),
+            other => panic!("no elapsed time: {other:?}"),
+        }
+    }
+}
+
 impl fmt::Display for SockEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "{} {:<21} {:<7} pid={} comm={} {} -> {} idle={:.3}s",
             humantime::format_rfc3339_millis(self.time()),
-            self.kind.as_str(),
+            self.kind().as_str(),
             self.role.as_str(),
             self.pid,
             if self.comm.is_empty() { "?".to_owned() } else { printable(&self.comm) },
@@ -423,38 +499,44 @@ impl fmt::Display for SockEvent {
             self.remote,
             self.idle_seconds,
         )?;
-        if let Some(o) = self.outcome {
-            write!(f, " outcome={}", o.as_str())?;
+        match &self.body {
+            Body::Reuse(r) => {
+                write!(f, " outcome={} after={:.3}s", r.outcome.as_str(), r.elapsed_seconds)?;
+                write!(f, " retransmits={} safe_to_retry={}", r.retransmits, r.safe_to_retry)?;
+                if r.failed_before_send {
+                    write!(f, " failed_before_send")?;
+                }
+            }
+            Body::ServerName(n) => {
+                if let Some(name) = &n.server_name {
+                    write!(f, " name={}", printable(name))?;
+                }
+                if let Some(p) = n.protocol {
+                    write!(f, " protocol={}", p.as_str())?;
+                }
+            }
+            Body::LocalClose(c) => {
+                if c.request_outstanding {
+                    write!(f, " request_outstanding")?;
+                }
+                if c.peer_closed_first {
+                    write!(f, " peer_closed_first")?;
+                }
+                if c.control_write {
+                    write!(f, " control_write")?;
+                }
+            }
+            _ => {
+                if let Some(e) = self.elapsed_seconds() {
+                    write!(f, " after={e:.3}s")?;
+                }
+            }
         }
-        if let Some(e) = self.elapsed_seconds {
-            write!(f, " after={e:.3}s")?;
-        }
-        if self.outcome.is_some() {
-            write!(f, " retransmits={} safe_to_retry={}", self.retransmits, self.safe_to_retry)?;
-        }
-        if self.failed_before_send {
-            write!(f, " failed_before_send")?;
-        }
-        if let Some(h) = self.how {
+        if let Some(h) = self.how() {
             write!(f, " how={}", h.as_str())?;
-        }
-        if let Some(n) = &self.server_name {
-            write!(f, " name={}", printable(n))?;
-        }
-        if let Some(p) = self.protocol {
-            write!(f, " protocol={}", p.as_str())?;
-        }
-        if self.request_outstanding {
-            write!(f, " request_outstanding")?;
-        }
-        if self.peer_closed_first {
-            write!(f, " peer_closed_first")?;
         }
         if self.preexisting {
             write!(f, " preexisting")?;
-        }
-        if self.control_write {
-            write!(f, " control_write")?;
         }
         if self.keepalive {
             match self.keepalive_idle_seconds {

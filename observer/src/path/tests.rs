@@ -79,7 +79,7 @@ fn node_headers_and_health_check_rules() {
 fn row(dest: &str, lower: f64, upper: Option<f64>, point: Option<f64>) -> DestinationRow {
     let mut agg = crate::diagnosis::aggregate::Aggregator::new(crate::diagnosis::aggregate::Config::default());
     // Build a row through the aggregator, then set the bounds under test.
-    let mut ev = crate::kernel::event::SockEvent::new(
+    let ev = crate::kernel::event::SockEvent::new(
         1,
         crate::kernel::event::EventKind::Reuse,
         crate::kernel::event::Role::Client,
@@ -87,7 +87,6 @@ fn row(dest: &str, lower: f64, upper: Option<f64>, point: Option<f64>) -> Destin
         dest.parse().unwrap(),
         1.0,
     );
-    ev.outcome = Some(crate::kernel::event::Outcome::Ok);
     agg.ingest(&ev);
     let mut r = agg.rows(1).remove(0);
     r.path_idle_timeout_lower_seconds = lower;

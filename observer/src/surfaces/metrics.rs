@@ -329,7 +329,7 @@ impl Metrics {
     /// (`ingested`: what the aggregator made of it, the capped row
     /// included; None for events that are no evidence).
     pub fn observe(&self, ev: &SockEvent, ingested: Option<&Ingested>) {
-        self.daemon.events.get_or_create(&KindLabels { kind: ev.kind.as_str().to_owned() }).inc();
+        self.daemon.events.get_or_create(&KindLabels { kind: ev.kind().as_str().to_owned() }).inc();
         let Some(Ingested { id, observed }) = ingested else { return };
         let row = RowLabels::from(id);
         let e = &self.evidence;
@@ -337,7 +337,7 @@ impl Metrics {
         match observed.what {
             // A reuse is evidence only with its outcome.
             Observation::Reuse { .. } => {
-                if let Some(o) = ev.outcome {
+                if let Some(o) = ev.outcome() {
                     let labels = ReuseLabels { row, outcome: o.as_str().to_owned() };
                     if let Some(h) = h {
                         h.reuse_idle.get_or_create(&labels).observe(ev.idle_seconds);
@@ -346,7 +346,7 @@ impl Metrics {
                 }
             }
             Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. } => {
-                let how = ev.how.map_or("fin", |h| h.as_str()).to_owned();
+                let how = ev.how().map_or("fin", |h| h.as_str()).to_owned();
                 let labels = PeerLabels { row, how };
                 if let Some(h) = h {
                     h.peer_idle_close.get_or_create(&labels).observe(ev.idle_seconds);

@@ -241,7 +241,7 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
     // Counted as the daemon counts them for the store.
     let mut counts = ConnectionCounts::default();
     let mut records = Vec::new();
-    for e in mine.iter().filter(|e| e.kind == EventKind::Established) {
+    for e in mine.iter().filter(|e| e.kind() == EventKind::Established) {
         // A recording does not say which namespace was the host's (0).
         if let Some(key) = DestKey::of_event(e, 0) {
             records.extend(counts.add(key, e.ts_unix_ns));
@@ -250,7 +250,7 @@ pub fn input_from_recording(events: Vec<SockEvent>, destination: std::net::Socke
     records.extend(counts.flush());
     let evidence = mine
         .into_iter()
-        .filter(|e| e.ts_unix_ns >= since && !matches!(e.kind, EventKind::Established | EventKind::Closed))
+        .filter(|e| e.ts_unix_ns >= since && !matches!(e.kind(), EventKind::Established | EventKind::Closed))
         .collect();
     Input {
         destination: destination.to_string(),
@@ -390,10 +390,10 @@ fn samples(failures: &[&SockEvent]) -> Samples {
                 process: e.comm.clone(),
                 pid: e.pid,
                 idle_seconds: (e.idle_seconds * 1000.0).round() / 1000.0,
-                outcome: e.outcome.map_or("-", |o| o.as_str()).to_owned(),
-                retransmits: e.retransmits,
-                safe_to_retry: e.safe_to_retry,
-                failed_before_send: e.failed_before_send,
+                outcome: e.outcome().map_or("-", |o| o.as_str()).to_owned(),
+                retransmits: e.retransmits(),
+                safe_to_retry: e.safe_to_retry(),
+                failed_before_send: e.failed_before_send(),
             })
             .collect(),
     }
@@ -465,7 +465,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             last_failure_unix_ns: failures.last().map(|e| e.ts_unix_ns),
             reuses: reuses.len() as u64,
             failures: failures.len() as u64,
-            failures_before_send: failures.iter().filter(|e| e.failed_before_send).count() as u64,
+            failures_before_send: failures.iter().filter(|e| e.failed_before_send()).count() as u64,
             peer_idle_closes: mine
                 .iter()
                 .filter(|t| matches!(t.what, Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. }))

@@ -174,7 +174,7 @@ pub fn keep(ev: &SockEvent, fed: &Fed, volume: &mut ConnectionCounts, mut send: 
         send(Record::Change(c.clone()));
     }
     let Some(key) = fed.key else { return };
-    match ev.kind {
+    match ev.kind() {
         EventKind::Established => volume.add(key, ev.ts_unix_ns).into_iter().for_each(send),
         _ if fed.stored() => send(Record::Evidence { key, event: ev.clone() }),
         _ => {}
@@ -227,7 +227,7 @@ impl Store {
                             key.dest.to_string(),
                             key.role.as_str(),
                             key.netns.inode(),
-                            event.kind.as_str(),
+                            event.kind().as_str(),
                             serde_json::to_string(event)?
                         ])?;
                         n += 1;

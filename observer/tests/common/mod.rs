@@ -489,7 +489,11 @@ impl ClientReuse {
 
 /// Reuse events on the socket `local`.
 pub fn reuses_from(events: &[SockEvent], local: std::net::SocketAddr) -> Vec<SockEvent> {
-    events.iter().filter(|e| e.kind == observer::kernel::event::EventKind::Reuse && e.local == local).cloned().collect()
+    events
+        .iter()
+        .filter(|e| e.kind() == observer::kernel::event::EventKind::Reuse && e.local == local)
+        .cloned()
+        .collect()
 }
 
 /// The observer reuse event that matches a client record (same socket,

@@ -46,9 +46,9 @@ impl Aggregator {
     /// is what the store keeps.
     pub(crate) fn note_name(&mut self, ev: &SockEvent) -> bool {
         let Some(key) = DestKey::of_event(ev, self.host_netns()) else { return false };
-        if ev.server_name.is_none() && ev.protocol.is_none() {
+        let Some(said) = ev.as_server_name().filter(|n| n.server_name.is_some() || n.protocol.is_some()) else {
             return false;
-        }
+        };
         let now = self.latest_ns;
         if !self.names.contains_key(&key) && self.names.len() >= 4 * self.config.max_destinations.max(1) {
             if let Some(oldest) = self.names.iter().min_by_key(|(_, n)| n.last_ns).map(|(k, _)| *k) {
@@ -58,13 +58,13 @@ impl Aggregator {
         let names = self.names.entry(key).or_default();
         names.last_ns = now;
         let mut fresh = false;
-        if let Some(p) = ev.protocol {
+        if let Some(p) = said.protocol {
             let (count, last) = names.protocols.entry(p).or_insert((0, now));
             fresh = *count == 0;
             *count += 1;
             *last = now;
         }
-        let Some(name) = ev.server_name.as_deref() else { return fresh };
+        let Some(name) = said.server_name.as_deref() else { return fresh };
         if let Some((count, last)) = names.seen.get_mut(name) {
             *count += 1;
             *last = now;

@@ -25,14 +25,14 @@ fn ev(ts_s: f64, kind: EventKind, remote: &str, idle: f64) -> SockEvent {
 
 fn reuse(ts: f64, remote: &str, idle: f64, outcome: Outcome) -> SockEvent {
     let mut e = ev(ts, EventKind::Reuse, remote, idle);
-    e.outcome = Some(outcome);
-    e.elapsed_seconds = Some(0.001);
+    e.reuse_mut().outcome = outcome;
+    e.set_elapsed(0.001);
     e
 }
 
 fn peer_close(ts: f64, remote: &str, idle: f64) -> SockEvent {
     let mut e = ev(ts, EventKind::PeerCloseWhileIdle, remote, idle);
-    e.how = Some(How::Fin);
+    e.set_how(Some(How::Fin));
     e
 }
 
@@ -108,8 +108,7 @@ fn no_failures_is_never_mismatch() {
     assert_eq!(row(&rows, "10.0.0.3:5432").verdict, Verdict::Unknown);
     // The pool's own idle closes at 8 s, below the 10 s proven alive: ok.
     for k in 0..3 {
-        let mut e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
-        e.how = None;
+        let e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
         agg.ingest(&e);
     }
     let rows = table(&mut agg);
@@ -447,12 +446,11 @@ fn the_server_view() {
     let mut agg = Aggregator::new(Config::default());
     for k in 0..4 {
         agg.ingest(&server_ev(f64::from(k) * 10.0, EventKind::LocalClose, 2.0 + f64::from(k) * 0.001));
-        let mut ok = server_ev(f64::from(k) * 10.0 + 1.0, EventKind::Reuse, 1.5);
-        ok.outcome = Some(Outcome::Ok);
+        let ok = server_ev(f64::from(k) * 10.0 + 1.0, EventKind::Reuse, 1.5);
         agg.ingest(&ok);
     }
     let mut late = server_ev(50.0, EventKind::LateReuse, 2.0);
-    late.elapsed_seconds = Some(1.0);
+    late.set_elapsed(1.0);
     agg.ingest(&late);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.1:8080");
@@ -472,10 +470,10 @@ fn observed_deadlines() {
     let d = "10.0.0.11:80";
     for k in 0..3 {
         let mut a = ev(f64::from(k) * 10.0, EventKind::RequestAborted, d, 0.0);
-        a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+        a.set_elapsed(3.0 + f64::from(k) * 0.001);
         agg.ingest(&a);
         let mut t = ev(f64::from(k) * 10.0 + 5.0, EventKind::RequestTimeout, d, 0.0);
-        t.elapsed_seconds = Some(2.0 + f64::from(k) * 0.001);
+        t.set_elapsed(2.0 + f64::from(k) * 0.001);
         agg.ingest(&t);
     }
     let rows = table(&mut agg);
@@ -538,7 +536,7 @@ fn survivals_on_a_longer_backend_do_not_lift_the_smallest_path() {
 fn reuses_10s_apart(agg: &mut Aggregator, d: &str, start: f64, idles: &[f64], outcome: Outcome, how: Option<How>) {
     for (k, idle) in idles.iter().enumerate() {
         let mut e = reuse(start + f64::from(u8::try_from(k).unwrap()) * 10.0, d, *idle, outcome);
-        e.how = how;
+        e.set_how(how);
         agg.ingest(&e);
     }
 }
@@ -742,12 +740,12 @@ fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
         agg.ingest(&reuse(ts, "10.0.0.2:5432", 1.0 + f64::from(k) * 0.1, Outcome::Ok));
         ts += 5.0;
         let mut close = peer_close(ts, "10.0.0.2:5432", 2.0);
-        close.how = Some(How::Rst);
+        close.set_how(Some(How::Rst));
         agg.ingest(&close);
         ts += 3.0;
         let mut failed = reuse(ts, "10.0.0.2:5432", 5.0, Outcome::Reset);
-        failed.failed_before_send = true;
-        failed.safe_to_retry = true;
+        failed.reuse_mut().failed_before_send = true;
+        failed.reuse_mut().safe_to_retry = true;
         agg.ingest(&failed);
     }
     for _ in 0..3 {
@@ -768,7 +766,7 @@ fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
 fn timed_out_reuse_is_a_silent_drop() {
     let mut agg = Aggregator::new(Config::default());
     let mut failed = reuse(10.0, "10.0.0.3:80", 8.0, Outcome::TimedOut);
-    failed.failed_before_send = true;
+    failed.reuse_mut().failed_before_send = true;
     agg.ingest(&failed);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.3:80");
@@ -811,7 +809,7 @@ fn keepalive_deaths_bound_the_timeout_but_make_no_point() {
     let d = "10.0.0.14:7610";
     for k in 0..4 {
         let mut e = ev(f64::from(k) * 10.0, EventKind::PeerCloseWhileIdle, d, 4.0);
-        e.how = Some(How::Timeout);
+        e.set_how(Some(How::Timeout));
         e.keepalive = true;
         e.keepalive_idle_seconds = Some(2.0);
         agg.ingest(&e);
@@ -919,7 +917,7 @@ fn row_json_keeps_the_identity_fields_flat() {
 
 fn named(ts: f64, remote: &str, name: &str) -> SockEvent {
     let mut e = ev(ts, EventKind::ServerName, remote, 0.0);
-    e.server_name = Some(name.into());
+    e.server_name_mut().server_name = Some(name.into());
     e
 }
 
@@ -960,7 +958,7 @@ fn protocols_name_the_row_and_pick_the_fix() {
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.16:50051";
     let mut hello = ev(0.0, EventKind::ServerName, d, 0.0);
-    hello.protocol = Some(Protocol::H2);
+    hello.server_name_mut().protocol = Some(Protocol::H2);
     agg.ingest(&hello);
     assert!(agg.take_fresh_name(), "a protocol new to its row is stored");
     agg.ingest(&hello);
@@ -969,7 +967,7 @@ fn protocols_name_the_row_and_pick_the_fix() {
     let mut ts = 1.0;
     for (idle, outcome) in [(1.0, Outcome::Ok), (2.0, Outcome::Ok), (4.0, Outcome::Stall), (4.5, Outcome::Stall)] {
         let mut e = reuse(ts, d, idle, outcome);
-        e.client_runtime = Some(grpcio.clone());
+        e.reuse_mut().client_runtime = Some(grpcio.clone());
         agg.ingest(&e);
         ts += 10.0;
     }
@@ -984,7 +982,7 @@ fn protocols_name_the_row_and_pick_the_fix() {
 /// An answered reuse of `bytes` request bytes.
 fn sized(ts: f64, remote: &str, idle: f64, bytes: u32) -> SockEvent {
     let mut e = reuse(ts, remote, idle, Outcome::Ok);
-    e.bytes = bytes;
+    e.reuse_mut().bytes = bytes;
     e
 }
 
@@ -993,7 +991,7 @@ fn a_connection_kept_by_pings_says_so_and_gives_no_number() {
     let (d, plain) = ("10.0.0.9:50051", "10.0.0.11:6379");
     let mut agg = Aggregator::new(Config::default());
     let mut hello = ev(0.0, EventKind::ServerName, d, 0.0);
-    hello.protocol = Some(Protocol::H2);
+    hello.server_name_mut().protocol = Some(Protocol::H2);
     agg.ingest(&hello);
     // HTTP/2 PINGs (17 bytes) every second; the calls between them come
     // sooner after a ping than the pings' interval. The same sizes to a

@@ -31,16 +31,16 @@ fn fixture_v4() -> Event {
 #[test]
 fn decodes_ipv4_reuse_from_bytes() {
     let ev = decode_bytes(&bytes_of(&fixture_v4()), Clock::with_offset_ns(1_000_000_000_000_000_000)).unwrap();
-    assert_eq!(ev.kind, EventKind::Reuse);
+    assert_eq!(ev.kind(), EventKind::Reuse);
     assert_eq!(ev.local, "10.0.0.1:43210".parse().unwrap());
     assert_eq!(ev.remote, "10.0.0.2:80".parse().unwrap());
-    assert_eq!(ev.outcome, Some(Outcome::Reset));
-    assert!(ev.safe_to_retry);
+    assert_eq!(ev.outcome(), Some(Outcome::Reset));
+    assert!(ev.safe_to_retry());
     assert_eq!(ev.comm, "python3");
     assert_eq!(ev.pid, 4242);
     assert!((ev.idle_seconds - 2.503).abs() < 1e-9);
     assert_eq!(ev.ts_unix_ns, 1_000_000_005_000_000_000);
-    assert_eq!(ev.how, Some(How::Rst));
+    assert_eq!(ev.how(), Some(How::Rst));
 }
 
 #[test]
@@ -53,8 +53,8 @@ fn decodes_ipv6_and_v4_mapped() {
     let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
     assert_eq!(ev.local, "[::1]:43210".parse().unwrap());
     assert_eq!(ev.remote, "127.0.0.1:80".parse().unwrap());
-    assert_eq!(ev.outcome, None, "only reuse events carry an outcome");
-    assert_eq!(ev.elapsed_seconds, None);
+    assert_eq!(ev.outcome(), None, "only reuse events carry an outcome");
+    assert_eq!(ev.elapsed_seconds(), None);
 }
 
 #[test]
@@ -95,16 +95,99 @@ fn json_round_trips_with_stable_names() {
     }
     let back: SockEvent = serde_json::from_str(&line).unwrap();
     assert_eq!(back, ev);
-    // With a name, an owner (its flattened `runtime`) and a client runtime.
-    let mut rich = ev;
-    rich.server_name = Some("api.example".into());
+    // With an owner (its flattened `runtime`) and a client runtime.
+    let mut rich = ev.clone();
     rich.owner =
         Some(crate::kernel::owner::Owner { cgroup: "/x".into(), runtime: Some("docker".into()), ..Default::default() });
-    rich.client_runtime =
+    rich.reuse_mut().client_runtime =
         Some(crate::kernel::runtime::ClientRuntime { runtime: "go".into(), libraries: vec!["net/http".into()] });
     let line = rich.to_json_line();
     let back: SockEvent = serde_json::from_str(&line).unwrap();
     assert_eq!(back, rich, "{line}");
+    // A name.
+    let mut named = SockEvent { body: Body::ServerName(ServerName::default()), ..ev };
+    named.server_name_mut().server_name = Some("api.example".into());
+    let line = named.to_json_line();
+    assert!(line.contains(r#""kind":"server_name","server_name":"api.example""#), "{line}");
+    assert_eq!(serde_json::from_str::<SockEvent>(&line).unwrap(), named, "{line}");
+}
+
+/// Each kind's JSON carries its own fields and no other kind's, and every
+/// kind's line reads back into the same body.
+#[test]
+fn each_kind_writes_only_its_own_fields() {
+    let at = |kind: EventKind| {
+        let mut e = fixture_v4();
+        e.kind = kind_wire(kind);
+        e.flags = flags::PEER_CLOSED_FIRST | flags::REUSE;
+        decode(&e, Clock::with_offset_ns(0)).unwrap()
+    };
+    for &kind in EventKind::ALL {
+        let ev = at(kind);
+        assert_eq!(ev.kind(), kind);
+        let v: serde_json::Value = serde_json::from_str(&ev.to_json_line()).unwrap();
+        let has = |k: &str| v.get(k).is_some();
+        assert_eq!(v["kind"], kind.as_str());
+        assert_eq!(has("outcome"), kind == EventKind::Reuse, "{kind:?}: {v}");
+        assert_eq!(has("safe_to_retry"), kind == EventKind::Reuse, "{kind:?}: {v}");
+        assert_eq!(has("peer_closed_first"), kind == EventKind::LocalClose, "{kind:?}: {v}");
+        assert_eq!(
+            has("reuse"),
+            matches!(kind, EventKind::RequestAborted | EventKind::RequestTimeout),
+            "{kind:?}: {v}"
+        );
+        assert_eq!(
+            has("elapsed_seconds"),
+            matches!(
+                kind,
+                EventKind::Reuse
+                    | EventKind::RequestAborted
+                    | EventKind::RequestTimeout
+                    | EventKind::LateReuse
+                    | EventKind::PeerCloseWhileIdle
+                    | EventKind::DiscardedDead
+            ),
+            "{kind:?}: {v}"
+        );
+        for header in ["ts_unix_ns", "role", "local", "remote", "idle_seconds", "sock_id", "netns"] {
+            assert!(has(header), "{kind:?} lacks {header}: {v}");
+        }
+        assert_eq!(serde_json::from_str::<SockEvent>(&ev.to_json_line()).unwrap(), ev, "{kind:?}");
+    }
+}
+
+/// The wire value of a kind (the inverse of `of_wire`).
+fn kind_wire(kind: EventKind) -> u8 {
+    (0..=u8::MAX).find(|&w| EventKind::of_wire(w) == Some(kind)).unwrap()
+}
+
+/// Lines recorded before typed events (every field on every kind) read
+/// into the right bodies; a reuse record without an outcome is refused.
+#[test]
+fn flat_recordings_still_read_and_a_reuse_needs_its_outcome() {
+    let head = r#""ts_unix_ns":1,"role":"client","pid":1,"comm":"c","local":"10.0.0.1:1","remote":"10.0.0.2:2","idle_seconds":1.0"#;
+    let rest = r#""outcome":null,"elapsed_seconds":2.5,"retransmits":3,"safe_to_retry":false,"failed_before_send":false,"how":"rst","request_outstanding":true,"peer_closed_first":false,"preexisting":false,"keepalive":false,"control_write":false,"reuse":true,"bytes":120,"sock_id":9,"netns":0,"cgroup_id":0"#;
+    let ev: SockEvent = serde_json::from_str(&format!(r#"{{{head},"kind":"request_aborted",{rest}}}"#)).unwrap();
+    assert_eq!(
+        ev.body,
+        Body::RequestAborted(Request {
+            elapsed_seconds: 2.5,
+            retransmits: 3,
+            reuse: true,
+            bytes: 120,
+            how: Some(How::Rst)
+        })
+    );
+    assert_eq!(ev.sock_id, 9);
+    let est: SockEvent = serde_json::from_str(&format!(r#"{{{head},"kind":"established",{rest}}}"#)).unwrap();
+    assert_eq!(est.body, Body::Established);
+    // A local close with a request still outstanding (probes before
+    // `request_timeout`) is no pool idle close.
+    let close: SockEvent = serde_json::from_str(&format!(r#"{{{head},"kind":"local_close",{rest}}}"#)).unwrap();
+    assert!(!close.is_pool_idle_close(), "{close:?}");
+    let mut e = fixture_v4();
+    e.outcome = outcome::NONE;
+    assert_eq!(decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)), Err(DecodeError::Outcome(0)));
 }
 
 #[test]
@@ -141,8 +224,8 @@ fn decodes_a_reuse_that_failed_before_send_and_a_discarded_dead_socket() {
     e.how = how::TIMEOUT;
     e.flags = flags::FAILED_BEFORE_SEND | flags::FIN_BEFORE_WRITE;
     let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
-    assert_eq!(ev.outcome, Some(Outcome::TimedOut));
-    assert!(ev.failed_before_send && ev.safe_to_retry);
+    assert_eq!(ev.outcome(), Some(Outcome::TimedOut));
+    assert!(ev.failed_before_send() && ev.safe_to_retry());
     assert!(ev.to_json_line().contains(r#""outcome":"timed_out""#), "{}", ev.to_json_line());
     assert!(ev.to_string().contains("failed_before_send"), "{ev}");
     e.kind = kind::DISCARDED_DEAD;
@@ -150,15 +233,15 @@ fn decodes_a_reuse_that_failed_before_send_and_a_discarded_dead_socket() {
     e.how = how::RST;
     e.elapsed_ns = 0;
     let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
-    assert_eq!(ev.kind, EventKind::DiscardedDead);
-    assert_eq!((ev.outcome, ev.how, ev.elapsed_seconds), (None, Some(How::Rst), None));
-    assert!(!ev.failed_before_send);
+    assert_eq!(ev.kind(), EventKind::DiscardedDead);
+    assert_eq!((ev.outcome(), ev.how(), ev.elapsed_seconds()), (None, Some(How::Rst), None));
+    assert!(!ev.failed_before_send());
     e.elapsed_ns = 2_000_000_000;
     let ev = decode_bytes(&bytes_of(&e), Clock::with_offset_ns(0)).unwrap();
-    assert_eq!(ev.elapsed_seconds, Some(2.0), "time from the peer's FIN to our close");
+    assert_eq!(ev.elapsed_seconds(), Some(2.0), "time from the peer's FIN to our close");
     // A recording written before these fields existed still reads.
     let old: SockEvent = serde_json::from_str(r#"{"ts_unix_ns":1,"kind":"reuse","role":"client","pid":1,"comm":"c","local":"10.0.0.1:1","remote":"10.0.0.2:2","idle_seconds":1.0,"outcome":"reset"}"#).unwrap();
-    assert!(!old.failed_before_send);
+    assert!(!old.failed_before_send());
 }
 
 #[test]

@@ -14,9 +14,13 @@ fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> Soc
         idle,
     );
     e.comm = "curl".into();
-    e.outcome = outcome;
-    e.elapsed_seconds = outcome.map(|_| 0.001);
-    e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+    if let Some(o) = outcome {
+        e.reuse_mut().outcome = o;
+        e.set_elapsed(0.001);
+    }
+    if kind == EventKind::PeerCloseWhileIdle {
+        e.set_how(Some(How::Fin));
+    }
     e
 }
 
@@ -33,7 +37,7 @@ fn exposition_lines_for_known_events() {
     feed(&m, &mut agg, &ev(EventKind::Reuse, 30.0, Some(Outcome::Ok), d));
     feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
     let mut named = ev(EventKind::ServerName, 0.0, None, d);
-    named.server_name = Some("api.partner.example".into());
+    named.server_name_mut().server_name = Some("api.partner.example".into());
     feed(&m, &mut agg, &named);
     for idle in [60.0, 60.1, 59.9] {
         feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
@@ -105,13 +109,13 @@ fn deadlines_server_rows_and_forgetting() {
     let d = "10.0.0.3:80";
     for k in 0..3u32 {
         let mut a = ev(EventKind::RequestAborted, 0.0, None, d);
-        a.elapsed_seconds = Some(3.0 + f64::from(k) * 0.001);
+        a.set_elapsed(3.0 + f64::from(k) * 0.001);
         feed(&m, &mut agg, &a);
     }
     let mut late = ev(EventKind::LateReuse, 2.0, None, "10.0.0.9:5000");
     late.role = Role::Server;
     late.local = "10.0.0.1:8080".parse().unwrap();
-    late.elapsed_seconds = Some(1.0);
+    late.set_elapsed(1.0);
     feed(&m, &mut agg, &late);
     agg.finish();
     m.set_estimates(&agg.rows(agg.latest_ns()));
@@ -150,7 +154,7 @@ fn promtool_accepts(histograms: bool) {
     let d = "10.0.0.2:443";
     feed(&m, &mut agg, &ev(EventKind::Reuse, 70.0, Some(Outcome::Reset), d));
     let mut named = ev(EventKind::ServerName, 0.0, None, d);
-    named.server_name = Some("api.partner.example".into());
+    named.server_name_mut().server_name = Some("api.partner.example".into());
     feed(&m, &mut agg, &named);
     for idle in [60.0, 60.1, 59.9] {
         feed(&m, &mut agg, &ev(EventKind::PeerCloseWhileIdle, idle, None, d));
@@ -213,7 +217,7 @@ fn doomed_and_discarded_dead_are_exported_per_client_row() {
     feed(&m, &mut agg, &ev(EventKind::DiscardedDead, 3.0, None, d));
     feed(&m, &mut agg, &ev(EventKind::DiscardedDead, 3.5, None, d));
     let mut failed = ev(EventKind::Reuse, 9.0, Some(Outcome::TimedOut), d);
-    failed.failed_before_send = true;
+    failed.reuse_mut().failed_before_send = true;
     feed(&m, &mut agg, &failed);
     let doomed = crate::kernel::event::DoomedView {
         local: "10.0.0.1:40001".parse().unwrap(),

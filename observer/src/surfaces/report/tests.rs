@@ -200,7 +200,7 @@ fn processes_are_named_with_their_owners() {
 /// The recording without its first-bytes events: no name, no protocol.
 fn unnamed() -> Vec<SockEvent> {
     let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
-    events.retain(|e| e.kind != EventKind::ServerName);
+    events.retain(|e| e.kind() != EventKind::ServerName);
     events
 }
 
@@ -231,8 +231,10 @@ fn the_protocol_is_on_our_side() {
     assert!(plain.our_side.protocols.is_empty());
     assert!(markdown(&plain).contains("| Protocol | not told by the first bytes"));
     let mut hello = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
-    hello.kind = EventKind::ServerName;
-    hello.protocol = Some(crate::kernel::first_bytes::Protocol::H2);
+    hello.body = crate::kernel::event::Body::ServerName(crate::kernel::event::ServerName {
+        server_name: None,
+        protocol: Some(crate::kernel::first_bytes::Protocol::H2),
+    });
     events.insert(0, hello);
     let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
     assert_eq!(serde_json::to_value(&r).unwrap()["our_side"]["protocols"], serde_json::json!(["h2"]));

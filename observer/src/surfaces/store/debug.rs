@@ -39,7 +39,6 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
                     ((k % 120) as f64),
                 );
                 e.comm = "writer".into();
-                e.outcome = Some(crate::kernel::event::Outcome::Ok);
                 e.sock_id = k;
                 Record::evidence(e, host_netns)
             })
@@ -55,8 +54,9 @@ pub fn debug_write_evidence(dir: &std::path::Path, records: Option<u64>, destina
 /// names it keeps are none).
 pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option<&std::path::Path>) -> Result<()> {
     use std::io::Write as _;
-    let key =
-        |e: &crate::kernel::event::SockEvent| format!("{} {} {} {}", e.ts_unix_ns, e.kind.as_str(), e.local, e.remote);
+    let key = |e: &crate::kernel::event::SockEvent| {
+        format!("{} {} {} {}", e.ts_unix_ns, e.kind().as_str(), e.local, e.remote)
+    };
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     if let Some(path) = recording {
         let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -72,7 +72,7 @@ pub fn debug_evidence_keys(recording: Option<&std::path::Path>, data_dir: Option
         let mut failed = None;
         store.each_event(None, 0, |e| {
             // Names are stored beside the evidence; they are no evidence.
-            if failed.is_none() && e.kind != crate::kernel::event::EventKind::ServerName {
+            if failed.is_none() && e.kind() != crate::kernel::event::EventKind::ServerName {
                 failed = writeln!(out, "{}", key(&e)).err();
             }
         })?;

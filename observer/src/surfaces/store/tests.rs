@@ -5,7 +5,7 @@ use super::*;
 use crate::{
     diagnosis::aggregate::{Aggregator, Config},
     diagnosis::key::{Destination, Netns},
-    kernel::event::{clock_ns, How, Outcome, Role},
+    kernel::event::{clock_ns, Body, How, LocalClose, Outcome, Role},
 };
 
 const S: u64 = 1_000_000_000;
@@ -31,16 +31,21 @@ fn ev(ts: u64, kind: EventKind, idle: f64, outcome: Option<Outcome>) -> SockEven
         idle,
     );
     e.comm = "java".into();
-    e.outcome = outcome;
-    e.elapsed_seconds = outcome.map(|_| 0.002);
-    e.safe_to_retry = outcome == Some(Outcome::Eof);
-    e.how = (kind == EventKind::PeerCloseWhileIdle).then_some(How::Fin);
+    if let Some(o) = outcome {
+        let r = e.reuse_mut();
+        r.outcome = o;
+        r.safe_to_retry = o == Outcome::Eof;
+        e.set_elapsed(0.002);
+    }
+    if kind == EventKind::PeerCloseWhileIdle {
+        e.set_how(Some(How::Fin));
+    }
     e
 }
 
 /// A mixed run: connections, reuses that survive and fail, peer closes,
 /// names (one twice), and events that are no evidence (a close, a local
-/// close of a busy socket, a reuse whose outcome is not known yet).
+/// close of a busy socket).
 fn run() -> Vec<SockEvent> {
     let mut v = Vec::new();
     for k in 0..30u32 {
@@ -49,16 +54,15 @@ fn run() -> Vec<SockEvent> {
         v.push(ev(ts, EventKind::Established, 0.0, None));
         if k % 10 == 0 {
             let mut name = ev(ts, EventKind::ServerName, 0.0, None);
-            name.server_name = Some("api.example.com".into());
+            name.server_name_mut().server_name = Some("api.example.com".into());
             v.push(name);
         }
         if idle >= 60.0 {
             v.push(ev(ts, EventKind::PeerCloseWhileIdle, 60.0 + f64::from(k % 3) * 0.1, None));
         }
         v.push(ev(ts + S, EventKind::Reuse, idle, Some(if idle < 60.0 { Outcome::Ok } else { Outcome::Eof })));
-        v.push(ev(ts + S, EventKind::Reuse, 0.5, None));
         let mut busy = ev(ts + 2 * S, EventKind::LocalClose, 0.0, None);
-        busy.request_outstanding = true;
+        busy.body = Body::LocalClose(LocalClose { request_outstanding: true, ..LocalClose::default() });
         v.push(busy);
         v.push(ev(ts + 2 * S, EventKind::Closed, 0.0, None));
     }
