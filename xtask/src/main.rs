@@ -94,6 +94,17 @@ enum Task {
         /// compare with, run interleaved with this tree's (repeatable).
         #[arg(long, value_name = "REV_OR_BINARY")]
         baseline: Vec<std::path::PathBuf>,
+        /// The interleaved hot path's design: ping-pongs per layout (each
+        /// places its threads anew; default 4).
+        #[arg(long, value_name = "N")]
+        ping_pongs: Option<usize>,
+        /// Blocks of four windows (with / without / without / with) per
+        /// ping-pong (default 5).
+        #[arg(long, value_name = "N")]
+        blocks: Option<usize>,
+        /// One window of a block, in milliseconds (default 1000).
+        #[arg(long, value_name = "MS")]
+        window_ms: Option<u64>,
     },
     /// One daemon through mixed traffic, two restarts, a kill -9, a scrape
     /// storm and a disk-full window; checks the live table against the
@@ -190,7 +201,10 @@ fn main() -> ExitCode {
         Task::Dist { target } => package::dist(target.as_deref()),
         Task::Image { target } => package::image_task(target.as_deref()),
         Task::Bench { report_only: true, .. } => bench::report_only(),
-        Task::Bench { smoke, only, baseline, .. } => bench_task(smoke, only.as_deref(), &baseline),
+        Task::Bench { smoke, only, baseline, ping_pongs, blocks, window_ms, .. } => {
+            let design = bench::Design { ping_pongs, blocks, window: window_ms.map(std::time::Duration::from_millis) };
+            bench_task(smoke, only.as_deref(), &baseline, &design)
+        }
         Task::BenchHold { runs, per_port } => bench_hold(&runs, per_port),
         Task::Soak { minutes } => soak_task(minutes),
         Task::FleetSim { hosts, destinations } => fleet_task(&hosts, destinations),
@@ -452,7 +466,7 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
         // Last, alone on the CPU: they load it.
         // A few seconds of every benchmark, so it cannot rot (no targets asserted).
         apt_install(BENCH_PACKAGES)?;
-        bench::run(true).context("benchmark smoke run")?;
+        bench::run(true, &bench::Design::default()).context("benchmark smoke run")?;
         soak::run(2.0).context("the two-minute soak")?;
         // The fleet view at a small size: 20 hosts x 20 destinations on a
         // real Prometheus, the fleet interval checked exactly.
@@ -486,7 +500,7 @@ fn release_daemon(toolchain: &str) -> Result<std::path::PathBuf> {
     Ok(workspace_root().join("target/release/observer"))
 }
 
-fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) -> Result<()> {
+fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf], design: &bench::Design) -> Result<()> {
     if !baseline.is_empty() && !matches!(only, Some("state_cost" | "hot_cost")) {
         bail!("--baseline compares probes side by side: give it with --only state_cost (the state-change hook under churn) or --only hot_cost (the hot path under ping-pong)");
     }
@@ -501,8 +515,8 @@ fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf]) 
     status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
     let baseline = baseline.iter().map(|b| bench::baseline_binary(b, &toolchain)).collect::<Result<Vec<_>>>()?;
     match only {
-        Some(phase) => bench::run_phase(phase, smoke, &baseline),
-        None => bench::run(smoke),
+        Some(phase) => bench::run_phase(phase, smoke, &baseline, design),
+        None => bench::run(smoke, design),
     }
 }
 

@@ -121,8 +121,8 @@ pub fn report_only() -> Result<()> {
 
 /// Run one phase, with the full plan or the smoke plan, and write its
 /// figures to `target/bench/<phase>.json` (`<phase>-smoke.json`).
-pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)]) -> Result<()> {
-    let plan = plan(smoke);
+pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)], design: &Design) -> Result<()> {
+    let plan = design.apply(plan(smoke));
     let value = match phase {
         "hot_path_interleaved" => hot_path_interleaved(&plan)?,
         "memory" => memory_phase(&plan)?,
@@ -144,6 +144,25 @@ pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)]) -> Re
     std::fs::write(dir.join(&name), serde_json::to_string_pretty(&value)?)?;
     println!("bench: wrote target/bench/{name}");
     Ok(())
+}
+
+/// The interleaved hot path's design, where the command line changes it
+/// (`--ping-pongs`, `--blocks`, `--window-ms`): more blocks narrow its
+/// intervals, at about five seconds a block with 1 s windows.
+#[derive(Debug, Default)]
+pub struct Design {
+    pub ping_pongs: Option<usize>,
+    pub blocks: Option<usize>,
+    pub window: Option<Duration>,
+}
+
+impl Design {
+    fn apply(&self, mut plan: Plan) -> Plan {
+        plan.sessions = self.ping_pongs.unwrap_or(plan.sessions).max(1);
+        plan.blocks = self.blocks.unwrap_or(plan.blocks).max(1);
+        plan.window = self.window.unwrap_or(plan.window).max(Duration::from_millis(50));
+        plan
+    }
 }
 
 pub(crate) fn plan(smoke: bool) -> Plan {
@@ -181,8 +200,8 @@ pub(crate) fn plan(smoke: bool) -> Plan {
 }
 
 /// Run everything; with `smoke`, a few seconds of each and no report.
-pub fn run(smoke: bool) -> Result<()> {
-    let plan = plan(smoke);
+pub fn run(smoke: bool, design: &Design) -> Result<()> {
+    let plan = design.apply(plan(smoke));
     let root = crate::workspace_root();
     let bt = root.join("bench/idle-bookkeeping.bt");
     if !Path::new(TRACEFS_EVENTS).exists() {
