@@ -95,14 +95,14 @@ enum Task {
         #[arg(long, value_name = "REV_OR_BINARY")]
         baseline: Vec<std::path::PathBuf>,
         /// The interleaved hot path's design: ping-pongs per layout (each
-        /// places its threads anew; default 4).
+        /// places its threads anew; default 8).
         #[arg(long, value_name = "N")]
         ping_pongs: Option<usize>,
         /// Blocks of four windows (with / without / without / with) per
-        /// ping-pong (default 5).
+        /// ping-pong (default 20).
         #[arg(long, value_name = "N")]
         blocks: Option<usize>,
-        /// One window of a block, in milliseconds (default 1000).
+        /// One window of a block, in milliseconds (default 250).
         #[arg(long, value_name = "MS")]
         window_ms: Option<u64>,
     },

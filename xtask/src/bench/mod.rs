@@ -148,7 +148,7 @@ pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)], desig
 
 /// The interleaved hot path's design, where the command line changes it
 /// (`--ping-pongs`, `--blocks`, `--window-ms`): more blocks narrow its
-/// intervals, at about five seconds a block with 1 s windows.
+/// intervals, at about 1.4 s a block with 250 ms windows.
 #[derive(Debug, Default)]
 pub struct Design {
     pub ping_pongs: Option<usize>,
@@ -186,9 +186,13 @@ pub(crate) fn plan(smoke: bool) -> Plan {
             smoke,
             rounds: 15,
             duration: Duration::from_secs(3),
-            sessions: 4,
-            blocks: 5,
-            window: Duration::from_secs(1),
+            // 160 blocks of four 250 ms windows per layout (about 1.4 s a
+            // block): the machine's noise comes in bursts, and short blocks
+            // both cancel more of it and come in numbers. 20 blocks of 1 s
+            // windows gave intervals 11 points wide here; 80 of 250 ms, 1.1.
+            sessions: 8,
+            blocks: 20,
+            window: Duration::from_millis(250),
             pipeline_events: 2_000_000,
             memory_ports: 1000,
             memory_per_port: 50,
