@@ -368,7 +368,7 @@ fn client_events(daemon: &Daemon, dest: std::net::SocketAddr) -> String {
                 e.outcome(),
                 e.how(),
                 e.elapsed_seconds(),
-                e.bytes()
+                e.as_reuse().map_or(0, |r| r.bytes)
             )
         })
         .collect();

@@ -39,7 +39,7 @@ use crate::{
     diagnosis::estimate,
     diagnosis::evidence::{Observation, Observed},
     diagnosis::probed::ProbeEvidence,
-    kernel::event::{DoomedView, EventKind, Role, SockEvent, SocketView},
+    kernel::event::{Body, DoomedView, Role, SockEvent, SocketView},
 };
 pub use crate::{
     diagnosis::evidence::IDLE_BUCKETS,
@@ -259,8 +259,8 @@ impl Aggregator {
     /// report use too.
     pub fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
-        if ev.kind() == EventKind::ServerName {
-            self.fresh_name = self.note_name(ev);
+        if let Body::ServerName(said) = &ev.body {
+            self.fresh_name = self.note_name(ev, said);
             return None;
         }
         let own = DestKey::of_event(ev, self.config.host_netns)?;

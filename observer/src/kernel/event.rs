@@ -19,7 +19,7 @@ mod body;
 pub(crate) mod clock;
 mod views;
 
-pub use body::{Body, Discarded, LateReuse, LocalClose, PeerClose, Request, Reuse, ServerName};
+pub use body::{Body, Discarded, FirstBytes, LateReuse, LocalClose, PeerClose, Request, Reuse};
 pub use clock::{clock_ns, Clock};
 pub use views::{doomed_of, view_of, DoomedView, SocketView};
 
@@ -281,7 +281,7 @@ impl SockEvent {
 
     /// An event with the given identity and body and nothing else set
     /// (recordings written by other tools, tests, benchmarks). A bare
-    /// [`EventKind`] gives that kind's empty body ([`Body::empty`]).
+    /// [`EventKind`] gives that kind's empty body (a reuse: `ok`).
     #[must_use]
     pub fn new(
         ts_unix_ns: u64,
@@ -360,17 +360,6 @@ impl SockEvent {
         }
     }
 
-    /// Request bytes written (reuses, requests; 0 = not measured).
-    #[must_use]
-    pub const fn bytes(&self) -> u32 {
-        match &self.body {
-            Body::Reuse(Reuse { bytes, .. })
-            | Body::RequestAborted(Request { bytes, .. })
-            | Body::RequestTimeout(Request { bytes, .. }) => *bytes,
-            _ => 0,
-        }
-    }
-
     /// Retransmits of the request (reuses, requests).
     #[must_use]
     pub const fn retransmits(&self) -> u32 {
@@ -414,7 +403,7 @@ impl SockEvent {
 
     /// A `server_name` event's name and protocol (None: another kind).
     #[must_use]
-    pub const fn as_server_name(&self) -> Option<&ServerName> {
+    pub const fn as_server_name(&self) -> Option<&FirstBytes> {
         match &self.body {
             Body::ServerName(n) => Some(n),
             _ => None,
@@ -454,7 +443,7 @@ impl SockEvent {
         }
     }
 
-    pub(crate) fn server_name_mut(&mut self) -> &mut ServerName {
+    pub(crate) fn server_name_mut(&mut self) -> &mut FirstBytes {
         match &mut self.body {
             Body::ServerName(n) => n,
             other => panic!("not a server_name: {other:?}"),

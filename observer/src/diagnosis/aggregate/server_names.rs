@@ -12,7 +12,10 @@ use std::collections::BTreeMap;
 
 use super::Aggregator;
 use crate::{
-    diagnosis::key::DestKey, diagnosis::table::ServerName, kernel::event::SockEvent, kernel::first_bytes::Protocol,
+    diagnosis::key::DestKey,
+    diagnosis::table::ServerName,
+    kernel::event::{FirstBytes, SockEvent},
+    kernel::first_bytes::Protocol,
 };
 
 /// Distinct names kept per destination.
@@ -44,11 +47,11 @@ impl Aggregator {
     /// Take a `server_name` event: true when its name or protocol is new
     /// for its row (first sighting, or first since it was forgotten), which
     /// is what the store keeps.
-    pub(crate) fn note_name(&mut self, ev: &SockEvent) -> bool {
+    pub(crate) fn note_name(&mut self, ev: &SockEvent, said: &FirstBytes) -> bool {
         let Some(key) = DestKey::of_event(ev, self.host_netns()) else { return false };
-        let Some(said) = ev.as_server_name().filter(|n| n.server_name.is_some() || n.protocol.is_some()) else {
+        if said.tells_nothing() {
             return false;
-        };
+        }
         let now = self.latest_ns;
         if !self.names.contains_key(&key) && self.names.len() >= 4 * self.config.max_destinations.max(1) {
             if let Some(oldest) = self.names.iter().min_by_key(|(_, n)| n.last_ns).map(|(k, _)| *k) {

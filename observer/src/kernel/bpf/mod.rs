@@ -22,7 +22,7 @@ use observer_common::{counter, globals, maps, DoomedRecord, SockRecord};
 
 use crate::{
     kernel::btf::BtfError,
-    kernel::event::{decode_bytes, Clock, DecodeError, SockEvent},
+    kernel::event::{decode_bytes, Clock, DecodeError, FirstBytes, SockEvent},
 };
 
 mod hooks;
@@ -397,8 +397,7 @@ impl Probes {
             }
             let ev = decode_bytes(&item, self.clock);
             // First bytes that told nothing: parsed, dropped, no event.
-            if matches!(&ev, Ok(e) if e.as_server_name().is_some_and(|n| n.server_name.is_none() && n.protocol.is_none()))
-            {
+            if matches!(&ev, Ok(e) if e.as_server_name().is_some_and(FirstBytes::tells_nothing)) {
                 continue;
             }
             f(ev);

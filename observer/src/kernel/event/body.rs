@@ -44,7 +44,7 @@ pub enum Body {
     /// writing on it.
     DiscardedDead(Discarded),
     /// A client connection's first bytes named the host it was meant for.
-    ServerName(ServerName),
+    ServerName(FirstBytes),
 }
 
 /// `reuse`: how the first request after a quiet spell ended.
@@ -165,7 +165,7 @@ pub struct Discarded {
 
 /// `server_name`: what a client connection's first bytes said. No evidence.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServerName {
+pub struct FirstBytes {
     /// The host name (TLS SNI or HTTP `Host`, lower-cased).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_name: Option<String>,
@@ -189,27 +189,6 @@ impl Body {
             Self::LateReuse(_) => EventKind::LateReuse,
             Self::DiscardedDead(_) => EventKind::DiscardedDead,
             Self::ServerName(_) => EventKind::ServerName,
-        }
-    }
-
-    /// A body of this kind with nothing but its kind known (a reuse: `ok`).
-    #[must_use]
-    pub const fn empty(kind: EventKind) -> Self {
-        match kind {
-            EventKind::Established => Self::Established,
-            EventKind::Closed => Self::Closed,
-            EventKind::Reuse => Self::Reuse(Reuse::new(Outcome::Ok)),
-            EventKind::PeerCloseWhileIdle => Self::PeerCloseWhileIdle(PeerClose { how: None, elapsed_seconds: None }),
-            EventKind::LocalClose => Self::LocalClose(LocalClose {
-                peer_closed_first: false,
-                control_write: false,
-                request_outstanding: false,
-            }),
-            EventKind::RequestAborted => Self::RequestAborted(Request::EMPTY),
-            EventKind::RequestTimeout => Self::RequestTimeout(Request::EMPTY),
-            EventKind::LateReuse => Self::LateReuse(LateReuse { elapsed_seconds: 0.0 }),
-            EventKind::DiscardedDead => Self::DiscardedDead(Discarded { how: None, elapsed_seconds: None }),
-            EventKind::ServerName => Self::ServerName(ServerName { server_name: None, protocol: None }),
         }
     }
 
@@ -253,17 +232,33 @@ impl Body {
             EventKind::DiscardedDead => {
                 Self::DiscardedDead(Discarded { how, elapsed_seconds: (raw.elapsed_ns != 0).then_some(elapsed) })
             }
-            EventKind::ServerName => Self::ServerName(ServerName::default()),
+            EventKind::ServerName => Self::ServerName(FirstBytes::default()),
         })
     }
 }
 
-impl Request {
-    const EMPTY: Self = Self { elapsed_seconds: 0.0, retransmits: 0, reuse: false, bytes: 0, how: None };
+impl FirstBytes {
+    /// The first bytes told neither a name nor a protocol: no event.
+    #[must_use]
+    pub const fn tells_nothing(&self) -> bool {
+        self.server_name.is_none() && self.protocol.is_none()
+    }
 }
 
+/// A body of this kind with nothing but its kind known (a reuse: `ok`).
 impl From<EventKind> for Body {
     fn from(kind: EventKind) -> Self {
-        Self::empty(kind)
+        match kind {
+            EventKind::Established => Self::Established,
+            EventKind::Closed => Self::Closed,
+            EventKind::Reuse => Self::Reuse(Reuse::new(Outcome::Ok)),
+            EventKind::PeerCloseWhileIdle => Self::PeerCloseWhileIdle(PeerClose::default()),
+            EventKind::LocalClose => Self::LocalClose(LocalClose::default()),
+            EventKind::RequestAborted => Self::RequestAborted(Request::default()),
+            EventKind::RequestTimeout => Self::RequestTimeout(Request::default()),
+            EventKind::LateReuse => Self::LateReuse(LateReuse::default()),
+            EventKind::DiscardedDead => Self::DiscardedDead(Discarded::default()),
+            EventKind::ServerName => Self::ServerName(FirstBytes::default()),
+        }
     }
 }

@@ -105,7 +105,7 @@ fn json_round_trips_with_stable_names() {
     let back: SockEvent = serde_json::from_str(&line).unwrap();
     assert_eq!(back, rich, "{line}");
     // A name.
-    let mut named = SockEvent { body: Body::ServerName(ServerName::default()), ..ev };
+    let mut named = SockEvent { body: Body::ServerName(FirstBytes::default()), ..ev };
     named.server_name_mut().server_name = Some("api.example".into());
     let line = named.to_json_line();
     assert!(line.contains(r#""kind":"server_name","server_name":"api.example""#), "{line}");

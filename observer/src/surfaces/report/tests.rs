@@ -231,7 +231,7 @@ fn the_protocol_is_on_our_side() {
     assert!(plain.our_side.protocols.is_empty());
     assert!(markdown(&plain).contains("| Protocol | not told by the first bytes"));
     let mut hello = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
-    hello.body = crate::kernel::event::Body::ServerName(crate::kernel::event::ServerName {
+    hello.body = crate::kernel::event::Body::ServerName(crate::kernel::event::FirstBytes {
         server_name: None,
         protocol: Some(crate::kernel::first_bytes::Protocol::H2),
     });
