@@ -182,12 +182,9 @@ fn response_then_close_is_ok_not_eof() -> Result<()> {
 
 /// A server that answers each request `delay` seconds late:
 /// `python3 SLOW_SERVER HOST PORT DELAY`.
-const SLOW_SERVER: &str = r#"
-import socket, sys, threading, time
-host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(64)
-print("ready", flush=True)
+const SLOW_SERVER: &str = common::threaded_server!(
+    r#"
+delay = float(args[0])
 def serve(c):
     while True:
         try:
@@ -202,10 +199,8 @@ def serve(c):
         except OSError:
             break
     c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
+"#
+);
 
 /// One request per fresh connection to a server that gives up after (or
 /// answers only after) `server_s`; every connection must produce one `kind`
@@ -588,12 +583,8 @@ fn zero_length_reads_are_not_eof() -> Result<()> {
 
 /// A sink that never answers and closes a connection idle for 2 s:
 /// `python3 SINK_SERVER HOST PORT`.
-const SINK_SERVER: &str = r#"
-import socket, sys, threading
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(64)
-print("ready", flush=True)
+const SINK_SERVER: &str = common::threaded_server!(
+    r#"
 def serve(c):
     c.settimeout(2)
     try:
@@ -602,10 +593,8 @@ def serve(c):
     except socket.timeout:
         pass
     c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
+"#
+);
 
 /// A log shipper: writes a line every 1.2 s, never reads, and waits for
 /// the server to close: `python3 ONE_WAY_WRITER HOST PORT`.
@@ -799,12 +788,8 @@ fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()>
 /// a goodbye (`GOAWAY`-like) and closes a second after it, as Go's HTTP/2
 /// server does; to `again` it reads the acknowledgement and answers the
 /// next request; to anything else it reads to the end and closes.
-const REACTION_SERVER: &str = r#"
-import socket, sys, threading, time
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(64)
-print("ready", flush=True)
+const REACTION_SERVER: &str = common::threaded_server!(
+    r#"
 def serve(c):
     line = c.recv(100)
     c.sendall(b"answer\n")
@@ -823,10 +808,8 @@ def serve(c):
         while c.recv(4096):
             pass
     c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
+"#
+);
 
 /// Writes made in reaction to a read, as an HTTP/2 client makes them: an
 /// acknowledgement right after the answer (a `SETTINGS` ack), then the

@@ -720,23 +720,42 @@ pub fn start_nginx_with(
     Ok(nginx)
 }
 
+/// A threaded TCP server in Python, `python3 SCRIPT HOST PORT [ARGS...]`:
+/// the literal given defines `serve(c)`, what one accepted connection gets
+/// (with `socket`, `sys`, `threading` and `time` imported, and `host`,
+/// `port` and `args`, the rest of the command line, set); the server
+/// listens on `HOST PORT`, prints `ready`, and serves each connection on a
+/// thread of its own.
+macro_rules! threaded_server {
+    ($serve:literal) => {
+        concat!(
+            "import socket, sys, threading, time\n",
+            "host, port, args = sys.argv[1], int(sys.argv[2]), sys.argv[3:]\n",
+            $serve,
+            "\ns = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n",
+            "s.bind((host, port)); s.listen(64)\n",
+            "print(\"ready\", flush=True)\n",
+            "while True:\n",
+            "    c, _ = s.accept()\n",
+            "    threading.Thread(target=serve, args=(c,), daemon=True).start()\n",
+        )
+    };
+}
+#[allow(unused_imports, reason = "each test binary uses a different subset")]
+pub(crate) use threaded_server;
+
 /// A server that reads a request and closes `delay` seconds later without
 /// answering (a worker killed at its request timeout):
 /// `python3 KILLING_SERVER HOST PORT DELAY`.
-pub const KILLING_SERVER: &str = r#"
-import socket, sys, threading, time
-host, port, delay = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port)); s.listen(64)
-print("ready", flush=True)
+pub const KILLING_SERVER: &str = threaded_server!(
+    r#"
+delay = float(args[0])
 def serve(c):
     c.recv(4096)
     time.sleep(delay)
     c.close()
-while True:
-    c, _ = s.accept()
-    threading.Thread(target=serve, args=(c,), daemon=True).start()
-"#;
+"#
+);
 
 /// Fresh connections, one request each, read with a timeout; prints
 /// `ip port` and then `ok`/`eof`/`timeout` per connection:
