@@ -188,8 +188,9 @@ pub(crate) fn plan(smoke: bool) -> Plan {
             duration: Duration::from_secs(3),
             // 160 blocks of four 250 ms windows per layout (about 1.4 s a
             // block): the machine's noise comes in bursts, and short blocks
-            // both cancel more of it and come in numbers. 20 blocks of 1 s
-            // windows gave intervals 11 points wide here; 80 of 250 ms, 1.1.
+            // both cancel more of it and come in numbers. Threads free to
+            // move, here: 20 blocks of 1 s windows gave an interval 11.5
+            // points wide; 80 blocks of 250 ms windows, 1.1.
             sessions: 8,
             blocks: 20,
             window: Duration::from_millis(250),
