@@ -153,7 +153,7 @@ impl Observed {
                 idle,
                 mode: if *how == Some(How::Rst) { FailureMode::Rst } else { FailureMode::Fin },
             },
-            Body::LocalClose(_) if ev.is_pool_idle_close() => Observation::LocalIdleClose { idle },
+            Body::LocalClose(c) if c.is_pool_idle_close() => Observation::LocalIdleClose { idle },
             Body::RequestAborted(r) => Observation::RequestAborted { elapsed: r.elapsed_seconds },
             Body::RequestTimeout(r) => Observation::RequestTimeout { elapsed: r.elapsed_seconds },
             Body::LateReuse(l) => Observation::LateReuse { idle, elapsed: l.elapsed_seconds },

@@ -410,12 +410,11 @@ impl SockEvent {
         }
     }
 
-    /// A local close that shows the pool's own idle timeout: our side closed
-    /// an idle socket on its own initiative (nothing outstanding, the peer
-    /// had not closed first).
+    /// A local close that shows the pool's own idle timeout
+    /// ([`LocalClose::is_pool_idle_close`]).
     #[must_use]
     pub const fn is_pool_idle_close(&self) -> bool {
-        matches!(self.body, Body::LocalClose(c) if !c.request_outstanding && !c.peer_closed_first)
+        matches!(&self.body, Body::LocalClose(c) if c.is_pool_idle_close())
     }
 
     /// Wall-clock time of the event.

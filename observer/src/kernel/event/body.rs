@@ -124,6 +124,16 @@ pub struct LocalClose {
     pub request_outstanding: bool,
 }
 
+impl LocalClose {
+    /// The close shows the pool's own idle timeout: our side closed an idle
+    /// socket on its own initiative (nothing outstanding, the peer had not
+    /// closed first).
+    #[must_use]
+    pub const fn is_pool_idle_close(&self) -> bool {
+        !self.request_outstanding && !self.peer_closed_first
+    }
+}
+
 /// `request_aborted` and `request_timeout`: a request left unanswered.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Request {
