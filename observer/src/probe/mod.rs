@@ -231,8 +231,10 @@ fn run_round(
             let (age, result) = match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(got) => got,
                 Err(mpsc::RecvTimeoutError::Timeout) => {
-                    if stop.load(Ordering::Relaxed) {
-                        for (_, cancel) in &cancels {
+                    let stopped = stop.load(Ordering::Relaxed);
+                    let elapsed = started.elapsed().as_secs_f64();
+                    for (a, cancel) in &cancels {
+                        if stopped || !search.worth_waiting(*a, elapsed) {
                             cancel.store(true, Ordering::Relaxed);
                         }
                     }
@@ -251,8 +253,9 @@ fn run_round(
                 verdicts += 1;
             }
             search.record(Probe { round, planned_seconds: age, outcome });
+            let elapsed = started.elapsed().as_secs_f64();
             for (a, cancel) in &cancels {
-                if !search.worth_waiting(*a) {
+                if !search.worth_waiting(*a, elapsed) {
                     cancel.store(true, Ordering::Relaxed);
                 }
             }
@@ -260,7 +263,7 @@ fn run_round(
             if let Some(i) = pending.iter().position(|p| p.to_bits() == age.to_bits()) {
                 pending.swap_remove(i);
             }
-            let longest = pending.iter().copied().filter(|a| search.worth_waiting(*a)).fold(0.0, f64::max);
+            let longest = pending.iter().copied().filter(|a| search.worth_waiting(*a, elapsed)).fold(0.0, f64::max);
             on_result(search, done, longest, started);
         }
         (verdicts, first_error)

@@ -137,13 +137,18 @@ impl Search {
 
     /// The smallest age found dead.
     fn dead(&self) -> Option<f64> {
+        self.first_dead().map(|(at, _)| at)
+    }
+
+    /// The smallest age found dead, and whether a reset answered it.
+    fn first_dead(&self) -> Option<(f64, bool)> {
         self.probes
             .iter()
             .filter_map(|p| match p.outcome {
-                Outcome::Dead { at_seconds, .. } => Some(at_seconds),
+                Outcome::Dead { reset, at_seconds } => Some((at_seconds, reset)),
                 _ => None,
             })
-            .min_by(f64::total_cmp)
+            .min_by(|a, b| a.0.total_cmp(&b.0))
     }
 
     /// The ages found alive.
@@ -254,10 +259,19 @@ impl Search {
     }
 
     /// Whether a connection planned at `planned` s can still tell
-    /// anything: not when a shorter age already found the flow dead.
+    /// anything, `elapsed` s into its round: not when a shorter age
+    /// already found the flow dead. But a reset that met a probe may be a
+    /// hop's own close racing it (a server closing idle connections with
+    /// RST at the probe's age, under a slow clock): until [`RACE`] past
+    /// that age, the longer connections may still see that close, which
+    /// tells the two apart ([`Self::finding`]).
     #[must_use]
-    pub fn worth_waiting(&self, planned: f64) -> bool {
-        self.dead().is_none_or(|d| planned < d)
+    pub fn worth_waiting(&self, planned: f64, elapsed: f64) -> bool {
+        match self.first_dead() {
+            None => true,
+            Some((d, _)) if planned < d => true,
+            Some((d, reset)) => reset && elapsed < d + RACE,
+        }
     }
 }
 
