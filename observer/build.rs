@@ -37,12 +37,21 @@ fn main() -> anyhow::Result<()> {
     // minutes. aya-build builds under `OUT_DIR`, so point that at a shared
     // directory per architecture for the call; its nested cargo locks it.
     let arch = env::var("CARGO_CFG_TARGET_ARCH").context("CARGO_CFG_TARGET_ARCH not set")?;
-    let shared = shared_dir(&out_dir).map_or_else(|| out_dir.clone(), |t| t.join("ebpf").join(&arch));
+    // The benchmark build (`--features bench`) adds the empty programs:
+    // an object of its own, beside the shipped one.
+    let bench = env::var_os("CARGO_FEATURE_BENCH").is_some();
+    let flavour = if bench { format!("{arch}-bench") } else { arch };
+    let shared = shared_dir(&out_dir).map_or_else(|| out_dir.clone(), |t| t.join("ebpf").join(&flavour));
     fs::create_dir_all(&shared).with_context(|| format!("creating {}", shared.display()))?;
     // SAFETY: build scripts are single threaded here.
     unsafe { env::set_var("OUT_DIR", &shared) };
     let built = aya_build::build_ebpf(
-        [aya_build::Package { name: "observer-ebpf", root_dir: ebpf_dir, ..Default::default() }],
+        [aya_build::Package {
+            name: "observer-ebpf",
+            root_dir: ebpf_dir,
+            features: if bench { &["bench"] } else { &[] },
+            ..Default::default()
+        }],
         aya_build::Toolchain::Custom(&toolchain),
     );
     // SAFETY: as above.

@@ -4,7 +4,9 @@
 //! size asserts below) and is plain old data, so the eBPF side can write it
 //! into a ring buffer or map and userspace can read it back byte for byte.
 //! The `user` feature adds `aya::Pod` impls for userspace. The map records
-//! (`SockRecord`, `DoomedRecord`, `TupleKey`, `ClosedIdle`) live in `records`.
+//! (`SockRecord`, `DoomedRecord`, `TupleKey`, `ClosedIdle`, `MappedFile`)
+//! live in `records`, the kernel field offsets the probes read in
+//! `offsets`, the per-socket state in `state`.
 #![no_std]
 
 /// `AF_INET`, as the kernel reports it in tracepoint `family` fields.
@@ -14,13 +16,64 @@ pub const AF_INET6: u16 = 10;
 /// `IPPROTO_TCP`.
 pub const IPPROTO_TCP: u16 = 6;
 
-/// A write of at most this many bytes is a control frame, not a request:
-/// an HTTP/2 `RST_STREAM` or `WINDOW_UPDATE` (13 bytes), a `PING` (17),
-/// alone or in one TLS record (up to 29 bytes more). gRPC writes one of
-/// those at every deadline, and a `PING` at every keep-alive time. On a
-/// stalled connection such a write is no new call; an answered one is a
-/// ping (the `pings` basis of a lower bound).
+/// A write of at most this many bytes may be a control frame (an HTTP/2
+/// `RST_STREAM` or `WINDOW_UPDATE` of 13 bytes, a `PING` of 17, alone or
+/// in one TLS record: up to 29 bytes more); the exact sizes below decide.
 pub const CONTROL_FRAME_BYTES: u32 = 48;
+
+/// The thread name of `observer probe`'s connections. It decides nothing
+/// by itself: it only spares every other connection the kernel-side check
+/// of the connecting executable (see `Event::own`), which a thread so
+/// named gets.
+pub const PROBE_THREAD: &str = "observer-probe";
+
+/// [`PROBE_THREAD`] as the kernel keeps it (`comm`, NUL padded).
+pub const PROBE_THREAD_COMM: [u8; 16] = {
+    let mut comm = [0u8; 16];
+    let name = PROBE_THREAD.as_bytes();
+    let mut i = 0;
+    while i < name.len() {
+        comm[i] = name[i];
+        i += 1;
+    }
+    comm
+};
+
+/// TLS record overhead beside cleartext: none; TLS 1.2 with
+/// `ChaCha20-Poly1305` (5 header + 16 tag); TLS 1.3 (5 + 1 content type +
+/// 16 tag); TLS 1.2 with AES-GCM (5 + 8 explicit nonce + 16 tag).
+const TLS_OVERHEADS: [u32; 4] = [0, 21, 22, 29];
+
+/// Whether `bytes` is exactly an HTTP/2 `PING` (9-byte frame header and 8
+/// bytes of data), cleartext or alone in one TLS record: 17, 38, 39 or 46.
+/// An answered exchange of that size is a ping (the `pings` basis of a
+/// lower bound), never a small request (a Redis `PING` is 14 bytes).
+#[must_use]
+pub const fn is_h2_ping(bytes: u32) -> bool {
+    is_record_of(bytes, 17)
+}
+
+/// Whether `bytes` is exactly one lone HTTP/2 control frame a client writes
+/// on a connection without starting a call: a `SETTINGS` ack (9 bytes), a
+/// `RST_STREAM` or `WINDOW_UPDATE` (13: gRPC's cancel at a call's
+/// deadline) or a `PING` (17), cleartext or alone in one TLS record. On a
+/// stalled connection every other write is a new call (a request), which
+/// fails.
+#[must_use]
+pub const fn is_h2_control(bytes: u32) -> bool {
+    is_record_of(bytes, 9) || is_record_of(bytes, 13) || is_record_of(bytes, 17)
+}
+
+const fn is_record_of(bytes: u32, frame: u32) -> bool {
+    let mut i = 0;
+    while i < TLS_OVERHEADS.len() {
+        if bytes == frame + TLS_OVERHEADS[i] {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
 
 /// Kernel TCP states (`include/net/tcp_states.h`), stable ABI.
 pub mod tcp_state {
@@ -151,6 +204,28 @@ pub mod flags {
     pub const FAILED_BEFORE_SEND: u8 = 128;
 }
 
+/// [`Event::ttl_flags`] and [`SockState::ttl_flags`]: how the segments
+/// whose TTL the probes read arrived (who sent a reset is told by them).
+pub mod ttl {
+    /// The peer's SYN-ACK arrived by the loopback interface (this host).
+    pub const PEER_LOOPBACK: u8 = 1;
+    /// The RST arrived by the loopback interface: made by this host's own
+    /// stack (its firewall's `reject`, conntrack), never routed.
+    pub const RESET_LOOPBACK: u8 = 2;
+    /// An RST arrived and was read (its TTL is in `reset_ttl`).
+    pub const RESET_SEEN: u8 = 4;
+    /// The IP header's TTL (IPv4) or hop limit (IPv6) at `header[..]`'s
+    /// version: byte 8 or 7 from the header's start; `None`: neither.
+    #[must_use]
+    pub const fn offset_for_version(first_byte: u8) -> Option<usize> {
+        match first_byte >> 4 {
+            4 => Some(8),
+            6 => Some(7),
+            _ => None,
+        }
+    }
+}
+
 /// [`SockState::dead`]: how the socket died while idle (no request
 /// outstanding), in the low bits, and what the application did since.
 pub mod dead {
@@ -259,6 +334,7 @@ pub mod globals {
 
 pub mod kfunc;
 pub mod program;
+pub mod tls;
 
 /// The send probe's clock-free timing of a write in a busy exchange (a
 /// client's next request, a server's answer), here so that it is tested on
@@ -324,92 +400,22 @@ pub mod maps {
     /// while the failed-write hook is attached and stable (userspace sets
     /// it after attaching, clears it a tick before detaching).
     pub const FAILED_WRITE_WATCH: &str = "FAILED_WRITE_WATCH";
+    /// One `u64`: the address of the daemon's own executable's inode
+    /// (`task->mm->exe_file->f_inode`), set by the state hook when the
+    /// daemon connects from a thread named [`crate::PROBE_THREAD`] at start;
+    /// a connection from a thread so named in a process whose executable
+    /// is that same inode is `observer probe`'s. An address compared,
+    /// never read through; 0 = not known.
+    pub const OWN_EXE: &str = "OWN_EXE";
+    /// Two `u32`: the process (tgid) whose mapped files the
+    /// `iter/task_vma` program lists next (0 = none); and 0 until the
+    /// program has written that process's executable (userspace clears it
+    /// before each listing).
+    pub const FILES_OF: &str = "FILES_OF";
+    /// One [`crate::MappedFile`] per CPU: the task-VMA iterator's record,
+    /// too large for the BPF stack.
+    pub const MAPPED_SCRATCH: &str = "MAPPED_SCRATCH";
 }
-
-/// Byte offsets of the kernel fields the probes read, resolved at load time
-/// from `/sys/kernel/btf/vmlinux` (never compiled in).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Offsets {
-    /// `sock_common.skc_daddr` (IPv4 remote address).
-    pub skc_daddr: u64,
-    /// `sock_common.skc_rcv_saddr` (IPv4 local address).
-    pub skc_rcv_saddr: u64,
-    /// `sock_common.skc_dport` (network order).
-    pub skc_dport: u64,
-    /// `sock_common.skc_num` (local port, host order).
-    pub skc_num: u64,
-    /// `sock_common.skc_family`.
-    pub skc_family: u64,
-    /// `sock_common.skc_v6_daddr`.
-    pub skc_v6_daddr: u64,
-    /// `sock_common.skc_v6_rcv_saddr`.
-    pub skc_v6_rcv_saddr: u64,
-    /// `sock_common.skc_flags` (`sock_flag()` bits).
-    pub skc_flags: u64,
-    /// Bit number of `SOCK_KEEPOPEN` in `skc_flags` (from `enum sock_flags`).
-    pub sock_keepopen_bit: u64,
-    /// `sock.sk_err`.
-    pub sk_err: u64,
-    /// `sock.sk_protocol` (a `u16` since 5.6).
-    pub sk_protocol: u64,
-    /// Byte holding `sock.sk_shutdown` (a bitfield on some kernels).
-    pub sk_shutdown: u64,
-    /// Bit shift of `sk_shutdown` within that byte.
-    pub sk_shutdown_shift: u64,
-    /// `tcp_sock.write_seq`: next byte the application writes.
-    pub write_seq: u64,
-    /// `tcp_sock.snd_una`: first byte not yet acknowledged by the peer.
-    pub snd_una: u64,
-    /// `tcp_sock.rcv_nxt`: next byte expected from the peer (FIN counts one).
-    pub rcv_nxt: u64,
-    /// `tcp_sock.copied_seq`: next byte the application reads.
-    pub copied_seq: u64,
-    /// `tcp_sock.keepalive_time` (jiffies; 0 = the sysctl default).
-    pub keepalive_time: u64,
-    /// `sock_common.skc_net` (the `struct net *` inside `possible_net_t`);
-    /// 0 = a kernel without network namespaces (every event reads netns 0).
-    pub skc_net: u64,
-    /// `net.ns.inum`: the namespace's inode number, as `/proc/PID/ns/net`
-    /// shows it.
-    pub net_ns_inum: u64,
-    /// `tcp_sock.tcp_clock_cache`: `CLOCK_MONOTONIC` ns of the socket's
-    /// latest segment processed (4.20+), read directly as the receive time.
-    pub tcp_clock_cache: u64,
-    /// `tcp_sock.rcv_tstamp`: jiffies of the last segment received (data,
-    /// or the answer to a keep-alive probe).
-    pub rcv_tstamp: u64,
-    /// `msghdr.msg_iter` (the send probe's `msg` argument); 0 = names off
-    /// (`--no-names`, or a kernel whose `iov_iter` was not resolved).
-    pub msg_iter: u64,
-    /// `iov_iter.iter_type` (a `u8`).
-    pub iter_type: u64,
-    /// `iov_iter.iov_offset`: bytes of the first segment already consumed.
-    pub iov_offset: u64,
-    /// `iov_iter.count`: bytes left to send.
-    pub iter_count: u64,
-    /// The `iov_iter` pointer union: `ubuf` (6.0+) or `__iov`/`iov`.
-    pub iter_ptr: u64,
-    /// Value of `ITER_UBUF` (`u64::MAX` on kernels without it).
-    pub iter_ubuf: u64,
-    /// Value of `ITER_IOVEC`.
-    pub iter_iovec: u64,
-    /// `sock_common.skc_state` (a `u8`): the iterator tells listeners by it.
-    pub skc_state: u64,
-    /// `tcp_sock.app_limited` (a `u32`): a write on a closed socket sets
-    /// it before it fails (see `watch::NO_WRITE_MARK`).
-    pub app_limited: u64,
-    /// `tcp_sock.lsndtime` (jiffies, a `u32`): the last data segment sent.
-    pub lsndtime: u64,
-    /// `inet_connection_sock.icsk_ack.lrcvtime` (jiffies, a `u32`): the
-    /// last data segment received. With `lsndtime`, a socket older than
-    /// the probes gets its idle clock from the kernel when adopted.
-    pub lrcvtime: u64,
-}
-
-/// Number of `u64` fields in [`Offsets`].
-pub const OFFSETS_COUNT: usize = 33;
-const _: () = assert!(core::mem::size_of::<Offsets>() == OFFSETS_COUNT * 8);
 
 /// One event sent from the kernel to userspace through the ring buffer.
 ///
@@ -446,8 +452,20 @@ pub struct Event {
     pub outcome: u8,
     pub how: u8,
     pub flags: u8,
-    /// Explicit padding, always zero.
-    pub pad: [u8; 5],
+    /// 1: the socket was connected by an observer process (its executable
+    /// is the daemon's own file, checked in the kernel at `connect()`):
+    /// `observer probe`'s connection, never the application's evidence.
+    pub own: u8,
+    /// IP TTL (hop limit) of the peer's SYN-ACK as it arrived; 0 = not seen.
+    pub peer_ttl: u8,
+    /// IP TTL (hop limit) of the RST this socket received; 0 = none.
+    pub reset_ttl: u8,
+    /// [`ttl`] bits: how the SYN-ACK and the RST arrived.
+    pub ttl_flags: u8,
+    /// A `server_name` record of a TLS connection's second flight: the
+    /// negotiated version's minor ([`tls::second_flight`]: 1 = TLS 1.0 …
+    /// 4 = TLS 1.3); 0 on every other record.
+    pub tls_version: u8,
     /// Command name of `tgid`, NUL padded.
     pub comm: [u8; 16],
     /// cgroup v2 id (the cgroup directory's inode) of `tgid` at its last
@@ -485,7 +503,11 @@ impl Event {
         outcome: 0,
         how: 0,
         flags: 0,
-        pad: [0; 5],
+        own: 0,
+        peer_ttl: 0,
+        reset_ttl: 0,
+        ttl_flags: 0,
+        tls_version: 0,
         comm: [0; 16],
         cgroup_id: 0,
         netns: 0,
@@ -513,8 +535,14 @@ const _: () = assert!(core::mem::size_of::<Hello>() == HELLO_SIZE);
 mod state;
 pub use state::{SockState, SOCK_STATE_SIZE};
 
+mod offsets;
+pub use offsets::{Offsets, OFFSETS_COUNT};
+
 mod records;
-pub use records::{ClosedIdle, DoomedRecord, SockRecord, TupleKey, DOOMED_RECORD_SIZE, SOCK_RECORD_SIZE};
+pub use records::{
+    ClosedIdle, DoomedRecord, MappedFile, SockRecord, TupleKey, DOOMED_RECORD_SIZE, MAPPED_DEPTH, MAPPED_FILE_SIZE,
+    MAPPED_NAME_BYTES, SOCK_RECORD_SIZE,
+};
 
 #[cfg(feature = "user")]
 mod pod {
@@ -527,6 +555,7 @@ mod pod {
     unsafe impl aya::Pod for super::DoomedRecord {}
     unsafe impl aya::Pod for super::TupleKey {}
     unsafe impl aya::Pod for super::ClosedIdle {}
+    unsafe impl aya::Pod for super::MappedFile {}
     unsafe impl aya::Pod for super::Offsets {}
 }
 

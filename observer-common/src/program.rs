@@ -12,14 +12,21 @@ pub const SOCK_SEND_LENGTH: &str = "sock_send_length";
 pub const TCP_SEND_RESET: &str = "tcp_send_reset";
 pub const FENTRY_TCP_V4_SEND_RESET: &str = "fentry_tcp_v4_send_reset";
 pub const FENTRY_TCP_V6_SEND_RESET: &str = "fentry_tcp_v6_send_reset";
+pub const FENTRY_TCP_RESET: &str = "fentry_tcp_reset";
+pub const FEXIT_TCP_FINISH_CONNECT: &str = "fexit_tcp_finish_connect";
 pub const ITER_TCP: &str = "iter_tcp";
+pub const ITER_TASK_VMA: &str = "iter_task_vma";
 pub const TCP_SENDMSG_LOCKED: &str = "tcp_sendmsg_locked";
 pub const FENTRY_TCP_SENDMSG_LOCKED: &str = "fentry_tcp_sendmsg_locked";
+#[cfg(feature = "bench")]
 pub const BENCH_EMPTY_SEND: &str = "bench_empty_send";
+#[cfg(feature = "bench")]
 pub const BENCH_EMPTY_RECV: &str = "bench_empty_recv";
+#[cfg(feature = "bench")]
 pub const BENCH_EMPTY_STATE: &str = "bench_empty_state";
 
-/// Every program in the object.
+/// Every program in the object (the benchmark's empty ones only in a
+/// build with the `bench` feature).
 pub const ALL: &[&str] = &[
     INET_SOCK_SET_STATE,
     TCP_RCV_SPACE_ADJUST,
@@ -31,11 +38,17 @@ pub const ALL: &[&str] = &[
     TCP_SEND_RESET,
     FENTRY_TCP_V4_SEND_RESET,
     FENTRY_TCP_V6_SEND_RESET,
+    FENTRY_TCP_RESET,
+    FEXIT_TCP_FINISH_CONNECT,
     ITER_TCP,
+    ITER_TASK_VMA,
     TCP_SENDMSG_LOCKED,
     FENTRY_TCP_SENDMSG_LOCKED,
+    #[cfg(feature = "bench")]
     BENCH_EMPTY_SEND,
+    #[cfg(feature = "bench")]
     BENCH_EMPTY_RECV,
+    #[cfg(feature = "bench")]
     BENCH_EMPTY_STATE,
 ];
 

@@ -32,6 +32,50 @@ pub struct SockRecord {
 pub const SOCK_RECORD_SIZE: usize = 80;
 const _: () = assert!(core::mem::size_of::<SockRecord>() == SOCK_RECORD_SIZE);
 
+/// A process's executable or one of its file-backed mappings, as the
+/// `iter/task_vma` program writes it: what `/proc/PID/exe` and
+/// `/proc/PID/maps` show, read by the kernel for a daemon that may not
+/// read another user's (no `CAP_SYS_PTRACE`). The executable's path comes
+/// as its names, leaf first, walked up the dentries and mounts by plain
+/// reads (no `bpf_d_path`: kernels since 6.13 refuse it a `struct file`
+/// reached through an iterator's VMA); a mapping's as its name alone.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MappedFile {
+    pub tgid: u32,
+    /// [`MappedFile::EXECUTABLE`], [`MappedFile::WHOLE_PATH`].
+    pub flags: u32,
+    /// The executable's inode; 0 in a mapping's record.
+    pub ino: u64,
+    /// The executable's file system's device, as the kernel keeps it
+    /// (`MAJOR << 20 | MINOR`); 0 in a mapping's record.
+    pub dev: u32,
+    /// Steps of the walk written in `names`, leaf first (a mapping's
+    /// record: its name alone, one step).
+    pub depth: u32,
+    /// Each NUL-terminated; an empty one is a step from a mount's root to
+    /// where it is mounted; a name that fills its slot was cut.
+    pub names: [[u8; MAPPED_NAME_BYTES]; MAPPED_DEPTH],
+}
+
+impl MappedFile {
+    /// This record is the process's executable (`mm->exe_file`, the path
+    /// it was started by), written before its mappings.
+    pub const EXECUTABLE: u32 = 1;
+    /// The walk reached the root of the process's mount tree: `names` is
+    /// the whole path.
+    pub const WHOLE_PATH: u32 = 2;
+}
+
+/// Longest name of one path component a [`MappedFile`] carries.
+pub const MAPPED_NAME_BYTES: usize = 64;
+/// Most steps of a path's walk a [`MappedFile`] carries: names and mount
+/// crossings.
+pub const MAPPED_DEPTH: usize = 24;
+/// Size of [`MappedFile`].
+pub const MAPPED_FILE_SIZE: usize = 24 + MAPPED_NAME_BYTES * MAPPED_DEPTH;
+const _: () = assert!(core::mem::size_of::<MappedFile>() == MAPPED_FILE_SIZE);
+
 /// A client socket that is dead while a process still holds it, as the
 /// probes keep it in the `DOOMED` map (keyed by socket id): the peer closed
 /// it (`CLOSE_WAIT`) or reset it, or the kernel timed it out (`CLOSE`, the

@@ -64,7 +64,9 @@ pub struct SockState {
     /// How the socket died while idle, and whether that was acted on
     /// ([`crate::dead`]).
     pub dead: u8,
-    /// 1 once the first write was looked at for a name (see [`crate::Hello`]).
+    /// 0 until the first write was looked at for a name (see
+    /// [`crate::Hello`]); 2 or 3 while a TLS client's second flight may
+    /// still tell its version ([`crate::tls`]); 1 after.
     pub hello: u8,
     /// The failed-write hook's bookkeeping ([`crate::watch`]).
     pub watch: u8,
@@ -75,8 +77,31 @@ pub struct SockState {
     pub event_flags: u8,
     /// What the last read was (`rd` bits, the probes' own).
     pub read_flags: u8,
+    /// Calls written while the outstanding reuse was unanswered (each a
+    /// new `sendmsg`, not exactly a control frame, a quiet moment after the
+    /// last write): a busy channel's, which fail with a stalled reuse.
+    pub joined: u8,
+    /// 1: connected by an observer process ([`crate::Event::own`]).
+    pub own: u8,
+    /// IP TTL (hop limit) of the peer's SYN-ACK as it arrived here; 0 =
+    /// not seen (a server's socket, one older than the probes).
+    pub peer_ttl: u8,
+    /// Where the last call written ends (`write_seq` plus the bytes its
+    /// `sendmsg` had still to copy): the next chunk of the same `sendmsg`
+    /// ends there too. Set when a reuse starts (its own write), kept while
+    /// calls join it ([`Self::joined`]) and while the connection is
+    /// stalled (each further call fails).
+    pub call_end: u32,
+    /// IP TTL (hop limit) of the last RST received; 0 = none.
+    pub reset_ttl: u8,
+    /// [`crate::ttl`] bits: how the SYN-ACK and the RST arrived.
+    pub ttl_flags: u8,
     /// Explicit padding, always zero.
-    pub pad: [u8; 7],
+    pub pad: [u8; 2],
+    /// `copied_seq` just after the read at `burst_ns`: more than a
+    /// goodbye's bytes arriving after it make the burst a push stream, no
+    /// goodbye.
+    pub burst_rseq: u32,
 }
 
 impl SockState {
@@ -114,10 +139,17 @@ impl SockState {
         watch: 0,
         event_flags: 0,
         read_flags: 0,
-        pad: [0; 7],
+        joined: 0,
+        own: 0,
+        peer_ttl: 0,
+        call_end: 0,
+        reset_ttl: 0,
+        ttl_flags: 0,
+        pad: [0; 2],
+        burst_rseq: 0,
     };
 }
 
 /// Size of [`SockState`] in socket-local storage.
-pub const SOCK_STATE_SIZE: usize = 192;
+pub const SOCK_STATE_SIZE: usize = 200;
 const _: () = assert!(core::mem::size_of::<SockState>() == SOCK_STATE_SIZE);

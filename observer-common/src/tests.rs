@@ -73,6 +73,7 @@ fn sock_state_layout_is_stable() {
     assert_eq!(offset_of!(SockState, flags), 151);
     assert_eq!(offset_of!(SockState, comm), 152);
     assert_eq!(offset_of!(SockState, cgroup_id), 168);
+    assert_eq!(offset_of!(SockState, burst_rseq), 196);
     assert_eq!(offset_of!(SockState, netns), 176);
     assert_eq!(offset_of!(SockState, watch), 182);
     assert_eq!(offset_of!(SockState, event_flags), 183);
@@ -92,4 +93,30 @@ fn records_and_keys_have_no_padding() {
     assert_eq!(offset_of!(DoomedRecord, how), 71);
     assert_eq!(offset_of!(DoomedRecord, comm), 72);
     assert_eq!(offset_of!(SockState, dead), 180);
+}
+
+#[test]
+fn h2_control_frames_by_their_exact_sizes() {
+    use crate::{is_h2_control, is_h2_ping};
+    for ping in [17, 38, 39, 46] {
+        assert!(is_h2_ping(ping) && is_h2_control(ping), "{ping}");
+    }
+    // A Redis PING (14 bytes), a small request, a TLS record of 17 bytes.
+    for not_ping in [14, 16, 18, 47, 48] {
+        assert!(!is_h2_ping(not_ping), "{not_ping}");
+    }
+    // SETTINGS ack, RST_STREAM / WINDOW_UPDATE, cleartext and in TLS.
+    for control in [9, 13, 30, 31, 34, 35, 42] {
+        assert!(is_h2_control(control) && !is_h2_ping(control), "{control}");
+    }
+    // Two frames at once, or a call's HEADERS and DATA, are no control frame.
+    for call in [0, 26, 28, 50, 120] {
+        assert!(!is_h2_control(call), "{call}");
+    }
+}
+
+#[test]
+fn the_probe_thread_comm_is_its_name_nul_padded() {
+    assert_eq!(&crate::PROBE_THREAD_COMM[..14], crate::PROBE_THREAD.as_bytes());
+    assert!(crate::PROBE_THREAD_COMM[14..].iter().all(|&b| b == 0));
 }

@@ -1,5 +1,6 @@
 //! Empty BTF tracepoint programs on the hot-path hooks and the state-change
-//! hook, attached only by
+//! hook, in the benchmark's build only (the `bench` feature, which
+//! `cargo xtask bench` turns on), attached by
 //! `observer run --bench-empty-probes`: their run time is the fixed cost of
 //! a program plus the stats accounting, which `cargo xtask bench`
 //! subtracts from the real probes' figures.

@@ -1,7 +1,8 @@
 //! `tp_btf/inet_sock_set_state` (4.16+; args `sk`, `oldstate`,
 //! `newstate`): establishment (role), the peer's FIN (`ESTABLISHED ->
 //! CLOSE_WAIT`), our close, and the final `CLOSE`; `connect()` (`CLOSE ->
-//! SYN_SENT`) records the connecting process and its cgroup; `listen()`
+//! SYN_SENT`) records the connecting process and its cgroup, and whether
+//! it runs the daemon's own executable (`observer probe`); `listen()`
 //! and a listener's close keep the table of listening ports. Addresses come from
 //! `struct sock_common` at BTF offsets, once per connection, by direct
 //! loads from the hook's BTF `struct sock *` (no helper call).
@@ -9,11 +10,11 @@
 use core::ffi::c_void;
 
 use aya_ebpf::{macros::btf_tracepoint, programs::BtfTracePointContext};
-use observer_common::{how, tcp_state as S, IPPROTO_TCP};
+use observer_common::{how, tcp_state as S, IPPROTO_TCP, PROBE_THREAD_COMM};
 
 use crate::common::{
-    adopt, is_full_close, listening, now, on_closed, on_established, on_local_close, on_peer_fin, set_process,
-    sk_protocol, stopped_listening, storage,
+    adopt, is_full_close, is_own_process, listening, now, on_closed, on_established, on_local_close, on_peer_fin,
+    set_process, sk_protocol, stopped_listening, storage,
 };
 
 observer_common::named_as!(inet_sock_set_state, INET_SOCK_SET_STATE);
@@ -35,6 +36,11 @@ pub fn inet_sock_set_state(ctx: BtfTracePointContext) -> i32 {
         // `on_established` fills them in.
         if let Some(st) = storage(sk, true) {
             set_process(st);
+            // `observer probe`'s own connection, told by its executable;
+            // only a thread named as the probe's pays the check.
+            if st.comm == PROBE_THREAD_COMM {
+                st.own = u8::from(is_own_process());
+            }
         }
     } else if new == S::ESTABLISHED && (old == S::SYN_SENT || old == S::SYN_RECV) {
         on_established(sk, old == S::SYN_SENT, now());

@@ -9,7 +9,10 @@
 //! `tcp_receive_reset`, `tcp_retransmit_skb`, `tcp_send_reset` and
 //! `tcp_destroy_sock` for state changes; `sock_send_length` (or the
 //! `fentry` send probe's entry) for writes the kernel fails before sending;
-//! `iter/tcp` for the socket table. Kernel struct offsets come
+//! `fentry/tcp_reset` and `fexit/tcp_finish_connect` for how a received RST
+//! and the peer's SYN-ACK arrived (who sent a reset); `iter/tcp` for the
+//! socket table; `iter/task_vma` for the files a
+//! process maps, where the daemon may not read its `/proc`. Kernel struct offsets come
 //! from userspace at load time (resolved from the running kernel's BTF).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
@@ -19,12 +22,14 @@
 #![allow(clippy::cast_possible_truncation, reason = "the BPF target is 64-bit; u64 -> usize is lossless")]
 #![allow(clippy::needless_pass_by_value, reason = "the aya macros hand each program its context by value")]
 
-#[cfg(target_arch = "bpf")]
+#[cfg(all(target_arch = "bpf", feature = "bench"))]
 mod bench_empty;
 #[cfg(target_arch = "bpf")]
 mod common;
 #[cfg(target_arch = "bpf")]
 mod inet_sock_set_state;
+#[cfg(target_arch = "bpf")]
+mod iter_task_vma;
 #[cfg(target_arch = "bpf")]
 mod iter_tcp;
 #[cfg(target_arch = "bpf")]
@@ -32,9 +37,13 @@ mod sock_send_length;
 #[cfg(target_arch = "bpf")]
 mod tcp_destroy_sock;
 #[cfg(target_arch = "bpf")]
+mod tcp_finish_connect;
+#[cfg(target_arch = "bpf")]
 mod tcp_rcv_space_adjust;
 #[cfg(target_arch = "bpf")]
 mod tcp_receive_reset;
+#[cfg(target_arch = "bpf")]
+mod tcp_reset;
 #[cfg(target_arch = "bpf")]
 mod tcp_retransmit_skb;
 #[cfg(target_arch = "bpf")]

@@ -27,7 +27,8 @@ use aya_ebpf::{
 };
 
 use crate::common::{
-    adopt, busy_write_time, first_write, now, on_failed_write, on_send, start_busy_write, write_fails,
+    adopt, busy_write_time, first_write, now, on_failed_write, on_send, second_flight, start_busy_write, write_fails,
+    HELLO_FIRST, HELLO_TLS_AFTER_CCS, HELLO_TLS_NEXT,
 };
 
 #[inline(always)]
@@ -37,8 +38,12 @@ fn send(sk: *mut c_void, msg: *const c_void) {
     }
     // A socket established before the probes attached is adopted here.
     let Some(st) = adopt(sk) else { return };
-    if st.hello == 0 {
-        first_write(sk, msg, st, now());
+    // Once per connection (and once more for a TLS client's version):
+    // every later write compares one byte.
+    match st.hello {
+        HELLO_FIRST => first_write(sk, msg, st, now()),
+        HELLO_TLS_NEXT | HELLO_TLS_AFTER_CCS => second_flight(sk, msg, st, now()),
+        _ => {}
     }
     if write_fails(st) {
         on_failed_write(sk, st, now());

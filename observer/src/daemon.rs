@@ -22,8 +22,10 @@ use crate::{
     kernel::bpf::{self, KernelCounters, ProbeConfig, Probes},
     kernel::event::clock_ns,
     kernel::owner::{self, Filter, Resolver},
+    kernel::runtime::{KernelFiles, Listed},
     surfaces::http,
     surfaces::metrics::Metrics,
+    surfaces::otlp,
     surfaces::store::{self, Store, Writer},
 };
 
@@ -32,13 +34,13 @@ mod enrich;
 mod held;
 mod outputs;
 mod pipeline;
-mod probed;
+mod probe_feed;
 
 use api::spawn_http;
 pub use api::{DaemonState, Health};
 use enrich::Enrich;
-use outputs::Outputs;
 use outputs::{EventsOut, Recording};
+use outputs::{OtlpOut, Outputs};
 use pipeline::{drain, refresh_sockets, report_losses, Pipeline};
 
 /// How often the at-risk view is refreshed from the kernel's socket table.
@@ -85,7 +87,9 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         answer_within_ns: nanos(args.answer_within),
         emit_closed: args.connections && args.events.is_some(),
         ring_buffer_bytes: args.ring_buffer,
+        #[cfg(feature = "bench")]
         bench_empty: args.bench_empty_probes,
+        #[cfg(feature = "bench")]
         bench_toggle: args.bench_toggle,
         names: !args.no_names,
     };
@@ -103,6 +107,7 @@ fn bring_up(args: &RunArgs) -> Result<Probes> {
         let kind = match a.hook.kind {
             bpf::HookKind::BtfTracePoint => "tp_btf",
             bpf::HookKind::FEntry => "fentry",
+            bpf::HookKind::FExit => "fexit",
             bpf::HookKind::Iter => "iter",
         };
         if a.on_demand {
@@ -178,6 +183,34 @@ fn serve_http(args: &RunArgs, shared: &Arc<DaemonState>) -> Result<()> {
     Ok(())
 }
 
+/// The OTLP settings from the flags and `OTEL_*` variables; None when no
+/// endpoint is set.
+fn otlp_settings(args: &RunArgs) -> Result<Option<otlp::Settings>> {
+    otlp::resolve(
+        args.otlp_endpoint.as_deref(),
+        args.otlp_metrics_endpoint.as_deref(),
+        args.otlp_logs_endpoint.as_deref(),
+        args.otlp_protocol,
+        args.otlp_headers.as_deref(),
+        args.otlp_interval,
+        args.otlp_timeout,
+        args.otlp_logs,
+    )
+    .context("the OTLP settings")
+}
+
+/// Start the OTLP export: each collection reads the exposition a scrape
+/// would get.
+fn start_otlp(settings: &otlp::Settings, shared: &Arc<DaemonState>) -> Result<OtlpOut> {
+    let source_state = Arc::clone(shared);
+    let source: otlp::Source =
+        Arc::new(move || source_state.bodies().ok().map(|(_, m)| String::from_utf8_lossy(&m).into_owned()));
+    let tally = Arc::new(otlp::Tally::default());
+    let export = otlp::Otlp::start(settings, shared.metrics.declared(), source, Arc::clone(&tally))
+        .context("starting the OTLP export")?;
+    Ok(OtlpOut::new(export, tally))
+}
+
 /// The pipeline for this run.
 fn new_pipeline(
     args: &RunArgs,
@@ -193,12 +226,28 @@ fn new_pipeline(
         None
     };
     Ok(Pipeline {
-        enrich: Enrich::new(Resolver::new(cgroup_root), filter),
+        enrich: Enrich::new(Resolver::new(cgroup_root), filter, &args.data_dir),
         outputs: Outputs::new(args.events, args.connections, record, events_out, writer),
         shared: Arc::clone(shared),
-        probe_feed: probed::ProbeFeed::new(&args.data_dir, nanos(args.window)),
+        probe_feed: probe_feed::ProbeFeed::new(&args.data_dir, nanos(args.window)),
         more: false,
         decode_errors: 0,
+    })
+}
+
+/// The kernel's list of a process's mapped files, as the runtime
+/// resolver reads it.
+fn kernel_files(mut files: bpf::ProcessFiles) -> KernelFiles {
+    Box::new(move |pid| {
+        let start = std::time::Instant::now();
+        let listed = files.of(pid)?;
+        log::debug!(
+            "process {pid}: {} mapped files listed by the kernel in {:?} ({})",
+            listed.len(),
+            start.elapsed(),
+            if files.per_process() { "its tasks alone" } else { "every task walked" }
+        );
+        Ok(Listed::of(&listed))
     })
 }
 
@@ -206,6 +255,7 @@ fn new_pipeline(
 pub async fn run(args: RunArgs) -> Result<()> {
     // Before the store or the listen socket: a missing capability is named
     // first, and nothing is created by a daemon that cannot start.
+    let otlp = otlp_settings(&args)?;
     bpf::check_capabilities().context("checking capabilities")?;
     let (filter, cgroup_root, mut aggregator) = scope(&args)?;
     let writer = open_store(&args, &mut aggregator, &filter)?;
@@ -222,16 +272,23 @@ pub async fn run(args: RunArgs) -> Result<()> {
     shared.health.attached.store(true, Ordering::Relaxed);
     serve_http(&args, &shared)?;
     let mut pipeline = new_pipeline(&args, &shared, writer, record, filter, cgroup_root)?;
+    if let Some(settings) = &otlp {
+        pipeline.outputs.export_otlp(start_otlp(settings, &shared)?);
+    }
     // Before the daemon says it runs: a supervisor's SIGTERM right after
     // that line must stop it cleanly, not kill it (the default action).
     let mut sigterm = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    // Only with --bench-toggle: otherwise SIGUSR1 keeps its default action.
+    // Only with --bench-toggle (the `bench` build): otherwise SIGUSR1 keeps
+    // its default action.
+    #[cfg(feature = "bench")]
     let mut sigusr1 = if args.bench_toggle {
         Some(signal(SignalKind::user_defined1()).context("installing SIGUSR1 handler")?)
     } else {
         None
     };
+    #[cfg(not(feature = "bench"))]
+    let mut sigusr1: Option<tokio::signal::unix::Signal> = None;
     // One pass of the reader before the daemon says it runs: /healthz is
     // 200 from the first request a supervisor makes after that line. One
     // walk of the sockets too: it enters the listeners older than the
@@ -249,6 +306,14 @@ pub async fn run(args: RunArgs) -> Result<()> {
         args.ring_buffer
     );
 
+    // Where other users' processes are closed to the daemon (the unit's
+    // capabilities), the kernel lists their mapped files instead: loaded
+    // once the daemon is up, never where /proc is readable.
+    if std::fs::read_link("/proc/1/exe").is_err() {
+        if let Some(files) = probes.load_process_files() {
+            pipeline.enrich.runtimes.use_kernel_files(kernel_files(files));
+        }
+    }
     let ring_fd = probes.ring_fd().context("duplicating the ring buffer fd")?;
     // SAFETY: `ring_fd` is an owned duplicate that lives inside the AsyncFd
     // and is closed only when the AsyncFd is dropped.
@@ -318,6 +383,7 @@ fn every_second(probes: &mut Probes, pipeline: &mut Pipeline, reported: &mut Ker
     pipeline.release(false);
     report_losses(probes, reported, &pipeline.shared.metrics);
     pipeline.outputs.report_store_losses(&pipeline.shared.metrics);
+    pipeline.outputs.report_otlp(&pipeline.shared.metrics);
     pipeline.outputs.flush_record(&pipeline.shared.metrics);
     pipeline.outputs.flush_volume();
     pipeline.poll_probes();

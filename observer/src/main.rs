@@ -71,7 +71,7 @@ fn real_main() -> Result<ExitCode> {
         Command::Run(args) if args.print_config => print!("{}", args.to_toml()),
         Command::Run(args) => {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            rt.block_on(observer::daemon::run(args))?;
+            rt.block_on(observer::daemon::run(*args))?;
         }
         Command::Status(args) => status::status_command(&args)?,
         Command::Analyze(args) => status::analyze_command(&args)?,

@@ -4,6 +4,7 @@
 
 pub mod http;
 pub mod metrics;
+pub mod otlp;
 pub mod report;
 pub mod status;
 pub mod store;

@@ -4,10 +4,16 @@
 /// `60 s`, `2.4 s`, `0.061 s`.
 #[must_use]
 pub fn fmt_secs(s: f64) -> String {
+    format!("{} s", fmt_num(s))
+}
+
+/// The number [`fmt_secs`] writes, without the unit: `60`, `2.4`, `0.061`.
+#[must_use]
+pub fn fmt_num(s: f64) -> String {
     let r = (s * 1000.0).round() / 1000.0;
     if (r - r.round()).abs() < 1e-9 {
-        format!("{r:.0} s")
+        format!("{r:.0}")
     } else {
-        format!("{r} s")
+        format!("{r}")
     }
 }

@@ -2,6 +2,8 @@
 //! flag > `OBSERVER_*` environment variable > `--config` file > default,
 //! read back with `--print-config`. No root needed (nothing is loaded).
 
+mod common;
+
 use std::process::Command;
 
 use anyhow::{ensure, Result};
@@ -72,4 +74,23 @@ fn report_on_a_directory_without_a_store_changes_nothing() -> Result<()> {
     ensure!(std::fs::metadata(dir.path())?.permissions().mode() & 0o777 == 0o755, "mode changed");
     ensure!(std::fs::read_dir(dir.path())?.count() == 0, "something was created");
     Ok(())
+}
+
+/// The suites' one way to read `/metrics`: by name and labels, one series
+/// or the sum, a near name or a missing label never matching.
+#[test]
+fn the_metric_matcher_reads_a_series_by_name_and_labels() {
+    let body = "# HELP observer_reuses_total Reuses.\n# TYPE observer_reuses_total counter\n\
+observer_reuses_total{destination=\"10.0.0.1:80\",role=\"client\",outcome=\"ok\"} 7\n\
+observer_reuses_total{destination=\"10.0.0.1:80\",role=\"client\",outcome=\"eof\"} 2\n\
+observer_reuses_total_x{destination=\"10.0.0.1:80\"} 100\n\
+observer_events_awaiting_owner 0\n";
+    let reuses = common::metric("observer_reuses_total");
+    assert_eq!(reuses.clone().label("outcome", "ok").value(body), Some(7.0));
+    assert_eq!(reuses.clone().label("outcome", "eof").label("role", "client").value(body), Some(2.0));
+    assert_eq!(reuses.value(body), None, "two series match: no single value");
+    assert!((reuses.sum(body) - 9.0).abs() < f64::EPSILON);
+    assert_eq!(common::metric("observer_reuses_total").label("outcome", "reset").value(body), None);
+    assert_eq!(common::metric("observer_events_awaiting_owner").value(body), Some(0.0));
+    assert_eq!(common::metric("observer_events").value(body), None, "a prefix is not the name");
 }

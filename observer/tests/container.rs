@@ -146,7 +146,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("build info")?.to_owned();
     eprintln!(
         "MEASURED container: {image}, CapEff {cap_eff} (CAP_BPF,CAP_PERFMON), Seccomp {seccomp} (deploy/kubernetes/seccomp-observer.json): {dest} reuses={} failures={} verdict={:?}; {info}",
-        row.reuses, row.failures, row.verdict
+        row.reuses, row.failures, row.judgement.verdict
     );
     Ok(())
 }

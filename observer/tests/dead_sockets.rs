@@ -16,7 +16,8 @@ use std::{
 
 use anyhow::{bail, ensure, Context as _, Result};
 use common::{
-    client_records, script, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER, HTTP_RECONNECTING,
+    client_records, metric, script, start_haproxy, start_nginx, start_server, Daemon, Killed, Topology, ECHO_SERVER,
+    HTTP_RECONNECTING,
 };
 use observer::{
     diagnosis::aggregate::DestinationRow,
@@ -44,32 +45,6 @@ fn row_when(daemon: &Daemon, dest: &str, secs: f64, pred: impl Fn(&DestinationRo
 
 fn of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {
     events.iter().filter(|e| e.local == local).collect()
-}
-
-/// HAProxy with `option nolinger` in front of nginx: it ends client
-/// connections idle for `timeout http-keep-alive` with an RST (2.6: its
-/// FIN, then the RST).
-fn start_haproxy(topo: &Topology, dir: &std::path::Path, keep_alive_ms: u32) -> Result<Killed> {
-    let conf = dir.join("haproxy.cfg");
-    std::fs::write(
-        &conf,
-        format!(
-            "defaults\n  mode http\n  timeout connect 2s\n  timeout client 30s\n  timeout server 30s\n\
-             \x20 timeout http-keep-alive {keep_alive_ms}ms\n  option nolinger\n\
-             frontend fe\n  bind {v4}:8090\n  default_backend be\n\
-             backend be\n  server nginx {v4}:8080\n",
-            v4 = topo.server_v4
-        ),
-    )?;
-    let haproxy = Killed(topo.ns.spawn(topo.server, &format!("haproxy -db -f {}", conf.display()))?);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !topo.ns.exec(topo.server, "ss -ltn")?.contains(":8090") {
-        if Instant::now() > deadline {
-            bail!("haproxy did not start listening (Debian's `haproxy`; `cargo xtask test` installs it)");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(haproxy)
 }
 
 /// The headline symptom: HAProxy resets a pooled connection while it is
@@ -134,20 +109,20 @@ fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> 
     let client_failures = recs.iter().filter(|r| r.result != "ok").count();
     ensure!(failed.len() == client_failures && client_failures == 4, "{failed:?} vs {recs:?}");
     let dest = format!("{}:8090", topo.server_v4);
-    let row = row_when(&daemon, &dest, 10.0, |r| r.path_idle_timeout_seconds.is_some())?;
+    let row = row_when(&daemon, &dest, 10.0, |r| r.path.idle_timeout_seconds.is_some())?;
     assert_eq!(row.failures_window, client_failures as u64, "failures equal the client's count: {row:#?}");
-    let point = row.path_idle_timeout_seconds.context("point")?;
+    let point = row.path.idle_timeout_seconds.context("point")?;
     assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
-    assert_eq!(row.verdict, Verdict::Mismatch, "{row:#?}");
+    assert_eq!(row.judgement.verdict, Verdict::Mismatch, "{row:#?}");
     eprintln!(
         "MEASURED haproxy nolinger 1500 ms: idle closes {hows:?}; failed reuses before send at {failed:?} s ({} of {} reuses, client saw {client_failures}); row point {point:.3} s, interval [{:.3}, {:?}], mode {:?}, verdict {:?}, recommendation {:?}",
         failed.len(),
         recs.len(),
-        row.path_idle_timeout_lower_seconds,
-        row.path_idle_timeout_upper_seconds,
+        row.path.lower_seconds,
+        row.path.upper_seconds,
         row.failure_mode,
-        row.verdict,
-        row.recommended_pool_idle_timeout_seconds,
+        row.judgement.verdict,
+        row.judgement.recommended_pool_idle_timeout_seconds,
     );
     Ok(())
 }
@@ -234,14 +209,14 @@ fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
         resets.push((reset.idle_seconds * 1000.0).round() / 1000.0);
     }
     let dest = format!("{}:8070", topo.server_v4);
-    let row = row_when(&daemon, &dest, 10.0, |r| r.discarded_dead >= 3 && r.path_idle_timeout_seconds.is_some())?;
+    let row = row_when(&daemon, &dest, 10.0, |r| r.discarded_dead >= 3 && r.path.idle_timeout_seconds.is_some())?;
     assert_eq!(row.failures_window, 0, "no failure: {row:#?}");
     assert_eq!(row.discarded_dead, 3, "{row:#?}");
-    let point = row.path_idle_timeout_seconds.context("point")?;
+    let point = row.path.idle_timeout_seconds.context("point")?;
     assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
     eprintln!(
         "MEASURED Go reader vs SO_LINGER 0 server (1.5 s): idle RSTs at {resets:?} s, discarded_dead {}, failures {}, point {point:.3} s, verdict {:?}",
-        row.discarded_dead, row.failures_window, row.verdict
+        row.discarded_dead, row.failures_window, row.judgement.verdict
     );
     Ok(())
 }
@@ -317,9 +292,9 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
     let row = row_when(&daemon, &dest, 10.0, |r| r.failures_window > 0)?;
     assert_eq!(row.failures_window, 1, "no failure counted twice: {row:#?}");
     assert_eq!(row.failure_mode, observer::diagnosis::table::FailureMode::SilentDrop, "{row:#?}");
-    let upper = row.path_idle_timeout_upper_seconds.context("an upper bound")?;
+    let upper = row.path.upper_seconds.context("an upper bound")?;
     assert!(upper <= 2.0 + common::tolerance(0.05), "the first unanswered probe bounds the timeout: {row:#?}");
-    assert_eq!(row.path_idle_timeout_seconds, None, "a death found by probes is no point: {row:#?}");
+    assert_eq!(row.path.idle_timeout_seconds, None, "a death found by probes is no point: {row:#?}");
     eprintln!(
         "MEASURED keep-alive death behind a 1 s NAT: killed at {:.3} s silent (first unanswered probe at 2 s); reuse at {:.3} s timed_out (failed_before_send, keepalive {:?} s); row failures {}, mode {:?}, interval [{:.3}, {:?}]",
         death.idle_seconds,
@@ -327,8 +302,8 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
         ev.keepalive_idle_seconds,
         row.failures_window,
         row.failure_mode,
-        row.path_idle_timeout_lower_seconds,
-        row.path_idle_timeout_upper_seconds,
+        row.path.lower_seconds,
+        row.path.upper_seconds,
     );
     Ok(())
 }
@@ -385,11 +360,8 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
         .collect();
     ensure!(discarded.len() == 10, "{discarded:#?}");
     let metrics = daemon.metrics()?;
-    let doomed_line = metrics
-        .lines()
-        .find(|l| l.starts_with("observer_doomed_idle_sockets{") && l.contains(&dest))
-        .context("observer_doomed_idle_sockets for the destination")?;
-    assert!(doomed_line.ends_with(" 0"), "{doomed_line}");
+    let doomed = metric("observer_doomed_idle_sockets").label("destination", &dest).value(&metrics);
+    assert_eq!(doomed, Some(0.0), "observer_doomed_idle_sockets for {dest}: {metrics}");
     eprintln!(
         "MEASURED doomed pool of 10 behind a 2 s server: doomed_idle_sockets {} held by {:?}, then {} after the pool closed them; discarded_dead {}",
         held.doomed_idle_sockets,
@@ -447,17 +419,71 @@ print("done", flush=True)
 "#
 );
 
-/// A metric's value in an exposition (the first series whose line starts
-/// with `series`).
-fn metric(body: &str, series: &str) -> Option<f64> {
-    body.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
-}
-
 /// Wait up to `secs` (x the time slack) until the failed-write hook is
 /// attached (`on`) or detached; returns how long that took.
+/// Connects the server refuses (an RST to a SYN) on `port`, held open a
+/// moment: no connection died, so none is a dead socket waiting for a
+/// write, and none is counted unseen when it is closed (the daemon's own
+/// refused connect at start once was).
+fn refused_connects(topo: &Topology, port: u16) -> Result<()> {
+    topo.ns.exec(
+        topo.client,
+        &format!(
+            "python3 -c \"import socket, time\nss = [socket.socket() for _ in range(3)]\nfor s in ss:\n    try: s.connect(('{}', {port}))\n    except ConnectionRefusedError: pass\ntime.sleep(0.5)\n\"",
+            topo.server_v4
+        ),
+    )?;
+    Ok(())
+}
+
+/// Run `f` with the daemon stopped (SIGSTOP, then SIGCONT whatever `f`
+/// returns); returns whether the failed-write hook (program `hook`) was
+/// attached meanwhile. No probe stops with the daemon: the kernel keeps
+/// counting, but no hook can be attached or detached until it runs again,
+/// so the link read at the stop holds for all of it. The daemon sees
+/// every namespace: a socket another test left dead may have had the hook
+/// attached just before.
+fn while_stopped(daemon: &Daemon, hook: Option<u32>, f: impl FnOnce() -> Result<()>) -> Result<bool> {
+    common::sh(&format!("kill -STOP {}", daemon.pid()))?;
+    let run = || -> Result<bool> {
+        let linked = match hook {
+            Some(id) => hook_linked(daemon.pid(), id)?,
+            None => false,
+        };
+        f()?;
+        Ok(linked)
+    };
+    let linked = run();
+    common::sh(&format!("kill -CONT {}", daemon.pid()))?;
+    linked
+}
+
+/// The failed-write hook's program id, as the daemon logged it; `None`
+/// where the probe set has no such hook.
+fn hook_program(daemon: &Daemon) -> Option<u32> {
+    daemon.stderr_lines().iter().find_map(|l| {
+        let rest = l.split("attached on demand tp_btf/sock_send_length").nth(1)?;
+        rest.rsplit(", id ").next()?.trim_end_matches(')').parse::<u32>().ok()
+    })
+}
+
+/// Whether process `pid` holds a BPF link to program `prog_id` now, from
+/// its descriptors' fdinfo (a link's shows `link_type` and `prog_id`).
+fn hook_linked(pid: i32, prog_id: u32) -> Result<bool> {
+    let want = format!("prog_id:\t{prog_id}\n");
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        // A descriptor closed since the listing is no link.
+        let Ok(info) = std::fs::read_to_string(fd?.path()) else { continue };
+        if info.contains("link_type:") && info.contains(&want) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 fn wait_for_hook(daemon: &Daemon, on: bool, secs: f64) -> Result<f64> {
     let start = Instant::now();
-    while metric(&daemon.metrics()?, "observer_failed_write_hook_attached ") != Some(f64::from(u8::from(on))) {
+    while metric("observer_failed_write_hook_attached").value(&daemon.metrics()?) != Some(f64::from(u8::from(on))) {
         ensure!(
             start.elapsed() < Duration::from_secs_f64(common::tolerance(secs)),
             "the failed-write hook was never {}",
@@ -485,14 +511,18 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
     let _srv =
         start_server(&topo.ns, topo.server, &format!("python3 {} {} 8071 1.0", server.display(), topo.server_v4))?;
     let daemon = Daemon::start(&[])?;
-    let on_demand = daemon.stderr_lines().iter().any(|l| l.contains("attached on demand tp_btf/sock_send_length"));
+    let hook_prog = hook_program(&daemon);
+    let on_demand = hook_prog.is_some();
     if !on_demand {
         // The fentry set decides these writes in its send probe: no hook
         // to attach, and the writes are seen as they are made.
         eprintln!("MEASURED failed-write hook: not used by this probe set (the fentry send probe decides)");
     }
-    let body = daemon.metrics()?;
-    ensure!(metric(&body, "observer_failed_write_hook_attached ") == Some(0.0), "off at the start");
+    if on_demand {
+        // Off at the start, or soon once another test's dead socket closed.
+        wait_for_hook(&daemon, false, 10.0)?;
+    }
+    refused_connects(&topo, 8072)?;
     let dir = tempfile::tempdir()?;
     let py = script(HELD_CLIENT)?;
     let mut client = topo
@@ -500,24 +530,20 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
         .spawn(topo.client, &format!("python3 {} {} 8071 {}", py.display(), topo.server_v4, dir.path().display()))?;
     let lines = common::lines_of(&mut client)?;
     common::wait_line(&lines, "exchanged", 10.0)?;
-    // No probe stops with the daemon: the kernel keeps counting, but no
-    // hook can be attached until it runs again.
-    common::sh(&format!("kill -STOP {}", daemon.pid()))?;
-    let stopped = std::fs::write(dir.path().join("stopped"), b"");
     let mut recs = Vec::new();
-    let held = (|| -> Result<()> {
-        stopped?;
+    let linked_while_stopped = while_stopped(&daemon, hook_prog, || {
+        std::fs::write(dir.path().join("stopped"), b"")?;
         for _ in 0..2 {
             recs.push(serde_json::from_str::<serde_json::Value>(&common::wait_line(&lines, "\"name\"", 10.0)?)?);
         }
         common::wait_line(&lines, "held", 5.0)?;
         Ok(())
-    })();
-    common::sh(&format!("kill -CONT {}", daemon.pid()))?;
-    held?;
+    })?;
     if on_demand {
         // `late` waits dead.
         wait_for_hook(&daemon, true, 5.0)?;
+        // The link reading above tells an attached hook: it sees this one.
+        ensure!(hook_linked(daemon.pid(), hook_prog.context("id")?)?, "the attached hook's link in fdinfo");
     }
     std::fs::write(dir.path().join("resumed"), b"")?;
     recs.push(serde_json::from_str(&common::wait_line(&lines, "\"name\"", 10.0)?)?);
@@ -550,7 +576,7 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
     };
     let w = reuse(writer)?;
     let writer_idle = by_name("writer")?["idle"].as_f64().context("idle")?;
-    if on_demand {
+    if on_demand && !linked_while_stopped {
         // Dated at the reset (1.0 s): the write came later, before any hook.
         ensure!(
             common::fired(w.idle_seconds, 1.0, 0.1) && w.idle_seconds <= writer_idle,
@@ -558,6 +584,7 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
             w.idle_seconds
         );
     } else {
+        // The hook (or the fentry send probe) saw the write as it was made.
         ensure!((w.idle_seconds - writer_idle).abs() < common::idle_precision(), "writer at {} s", w.idle_seconds);
     }
     let l = reuse(late)?;
@@ -566,16 +593,16 @@ fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result
     let mine = of(&events, reader);
     ensure!(!mine.iter().any(|e| e.kind() == EventKind::Reuse), "the reader never wrote: {mine:#?}");
     let body = daemon.metrics()?;
-    let unseen = metric(&body, "observer_events_lost_total{reason=\"failed_write_unseen\"}");
+    let unseen = metric("observer_events_lost_total").label("reason", "failed_write_unseen").value(&body);
     ensure!(unseen == Some(0.0), "nothing left unknown: {unseen:?}");
-    let attaches = metric(&body, "observer_failed_write_hook_attaches_total ").unwrap_or(0.0);
+    let attaches = metric("observer_failed_write_hook_attaches_total").value(&body).unwrap_or(0.0);
     let mut detached_after = None;
     if on_demand {
         ensure!(attaches >= 1.0, "attached at least once: {attaches}");
         detached_after = Some(wait_for_hook(&daemon, false, 10.0)?);
     }
     eprintln!(
-        "MEASURED failed-write hook on demand: writer written at {writer_idle:.3} s idle while the daemon was stopped, failed reuse dated at the reset {:.3} s; reader discarded; late written at {late_idle:.3} s, seen at {:.3} s; unseen {unseen:?}; attaches {attaches}; detached {detached_after:?} s after the last dead socket closed",
+        "MEASURED failed-write hook on demand: writer written at {writer_idle:.3} s idle while the daemon was stopped (hook attached then: {linked_while_stopped}), failed reuse dated at {:.3} s; reader discarded; late written at {late_idle:.3} s, seen at {:.3} s; unseen {unseen:?}; attaches {attaches}; detached {detached_after:?} s after the last dead socket closed",
         w.idle_seconds, l.idle_seconds
     );
     let _ = client.wait();

@@ -116,6 +116,33 @@ fn the_daemonset_validates_strictly() -> Result<()> {
         ensure!(text.contains(needle), "the manifest lacks `{needle}`");
     }
     let dir = tempfile::tempdir()?;
+    // The commented lines that push to a node-local OTLP collector
+    // validate too, once uncommented.
+    let mut in_env = false;
+    let pushed: Vec<String> = text
+        .lines()
+        .map(|l| {
+            if l.trim() == "# env:" {
+                in_env = true;
+            } else if in_env && !l.trim_start().starts_with("#   ") {
+                in_env = false;
+            }
+            if in_env {
+                l.replacen("# ", "", 1)
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    let pushed = pushed.join("\n");
+    ensure!(
+        pushed.contains("\n          env:\n") && pushed.contains("\n              value: http://$(NODE_IP):4318\n"),
+        "the OTLP lines uncommented: {pushed}"
+    );
+    let otlp = dir.path().join("otlp.yaml");
+    std::fs::write(&otlp, &pushed)?;
+    let said = run(Command::new(&tool).arg("--strict").arg(&otlp))?;
+    ensure!(said.contains("passed for resource daemonset/observer"), "with the OTLP lines: {said}");
     let broken = dir.path().join("broken.yaml");
     std::fs::write(&broken, text.replace("readOnlyRootFilesystem", "readOnlyRootFilesytem"))?;
     let out = Command::new(&tool).arg("--strict").arg(&broken).output()?;

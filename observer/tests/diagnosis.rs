@@ -42,15 +42,15 @@ const PRECISION: f64 = 0.020;
 
 /// The diagnosis for a destination whose path times out at `t` seconds.
 fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
-    let upper = r.path_idle_timeout_upper_seconds.expect("an upper bound");
+    let upper = r.path.upper_seconds.expect("an upper bound");
     assert!(
-        r.path_idle_timeout_lower_seconds - PRECISION <= t && t <= upper + PRECISION,
+        r.path.lower_seconds - PRECISION <= t && t <= upper + PRECISION,
         "interval [{}, {upper}] excludes {t}",
-        r.path_idle_timeout_lower_seconds
+        r.path.lower_seconds
     );
     assert_eq!(r.failure_mode, mode, "{r:#?}");
-    assert_eq!(r.verdict, Verdict::Mismatch, "{r:#?}");
-    let rec = r.recommended_pool_idle_timeout_seconds.expect("a recommendation");
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch, "{r:#?}");
+    let rec = r.judgement.recommended_pool_idle_timeout_seconds.expect("a recommendation");
     // Above 0.8 x t by at most 5 % (a close measured late). Below it by
     // what the evidence allows: with no point the recommendation stands on
     // the interval's lower bound, the longest idle a reuse survived, which
@@ -64,7 +64,7 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
     // closed more than 100 ms later, which emulation (TCG) can stretch to.
     // (A run on the 6.1 VM lost one failed reuse outright: the client read
     // the EOF and closed before nginx's RST was processed, and the write
-    // was taken for a `close_notify`. `probes.rs` now forces that order.)
+    // was taken for a `close_notify`. `hooks.rs` now forces that order.)
     assert!(
         r.reuses + r.requests_aborted_window >= 20,
         "{} reuses, {} aborted requests",
@@ -89,7 +89,7 @@ fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &st
     }
     // Server-side rows see the same traffic; compare everything.
     assert_eq!(live, offline, "observer analyze differs from the live daemon");
-    for r in live.iter().filter(|r| r.id.role == Role::Client && r.verdict == Verdict::Mismatch) {
+    for r in live.iter().filter(|r| r.id.role == Role::Client && r.judgement.verdict == Verdict::Mismatch) {
         let n = time_to_diagnosis(recording, &r.id.destination)?;
         eprintln!(
             "MEASURED time to diagnosis for {}: {n} failed reuses before the verdict was mismatch and held",
@@ -108,7 +108,7 @@ fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
     let (mut failures, mut at) = (0, None);
     for line in text.lines() {
         let e: SockEvent = serde_json::from_str(line)?;
-        agg.ingest(&e);
+        let _ = agg.feed(&e);
         if e.kind() == EventKind::Reuse
             && e.role == Role::Client
             && e.remote.to_string() == dest
@@ -119,7 +119,7 @@ fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
         let right = agg
             .rows(e.ts_unix_ns)
             .iter()
-            .any(|r| r.id.destination == dest && r.id.role == Role::Client && r.verdict == Verdict::Mismatch);
+            .any(|r| r.id.destination == dest && r.id.role == Role::Client && r.judgement.verdict == Verdict::Mismatch);
         match (right, at) {
             (true, None) => at = Some(failures),
             (false, Some(_)) => at = None,
@@ -132,12 +132,12 @@ fn time_to_diagnosis(recording: &std::path::Path, dest: &str) -> Result<usize> {
 fn summary(name: &str, t: f64, r: &DestinationRow) {
     eprintln!(
         "MEASURED {name}: configured {t} s; interval [{:.3}, {:.3}] s, point {:?}, mode {}, verdict {}, recommended {:?} s, reuses {}, failures {}, aborted requests {}",
-        r.path_idle_timeout_lower_seconds,
-        r.path_idle_timeout_upper_seconds.unwrap_or(f64::NAN),
-        r.path_idle_timeout_seconds,
+        r.path.lower_seconds,
+        r.path.upper_seconds.unwrap_or(f64::NAN),
+        r.path.idle_timeout_seconds,
         r.failure_mode.as_str(),
-        r.verdict.as_str(),
-        r.recommended_pool_idle_timeout_seconds,
+        r.judgement.verdict.as_str(),
+        r.judgement.recommended_pool_idle_timeout_seconds,
         r.reuses,
         r.failures,
         r.requests_aborted_window
@@ -184,11 +184,15 @@ fn fin_path_diagnosed() -> Result<()> {
     summary("fin", 2.0, r);
     check_mismatch(r, 2.0, FailureMode::Fin);
     assert_eq!(r.server_names.first().map(|n| n.name.as_str()), Some(NAME), "the Host header names the row");
-    let p = r.path_idle_timeout_seconds.context("peer closes should give a point estimate")?;
+    let p = r.path.idle_timeout_seconds.context("peer closes should give a point estimate")?;
     assert!(common::fired(p, 2.0, 0.1), "point {p}");
-    assert!(matches!(r.evidence, Some(VerdictEvidence::Failures | VerdictEvidence::PeerCloses)), "{:?}", r.evidence);
+    assert!(
+        matches!(r.judgement.evidence, Some(VerdictEvidence::Failures | VerdictEvidence::PeerCloses)),
+        "{:?}",
+        r.judgement.evidence
+    );
     let other = row(&rows, &format!("{}:9001", topo.server_v4))?;
-    assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
+    assert_ne!(other.judgement.verdict, Verdict::Mismatch, "{other:#?}");
     // nginx's own row: its 2 s keep-alive toward clients that reuse up to 3 s.
     let srv = rows
         .iter()
@@ -199,18 +203,18 @@ fn fin_path_diagnosed() -> Result<()> {
         srv.server_idle_timeout_seconds,
         srv.late_reuses,
         srv.client_max_reuse_idle_seconds,
-        srv.verdict.as_str(),
-        srv.recommended_pool_idle_timeout_seconds,
-        srv.recommended_server_idle_timeout_seconds,
-        srv.recommendation
+        srv.judgement.verdict.as_str(),
+        srv.judgement.recommended_pool_idle_timeout_seconds,
+        srv.judgement.recommended_server_idle_timeout_seconds,
+        srv.judgement.recommendation
     );
     let t = srv.server_idle_timeout_seconds.context("nginx's idle closes form a cluster")?;
     assert!(common::fired(t, 2.0, 0.1), "server idle timeout {t}");
     assert!(srv.late_reuses > 0, "{srv:#?}");
-    assert_eq!(srv.verdict, Verdict::ClientsMismatch, "{srv:#?}");
-    let rec = srv.recommended_pool_idle_timeout_seconds.context("a number for the clients")?;
+    assert_eq!(srv.judgement.verdict, Verdict::ClientsMismatch, "{srv:#?}");
+    let rec = srv.judgement.recommended_pool_idle_timeout_seconds.context("a number for the clients")?;
     assert!(common::fired(rec, 1.6, 0.08), "{rec}");
-    assert!(srv.recommendation.starts_with("clients:"), "{}", srv.recommendation);
+    assert!(srv.judgement.recommendation.starts_with("clients:"), "{}", srv.judgement.recommendation);
     assert_eq!(srv.pool_idle_timeout_seconds, None, "nginx's idle closes are no pool idle timeout");
     check_path_observed(&daemon, &topo.server_v4)?;
     check_analyze_matches(daemon, &rows, &recording)?;
@@ -298,7 +302,7 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
     check_mismatch(r, t, mode);
     assert!(r.at_risk_idle_sockets >= 1, "the idle pooled connection is at risk: {r:#?}");
     let other = row(&rows, &dest2)?;
-    assert_ne!(other.verdict, Verdict::Mismatch, "{other:#?}");
+    assert_ne!(other.judgement.verdict, Verdict::Mismatch, "{other:#?}");
     check_analyze_matches(daemon, &rows, &recording)?;
     check_store_matches(&recording, &data)?;
     check_report(&data, &dest, t, mode)
@@ -386,20 +390,20 @@ fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
         r.restart_failures,
         r.failures_window,
         r.peer_closes_window,
-        r.path_idle_timeout_seconds,
-        r.path_idle_timeout_lower_seconds,
-        r.path_idle_timeout_upper_seconds,
-        r.verdict.as_str(),
-        r.recommended_pool_idle_timeout_seconds,
+        r.path.idle_timeout_seconds,
+        r.path.lower_seconds,
+        r.path.upper_seconds,
+        r.judgement.verdict.as_str(),
+        r.judgement.recommended_pool_idle_timeout_seconds,
         r.last_change
     );
     assert_eq!(r.peer_restarts, 1, "{r:#?}");
-    assert_eq!(r.path_idle_timeout_seconds, None, "no point estimate from a restart: {r:#?}");
-    assert_eq!(r.path_idle_timeout_upper_seconds, None, "no timeout evidence from a restart: {r:#?}");
+    assert_eq!(r.path.idle_timeout_seconds, None, "no point estimate from a restart: {r:#?}");
+    assert_eq!(r.path.upper_seconds, None, "no timeout evidence from a restart: {r:#?}");
     assert_eq!(r.restart_failures, r.failures_window, "every failure is explained by the restart: {r:#?}");
     assert!(r.last_change.is_none(), "{r:#?}");
-    assert_ne!(r.verdict, Verdict::Mismatch, "{r:#?}");
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, None);
+    assert_ne!(r.judgement.verdict, Verdict::Mismatch, "{r:#?}");
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, None);
     Ok(())
 }
 
@@ -489,28 +493,27 @@ fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
     for (run, p) in ports.iter().enumerate() {
         let dest = format!("{}:{p}", topo.server_v4);
         let r = row(&rows, &dest)?;
-        let [earliest, latest] =
-            r.path_idle_timeout_spread_seconds.with_context(|| format!("run {run}: no spread: {r:#?}"))?;
+        let [earliest, latest] = r.path.spread_seconds.with_context(|| format!("run {run}: no spread: {r:#?}"))?;
         assert!(
             earliest >= 2.0 - PRECISION && latest <= 3.2 && earliest < latest,
             "run {run}: spread [{earliest}, {latest}]: {r:#?}"
         );
-        let rec = r.recommended_pool_idle_timeout_seconds.with_context(|| format!("run {run}: {r:#?}"))?;
-        let upper = r.path_idle_timeout_upper_seconds.context("upper")?;
-        let p = r.path_idle_timeout_seconds.with_context(|| format!("run {run}: the band's start: {r:#?}"))?;
+        let rec = r.judgement.recommended_pool_idle_timeout_seconds.with_context(|| format!("run {run}: {r:#?}"))?;
+        let upper = r.path.upper_seconds.context("upper")?;
+        let p = r.path.idle_timeout_seconds.with_context(|| format!("run {run}: the band's start: {r:#?}"))?;
         assert!(
-            p >= r.path_idle_timeout_lower_seconds && p <= upper && upper <= earliest,
+            p >= r.path.lower_seconds && p <= upper && upper <= earliest,
             "run {run}: point {p} outside [{}, {upper}]",
-            r.path_idle_timeout_lower_seconds
+            r.path.lower_seconds
         );
         assert!(rec <= 1.6 + PRECISION && (rec - 0.8 * p).abs() < 0.002, "run {run}: recommended {rec}, point {p}");
         assert_eq!(r.last_change, None, "run {run}: the sweep's jitter is no change of timeout: {r:#?}");
-        assert_eq!(r.verdict, Verdict::Mismatch, "run {run}: {r:#?}");
+        assert_eq!(r.judgement.verdict, Verdict::Mismatch, "run {run}: {r:#?}");
         answers.push(format!(
             "[{earliest:.3}, {latest:.3}] point {:?} interval [{:.3}, {upper:.3}] rec {rec:.3} ({} closes, {} failures of {} reuses)",
-            r.path_idle_timeout_seconds,
-            r.path_idle_timeout_lower_seconds,
-            r.path_point_evidence,
+            r.path.idle_timeout_seconds,
+            r.path.lower_seconds,
+            r.path.point_evidence,
             r.failures_window,
             r.reuses_window
         ));
@@ -558,9 +561,9 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     ensure!(mine.len() == 2, "one row per namespace: {mine:#?}");
     let ra = mine.iter().find(|r| r.id.netns.inode() == Some(ino_a)).context("namespace A's row")?;
     let rb = mine.iter().find(|r| r.id.netns.inode() == Some(ino_b)).context("namespace B's row")?;
-    assert!(ra.failures > 0 && ra.verdict == Verdict::Mismatch, "{ra:#?}");
+    assert!(ra.failures > 0 && ra.judgement.verdict == Verdict::Mismatch, "{ra:#?}");
     assert_eq!(rb.failures, 0, "{rb:#?}");
-    assert_ne!(rb.verdict, Verdict::Mismatch, "{rb:#?}");
+    assert_ne!(rb.judgement.verdict, Verdict::Mismatch, "{rb:#?}");
     // Let the store's writer flush (every 500 ms), then report per namespace.
     std::thread::sleep(Duration::from_secs(2));
     let report = |extra: &[&str]| -> Result<std::process::Output> {
@@ -617,7 +620,7 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
         "MEASURED two namespaces: A {ino_a}: {} reuses, {} failures, point {:?}; B {ino_b}: {} reuses, 0 failures; report without --netns: {}",
         ra.reuses,
         ra.failures,
-        ra.path_idle_timeout_seconds,
+        ra.path.idle_timeout_seconds,
         rb.reuses,
         err.trim()
     );

@@ -47,10 +47,11 @@ print("ready", flush=True)
 s.wait_for_termination()
 "#;
 
-/// `python3 CLIENT TARGET reopen|keep PING_S GAPS`: one channel (one TCP
-/// connection); after a warm-up call, one call with a 1.5 s deadline after
-/// each gap. `reopen` closes a channel whose call failed and opens a new
-/// one; `keep` keeps it, as gRPC applications do. `PING_S` > 0 turns on
+/// `python3 CLIENT TARGET reopen|keep|burst PING_S GAPS`: one channel (one
+/// TCP connection); after a warm-up call, one call with a 1.5 s deadline
+/// after each gap. `reopen` closes a channel whose call failed and opens a
+/// new one; `keep` keeps it, as gRPC applications do; `burst` keeps it and
+/// makes three calls 0.2 s apart after each gap (a busy channel). `PING_S` > 0 turns on
 /// HTTP/2 keep-alive pings. Prints `ok GAP` or `fail GAP CODE` per call.
 const GRPC_CLIENT: &str = r#"
 import grpc, sys, time
@@ -68,6 +69,20 @@ def channel():
 ch, call = channel()
 for g in gaps:
     time.sleep(g)
+    if mode == "burst":
+        # Three calls 0.2 s apart, each with its own deadline, on the
+        # one connection: a busy channel.
+        fs = []
+        for k in range(3):
+            fs.append(call.future(b"x" * 40, timeout=1.5))
+            time.sleep(0.2)
+        for f in fs:
+            try:
+                f.result()
+                print(f"ok {g}", flush=True)
+            except grpc.RpcError as e:
+                print(f"fail {g} {e.code()}", flush=True)
+        continue
     try:
         call(b"x" * 40, timeout=1.5)
         print(f"ok {g}", flush=True)
@@ -116,18 +131,18 @@ fn row<'a>(rows: &'a [DestinationRow], dest: &str) -> Result<&'a DestinationRow>
 
 /// The client's calls beside the row observer made of them, for the log.
 fn measured(name: &str, ok: usize, failed: usize, r: &DestinationRow) {
-    let mixed: Vec<(f64, f64)> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
+    let mixed: Vec<(f64, f64)> = r.path.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
     eprintln!(
         "MEASURED {name}: client {ok} ok, {failed} failed; row: reuses {}, failures {}, mode {}, interval [{:.3}, {:?}], basis {:?}, point {:?}, mixed {mixed:?}, verdict {}, recommended {:?}, protocols {:?}, processes {:?}",
         r.reuses,
         r.failures,
         r.failure_mode.as_str(),
-        r.path_idle_timeout_lower_seconds,
-        r.path_idle_timeout_upper_seconds,
-        r.path_lower_basis.map(LowerBasis::as_str),
-        r.path_idle_timeout_seconds,
-        r.verdict.as_str(),
-        r.recommended_pool_idle_timeout_seconds,
+        r.path.lower_seconds,
+        r.path.upper_seconds,
+        r.path.lower_basis.map(LowerBasis::as_str),
+        r.path.idle_timeout_seconds,
+        r.judgement.verdict.as_str(),
+        r.judgement.recommended_pool_idle_timeout_seconds,
         r.protocols,
         r.processes
     );
@@ -136,7 +151,7 @@ fn measured(name: &str, ok: usize, failed: usize, r: &DestinationRow) {
 /// The path's interval holds the NAT's timeout (to the probes' 20 ms).
 fn holds_nat(r: &DestinationRow) -> bool {
     let t = f64::from(NAT_S);
-    r.path_idle_timeout_lower_seconds - 0.02 <= t && r.path_idle_timeout_upper_seconds.is_some_and(|u| t <= u + 0.02)
+    r.path.lower_seconds - 0.02 <= t && r.path.upper_seconds.is_some_and(|u| t <= u + 0.02)
 }
 
 #[test]
@@ -152,6 +167,31 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
         // 0.5 s after a ping, so the longest silences are the pings'.
         scenario("pinged", "mxpg", "keep", 1.0, &[1.5, 4.5, 2.5, 4.5, 3.5])?,
     ];
+    check_grpc(&daemon, scenarios)
+}
+
+/// A busy channel: three calls 0.2 s apart after each gap, on the one
+/// connection through a NAT forgetting flows at 3 s. On the stalled
+/// connection every call fails, however close together, and every one is
+/// counted (alone: beside the three above, a loaded guest missed the
+/// doomed view's 5 s read). The daemon runs as the unit runs it (user
+/// 65534, `CAP_BPF` and `CAP_PERFMON`), the client as root: grpcio is
+/// still found in the Python process (its mapped files, as the kernel
+/// lists them) and the fix is its own knob.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn grpc_calls_close_together_on_a_stalled_connection_are_each_counted() -> Result<()> {
+    let daemon = Daemon::start_as_unit(&[])?;
+    // The first gap, 2 s, is the survival that bounds the path below: at
+    // 1 s (the daemon's `--min-idle`) CI's 6.1 guest once measured it just
+    // short of a reuse, and the row had failures only ([0, 4.1], no
+    // recommendation).
+    check_grpc(&daemon, vec![scenario("burst", "mxbu", "burst", 0.0, &[2.0, 4.0, 1.0, 2.0])?])
+}
+
+/// Run the scenarios' clients to their end and check each row against
+/// what its client saw.
+fn check_grpc(daemon: &Daemon, scenarios: Vec<Scenario>) -> Result<()> {
     // While the clients run, the most dead sockets each destination's
     // row counted at once (the kernel's table, read every 5 s).
     let done = std::sync::atomic::AtomicBool::new(false);
@@ -192,14 +232,17 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
         ensure!(r.processes == vec!["python3".to_owned()], "the process, not its threads: {client}");
         if *name == "pinged" {
             ensure!(*failed == 0, "pings every second keep the NAT's flow: {client}");
-            ensure!(r.failures == 0 && r.verdict != Verdict::Mismatch, "no failure, no mismatch: {client}");
-            ensure!(r.recommended_pool_idle_timeout_seconds.is_none(), "no timeout shown, no number: {client}");
+            ensure!(r.failures == 0 && r.judgement.verdict != Verdict::Mismatch, "no failure, no mismatch: {client}");
+            ensure!(
+                r.judgement.recommended_pool_idle_timeout_seconds.is_none(),
+                "no timeout shown, no number: {client}"
+            );
             ensure!(held == 0, "a pinged connection is never doomed: {client}");
-            ensure!(r.path_lower_basis == Some(LowerBasis::Pings), "the lower bound rests on the pings: {client}");
-            ensure!(r.recommendation.contains("while pinged about every"), "says it was pinged: {client}");
+            ensure!(r.path.lower_basis == Some(LowerBasis::Pings), "the lower bound rests on the pings: {client}");
+            ensure!(r.judgement.recommendation.contains("while pinged about every"), "says it was pinged: {client}");
             continue;
         }
-        if *name == "keep" {
+        if *name == "keep" || *name == "burst" {
             // After its stall the channel holds the connection for seconds
             // (the next gaps), and every call on it fails.
             ensure!(held >= 1, "the stalled connection the channel holds is doomed: {client}");
@@ -208,9 +251,9 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
         ensure!(usize::try_from(r.failures)? == *failed, "every failed call counted ({failed}): {client}");
         ensure!(r.failure_mode == FailureMode::SilentDrop, "silent drop: {client}");
         ensure!(holds_nat(r), "interval holds {NAT_S} s: {client}");
-        ensure!(r.verdict == Verdict::Mismatch, "mismatch: {client}");
-        let rec = r.recommended_pool_idle_timeout_seconds.context("a recommendation")?;
-        let upper = r.path_idle_timeout_upper_seconds.unwrap_or(f64::INFINITY);
+        ensure!(r.judgement.verdict == Verdict::Mismatch, "mismatch: {client}");
+        let rec = r.judgement.recommended_pool_idle_timeout_seconds.context("a recommendation")?;
+        let upper = r.path.upper_seconds.unwrap_or(f64::INFINITY);
         ensure!(rec <= 0.8 * upper + 1e-9, "recommended {rec} above 0.8 x {upper}: {client}");
         let fixes: Vec<&str> = r.fix_settings.iter().map(|f| f.setting.as_str()).collect();
         ensure!(fixes == ["grpc.client_idle_timeout_ms (channel option)"], "grpcio's own knob only: {client}");
@@ -285,7 +328,7 @@ fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Resu
     daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
     let rows = daemon.status()?;
     let r = row(&rows, &format!("{}:8080", topo.server_v4))?;
-    let paths: Vec<(f64, f64)> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
+    let paths: Vec<(f64, f64)> = r.path.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
     measured("l4 balancer", ok, failed, r);
     let seen = format!("row: {r:#?}");
     ensure!(paths.len() == 2, "both timeouts named: {seen}");
@@ -294,11 +337,11 @@ fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Resu
     ensure!(failed > 0 && usize::try_from(r.failures)? == failed, "the {failed} failures the clients saw: {seen}");
     // 0.8 x the smallest path as measured (nginx's 2 s timer fires a
     // millisecond late under TCG: 2.0008 s gives 1.601 s), never the 4 s.
-    let rec = r.recommended_pool_idle_timeout_seconds.context("a number")?;
-    let smallest = r.path_idle_timeout_seconds.context("the smallest path's point")?;
+    let rec = r.judgement.recommended_pool_idle_timeout_seconds.context("a number")?;
+    let smallest = r.path.idle_timeout_seconds.context("the smallest path's point")?;
     ensure!((smallest - paths[0].0).abs() <= 0.05 * paths[0].0, "the point is the smallest path's: {seen}");
     ensure!(rec <= 0.8 * smallest + 0.0005, "recommended {rec}, above 0.8 x the smallest path's {smallest}: {seen}");
-    ensure!(r.verdict == Verdict::Mismatch, "{seen}");
+    ensure!(r.judgement.verdict == Verdict::Mismatch, "{seen}");
     Ok(())
 }
 
@@ -329,13 +372,13 @@ fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
     let r = row(&rows, &format!("{}:8443", topo.server_v4))?;
     measured("http2 goaway", gets.len(), 0, r);
     let seen = format!("client said:\n{out}\nrow: {r:#?}");
-    let point = r.path_idle_timeout_seconds.context("a point from nginx's closes")?;
+    let point = r.path.idle_timeout_seconds.context("a point from nginx's closes")?;
     ensure!(
         (1.9..=2.0 + common::tolerance(0.1)).contains(&point),
         "nginx's 2 s within 5 % (late by the time slack in a guest): {seen}"
     );
     ensure!(r.failures == 0, "no request failed, none counted: {seen}");
-    ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
+    ensure!(r.judgement.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
 }
 
@@ -396,40 +439,46 @@ fn http2_goaway_then_a_graceful_second_is_measured_at_the_goaway() -> Result<()>
     let r = row(&rows, &dest.to_string())?;
     measured("http2 go server goaway", gets.len() - failed, failed, r);
     let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", client_events(&daemon, dest));
-    let point = r.path_idle_timeout_seconds.with_context(|| format!("a point from the server's closes: {seen}"))?;
+    let point = r.path.idle_timeout_seconds.with_context(|| format!("a point from the server's closes: {seen}"))?;
     ensure!(
         (1.9..=2.0 + common::tolerance(0.1)).contains(&point),
         "Go's IdleTimeout 2 s within 5 % (late by the time slack in a guest): {seen}"
     );
     ensure!(r.failures == failed as u64, "the client's failures, counted: {seen}");
-    ensure!(r.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
+    ensure!(r.judgement.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
 }
 
-/// `python3 LAZY_H2_CLIENT HOST PORT GAPS`: an HTTP/2 client on hyper-h2
-/// (`PyPI`'s `h2`, the state machine under httpx) that reads only while it
-/// waits for an answer, as synchronous clients do: a `GOAWAY` sent while
-/// it idles waits unread until its next request is on the wire. After a
+/// `python3 LAZY_H2_CLIENT HOST PORT GAPS [h2c]`: an HTTP/2 client on
+/// hyper-h2 (`PyPI`'s `h2`, the state machine under httpx) that reads only
+/// while it waits for an answer, as synchronous clients do: a `GOAWAY` sent
+/// while it idles waits unread until its next request is on the wire.
+/// Over TLS (ALPN `h2`), or cleartext with prior knowledge (`h2c`). After a
 /// failed request it opens a new connection (one request at once). Prints
 /// `ok GAP` or `fail GAP WHY` per request after each gap.
 const LAZY_H2_CLIENT: &str = r#"
 import socket, ssl, sys, time
 import h2.connection, h2.config, h2.events
 host, port, gaps = sys.argv[1], int(sys.argv[2]), [float(x) for x in sys.argv[3].split(",")]
+cleartext = len(sys.argv) > 4 and sys.argv[4] == "h2c"
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
 ctx.set_alpn_protocols(["h2"])
 def connect():
-    s = ctx.wrap_socket(socket.create_connection((host, port)), server_hostname="localhost")
-    assert s.selected_alpn_protocol() == "h2", s.selected_alpn_protocol()
+    if cleartext:
+        s = socket.create_connection((host, port))
+    else:
+        s = ctx.wrap_socket(socket.create_connection((host, port)), server_hostname="localhost")
+        assert s.selected_alpn_protocol() == "h2", s.selected_alpn_protocol()
     c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     c.initiate_connection()
     s.sendall(c.data_to_send())
     return s, c
 def get(s, c):
     sid = c.get_next_available_stream_id()
-    c.send_headers(sid, [(":method", "GET"), (":path", "/"), (":scheme", "https"), (":authority", host)], end_stream=True)
+    scheme = "http" if cleartext else "https"
+    c.send_headers(sid, [(":method", "GET"), (":path", "/"), (":scheme", scheme), (":authority", host)], end_stream=True)
     s.sendall(c.data_to_send())
     while True:
         data = s.recv(65536)
@@ -484,14 +533,68 @@ fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Resu
     ensure!(r.failures_after_goodbye == failed as u64, "each written past the goodbye: {seen}");
     ensure!(r.failure_mode == FailureMode::Fin, "the server's graceful close: {seen}");
     ensure!(timeouts == 0, "the client closed on the GOAWAY, not on a read timeout of its own: {seen}");
-    let upper = r.path_idle_timeout_upper_seconds.context("failures bound the timeout")?;
+    let upper = r.path.upper_seconds.context("failures bound the timeout")?;
     // The smallest failure is the client's 2.4 s sleep, which a loaded
     // guest extends (2.472 s in the 6.1 guest once); it never ends early.
     ensure!(
         upper >= 2.0 && common::fired(upper, 2.4, 0.05),
         "the smallest failed idle age, above the server's 2 s: {seen}"
     );
-    ensure!(r.verdict == Verdict::Mismatch, "{seen}");
+    ensure!(r.judgement.verdict == Verdict::Mismatch, "{seen}");
+    Ok(())
+}
+
+/// A lazy reader never reads the server's goodbye: Go's cleartext HTTP/2
+/// server (x/net/http2 behind h2c, `IdleTimeout` 2 s) sends its `GOAWAY`
+/// at 2 s idle and its FIN a second later, while the client sleeps past
+/// both. The close is dated by the `GOAWAY`'s arrival (the kernel's stamp of
+/// the last data received), not by the FIN a second later: the path's
+/// idle timeout is the server's 2 s, and the requests written after the
+/// FIN are counted failures.
+#[test]
+#[ignore = "needs root, a 5.15+ kernel, golang-go with golang-golang-x-net-dev, and PyPI's h2: run `cargo xtask test`"]
+fn http2_goaway_a_lazy_reader_never_read_is_dated_by_its_arrival() -> Result<()> {
+    let topo = Topology::pair("mxarrive")?;
+    let tool = common::tlstool()?;
+    let _srv = common::start_server(
+        &topo.ns,
+        topo.server,
+        &format!("{} h2c-server {}:8082 2s", tool.display(), topo.server_v4),
+    )?;
+    let daemon = Daemon::start(&[])?;
+    let dest: std::net::SocketAddr = format!("{}:8082", topo.server_v4).parse()?;
+    let client = script(LAZY_H2_CLIENT)?;
+    let out = topo.ns.exec(
+        topo.client,
+        &format!("python3 -u {} {} 8082 1.0,3.6,1.2,4.0,0.8,3.8 h2c", client.display(), topo.server_v4),
+    )?;
+    let ok = out.lines().filter(|l| l.starts_with("ok ")).count();
+    let failed = out.lines().filter(|l| l.starts_with("fail ")).count();
+    ensure!(ok == 3 && failed == 3, "gaps under 2 s answered, those past the server's FIN failed: {out}");
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let r = row(&rows, &dest.to_string())?;
+    measured("http2 lazy reader, goaway unread", ok, failed, r);
+    let events = daemon.events();
+    let closes: Vec<f64> = events
+        .iter()
+        .filter(|e| e.remote == dest && e.kind() == EventKind::PeerCloseWhileIdle)
+        .map(|e| e.idle_seconds)
+        .collect();
+    let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", client_events(&daemon, dest));
+    eprintln!("MEASURED lazy reader: the server's closes dated at idle {closes:?} s (GOAWAY at 2 s, FIN at 3 s)");
+    ensure!(closes.len() == 3, "one idle close per connection the server ended: {seen}");
+    for idle in &closes {
+        ensure!(
+            (1.9..=2.0 + common::tolerance(0.1)).contains(idle),
+            "each close dated at the GOAWAY's 2 s (within 5 %), not the FIN's 3 s: {seen}"
+        );
+    }
+    let point = r.path.idle_timeout_seconds.with_context(|| format!("a point from the server's closes: {seen}"))?;
+    ensure!((1.9..=2.0 + common::tolerance(0.1)).contains(&point), "Go's IdleTimeout 2 s within 5 %: {seen}");
+    ensure!(r.failures == failed as u64, "every request written after the FIN counted: {seen}");
+    ensure!(r.failure_mode == FailureMode::Fin, "the server's graceful close: {seen}");
+    ensure!(r.judgement.verdict == Verdict::Mismatch, "{seen}");
     Ok(())
 }
 
@@ -575,7 +678,8 @@ fn envoys_upstream_pool_in_front_of_node_is_named_and_measured() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let client_v4 = "10.201.1.2";
     let _envoy = start_envoy(&topo, dir.path(), client_v4, (&topo.server_v4, port))?;
-    let daemon = Daemon::start(&[])?;
+    // As the unit runs it: Envoy (root's) is named all the same.
+    let daemon = Daemon::start_as_unit(&[])?;
     // One client through Envoy; Envoy's upstream connection to Node is
     // reused after gaps below Node's close (about 3 s) and found closed
     // after the longer ones.
@@ -593,13 +697,13 @@ fn envoys_upstream_pool_in_front_of_node_is_named_and_measured() -> Result<()> {
     let seen = format!("client said:\n{out}\nrow: {r:#?}");
     ensure!(failed == 0, "Envoy retries or finds the close itself: the client saw no failure: {seen}");
     ensure!(r.processes == vec!["envoy".to_owned()], "the process, not its worker thread: {seen}");
-    let point = r.path_idle_timeout_seconds.context("a point from Node's closes")?;
+    let point = r.path.idle_timeout_seconds.context("a point from Node's closes")?;
     ensure!(
         (2.9..=3.0 + common::tolerance(0.3)).contains(&point),
         "Node's keep-alive close (2 s + its 1 s buffer): {seen}"
     );
     let fixes: Vec<&str> = r.fix_settings.iter().map(|f| f.setting.as_str()).collect();
     ensure!(fixes == ["common_http_protocol_options.idle_timeout"], "Envoy's own knob: {seen}");
-    ensure!(r.verdict == Verdict::Mismatch, "Envoy's pool keeps connections for an hour: {seen}");
+    ensure!(r.judgement.verdict == Verdict::Mismatch, "Envoy's pool keeps connections for an hour: {seen}");
     Ok(())
 }

@@ -169,7 +169,7 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
     assert!(line.starts_with(name), "{text}");
     assert!(
         text.lines().any(|l| l.starts_with(&format!("{name} {dest}"))
-            && l.contains("(client): finding: Go net/http's default 90 s > the path's 5")),
+            && l.contains("(client, http): finding: Go net/http's default 90 s > the path's 5")),
         "{text}"
     );
     // The info metric.
@@ -299,7 +299,13 @@ fn odd_first_writes_give_no_false_name() -> Result<()> {
     let named: Vec<(u16, String)> = daemon
         .events()
         .into_iter()
-        .filter(|e| e.kind() == EventKind::ServerName && e.remote.ip().to_string() == topo.server_v4)
+        // Every test's server has the same address in its own namespace:
+        // these servers by their ports.
+        .filter(|e| {
+            e.kind() == EventKind::ServerName
+                && e.remote.ip().to_string() == topo.server_v4
+                && (9101..=9104).contains(&e.remote.port())
+        })
         .map(|e| (e.remote.port(), e.as_server_name().and_then(|n| n.server_name.clone()).unwrap_or_default()))
         .collect();
     assert_eq!(named, vec![(9104, "big.example".to_owned())], "only the whole name");
@@ -311,5 +317,301 @@ fn odd_first_writes_give_no_false_name() -> Result<()> {
         })
         .count();
     assert_eq!(established, 4, "every connection was seen");
+    Ok(())
+}
+
+/// The JDK's own HTTP client: one `HttpClient` (HTTP/1.1), a GET after
+/// each gap (seconds, comma separated): `java JdkPool URL GAPS`.
+const JDK_POOL: &str = r#"
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.time.Duration;
+
+public class JdkPool {
+    public static void main(String[] args) throws Exception {
+        HttpClient c = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(Duration.ofSeconds(5)).build();
+        HttpRequest r = HttpRequest.newBuilder(URI.create(args[0])).timeout(Duration.ofSeconds(5)).build();
+        for (String g : args[1].split(",")) {
+            Thread.sleep((long) (Double.parseDouble(g) * 1000));
+            System.out.println("status " + c.send(r, HttpResponse.BodyHandlers.ofString()).statusCode());
+        }
+    }
+}
+"#;
+
+/// A JDK 17 `java.net.http` client behind nginx closing idle connections
+/// at 2 s, the daemon run as the unit runs it (nobody, exactly `CAP_BPF`
+/// and `CAP_PERFMON`): the fix names `jdk.httpclient.keepalive.timeout` and
+/// JDK 17's 1,200 s default as a finding. The client's own
+/// `-Djdk.httpclient.keepalive.timeout=600` on its command line names no
+/// library (Apache `HttpClient` was once found in it as a substring).
+#[test]
+#[ignore = "needs root (to drop to nobody) and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_jdk_http_client_is_named_unprivileged() -> Result<()> {
+    let topo = Topology::pair("njdk")?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(dir.path().join("JdkPool.java"), JDK_POOL)?;
+    sh(&format!("cd {} && javac JdkPool.java", dir.path().display()))?;
+    // The JDK by its full path: argv[0] then tells the JDK (its `release`
+    // file) without reading another user's /proc/PID/exe.
+    let java = sh("readlink -f \"$(command -v java)\"")?.trim().to_owned();
+    let _nginx = start_nginx_with(&topo, dir.path(), 2, 8080, "")?;
+    let daemon = Daemon::start_as_unit(&[])?;
+    let out = topo.ns.exec(
+        topo.client,
+        &format!(
+            "{java} -Djdk.httpclient.keepalive.timeout=600 -cp {} JdkPool http://{}:8080/ 0,1,3,1,3,1,3,1",
+            dir.path().display(),
+            topo.server_v4
+        ),
+    )?;
+    ensure!(out.matches("status 200").count() == 8, "the JDK client: {out}");
+    let rows = settle(&daemon)?;
+    let r = row(&rows, &format!("{}:8080", topo.server_v4))?;
+    eprintln!(
+        "MEASURED JDK java.net.http unprivileged: point {:?}, verdict {}, processes {:?}, fix {:?}",
+        r.path.idle_timeout_seconds,
+        r.judgement.verdict.as_str(),
+        r.processes,
+        r.fix_settings
+    );
+    assert!(r.processes.iter().any(|p| p == "java"), "{r:#?}");
+    let jdk = r
+        .fix_settings
+        .iter()
+        .find(|f| f.client == "JDK java.net.http HttpClient")
+        .with_context(|| format!("the JDK's client named: {:?}", r.fix_settings))?;
+    assert_eq!(jdk.setting, "jdk.httpclient.keepalive.timeout (system property, seconds)");
+    assert_eq!(jdk.default_seconds, Some(1200.0), "JDK 17's default: {jdk:?}");
+    assert!(jdk.finding.as_deref().is_some_and(|f| f.contains("default 1200 s > the path's 2")), "{jdk:?}");
+    assert!(r.fix_settings.iter().all(|f| f.client != "Apache HttpClient"), "{:?}", r.fix_settings);
+    Ok(())
+}
+
+/// A tmpfs mounted on a directory with the given mode, unmounted on drop,
+/// also when the test fails.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, mode: &str) -> Result<Self> {
+        sh(&format!("chmod 755 {d} && mount -t tmpfs -o mode={mode} tmpfs {d}", d = dir.display()))?;
+        Ok(Self(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = sh(&format!("umount -l {}", self.0.display()));
+    }
+}
+
+/// An overlay mount (a lower and an upper layer in `dir`, on a tmpfs of
+/// their own: an upper layer cannot be on every file system, not on the
+/// guests' shared root; the union at `merged`), unmounted on drop.
+struct Overlay {
+    merged: std::path::PathBuf,
+    _layers: Tmpfs,
+}
+
+impl Overlay {
+    fn mount(dir: &std::path::Path) -> Result<Self> {
+        let layers = Tmpfs::mount(dir, "755")?;
+        let d = dir.display();
+        sh(&format!(
+            "mkdir -p {d}/lower {d}/upper {d}/work {d}/merged && chmod 755 {d}/lower {d}/upper {d}/merged && mount -t overlay overlay -o lowerdir={d}/lower,upperdir={d}/upper,workdir={d}/work {d}/merged"
+        ))?;
+        Ok(Self { merged: dir.join("merged"), _layers: layers })
+    }
+}
+
+impl Drop for Overlay {
+    fn drop(&mut self) {
+        // Before its layers' tmpfs (a field, dropped after this).
+        let _ = sh(&format!("umount -l {}", self.merged.display()));
+    }
+}
+
+/// Go `net/http` clients run by root, the daemon as the unit runs it (user
+/// 65534 with `CAP_BPF` and `CAP_PERFMON`: another user's `/proc/PID/exe`
+/// and `/proc/PID/maps` are closed to it). The kernel lists each client's
+/// mapped files: one installed where any user may read it is told by its
+/// executable, as root tells it (`http.Transport.IdleConnTimeout`), and so
+/// is one started from an overlay (a container's root); one whose
+/// directory only root may enter cannot be read, and the fix says so
+/// instead of passing it off as a runtime without a pool.
+#[test]
+#[ignore = "needs root (to drop to nobody) and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_go_client_is_named_unprivileged() -> Result<()> {
+    let topo = Topology::pair("ngou")?;
+    let (dir, closed_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    // Two servers closing at 2 s: one row for the clients the daemon may
+    // read, one for the client it may not.
+    let _nginx = start_nginx_with(&topo, dir.path(), 2, 8080, "")?;
+    let _nginx_closed = start_nginx_with(&topo, closed_dir.path(), 2, 8081, "")?;
+    // Each on a tmpfs of its own: a file on an overlay whose layers are on
+    // two file systems (a guest's /tmp) shows `stat` another device than
+    // the kernel's inode has, and is not taken for the mapped one.
+    let (open_dir, shut_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let (open, shut) = (Tmpfs::mount(open_dir.path(), "755")?, Tmpfs::mount(shut_dir.path(), "700")?);
+    let tool = common::tlstool()?;
+    sh(&format!(
+        "install -m 755 {t} {o}/goopen && install -m 755 {t} {s}/goshut",
+        o = open.0.display(),
+        s = shut.0.display(),
+        t = tool.display()
+    ))?;
+    // A third copy started from an overlay, as a container's root is: its
+    // executable maps the layer's file (another inode than the overlay's
+    // `exe_file`), which the daemon may open on the host.
+    let layers = tempfile::tempdir()?;
+    let overlay = Overlay::mount(layers.path())?;
+    sh(&format!("install -m 755 {} {}/gooverlay", tool.display(), overlay.merged.display()))?;
+    let daemon = Daemon::start_as_unit(&[])?;
+    for (bin, port) in
+        [(open.0.join("goopen"), 8080), (overlay.merged.join("gooverlay"), 8080), (shut.0.join("goshut"), 8081)]
+    {
+        let out =
+            topo.ns.exec(topo.client, &format!("{} h2 http://{}:{port}/ 0,1,3,1", bin.display(), topo.server_v4))?;
+        ensure!(out.matches("\"proto\":\"HTTP/1.1\"").count() == 4, "{}: {out}", bin.display());
+    }
+    let rows = settle(&daemon)?;
+    // Loaded once the daemon is up, as it may not read these processes.
+    let files_listed = daemon.stderr_lines().iter().any(|l| l.contains("loaded iter/task_vma"));
+    let (r, closed) =
+        (row(&rows, &format!("{}:8080", topo.server_v4))?, row(&rows, &format!("{}:8081", topo.server_v4))?);
+    eprintln!(
+        "MEASURED Go net/http unprivileged (mapped files listed by the kernel: {files_listed}): readable and overlay: point {:?}, verdict {}, processes {:?}, fix {:?}; closed: processes {:?}, fix {:?}",
+        r.path.idle_timeout_seconds,
+        r.judgement.verdict.as_str(),
+        r.processes,
+        r.fix_settings,
+        closed.processes,
+        closed.fix_settings
+    );
+    ensure!(files_listed, "the task-VMA iterator loaded (5.12+)");
+    ensure!(r.processes == ["goopen", "gooverlay"] && closed.processes == ["goshut"], "{r:#?}\n{closed:#?}");
+    // Both told by their executable: Go's knob and nothing unknown.
+    let clients: Vec<&str> = r.fix_settings.iter().map(|f| f.client.as_str()).collect();
+    ensure!(clients == ["Go net/http"], "the readable and the overlay's Go clients named: {:?}", r.fix_settings);
+    ensure!(r.fix_settings[0].setting.starts_with("http.Transport.IdleConnTimeout"), "{:?}", r.fix_settings);
+    ensure!(
+        closed.fix_settings.len() == 1
+            && closed.fix_settings[0].client == "unknown"
+            && closed.fix_settings[0].setting.contains("not readable with these capabilities"),
+        "the one nobody may read says so: {:?}",
+        closed.fix_settings
+    );
+    Ok(())
+}
+
+/// `python3 TLS_CLIENT IP PORT NAME GAPS`: HTTP/1.1 over TLS (SNI `NAME`,
+/// no verification) on one connection, a request after each gap, a new
+/// connection after a failed one; prints the version it negotiated.
+const TLS_CLIENT: &str = r#"
+import socket, ssl, sys, time
+ip, port, name, gaps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+def connect():
+    return ctx.wrap_socket(socket.create_connection((ip, port), timeout=5), server_hostname=name)
+def get(c):
+    c.sendall(b"GET / HTTP/1.1\r\nHost: " + name.encode() + b"\r\n\r\n")
+    return len(c.recv(4096)) > 0
+c = connect()
+get(c)
+failed = 0
+for g in gaps.split(","):
+    time.sleep(float(g))
+    try:
+        ok = get(c)
+    except (OSError, ssl.SSLError):
+        ok = False
+    if not ok:
+        failed += 1
+        c.close()
+        c = connect()
+        get(c)
+print("version", c.version(), "failed", failed, flush=True)
+"#;
+
+/// The partner's card over TLS (#48): nginx with TLS 1.3 only on one port
+/// and TLS 1.2 only on another, both closing idle connections at 2 s,
+/// reached by one name on two addresses (the TLS 1.2 nginx listens on a
+/// second one too). Each row lists the version its connections negotiated
+/// (read from the client's second flight), and the report's card carries
+/// the name, 2 s, `fin`, `["TLSv1.3"]`, both addresses of the name and
+/// ours, and the resets of the requests written after nginx's close as
+/// nginx's own. The daemon runs as the unit runs it.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn the_partner_card_carries_the_tls_version_negotiated() -> Result<()> {
+    let topo = Topology::pair("ncard")?;
+    let (d13, d12) = (tempfile::tempdir()?, tempfile::tempdir()?);
+    let tool = common::tlstool()?;
+    // The name's second address: the TLS 1.2 nginx listens there too.
+    let second = "10.201.1.3";
+    topo.ns.exec(topo.server, &format!("ip addr add {second}/24 dev s0"))?;
+    let mut servers = Vec::new();
+    for (dir, port, version) in [(&d13, 8443, "TLSv1.3"), (&d12, 8444, "TLSv1.2")] {
+        sh(&format!("{} cert {}", tool.display(), dir.path().display()))?;
+        let also = if port == 8444 { format!("; listen {second}:{port} ssl") } else { String::new() };
+        let tls = format!(
+            "ssl; ssl_certificate {d}/cert.pem; ssl_certificate_key {d}/key.pem; ssl_protocols {version}{also}",
+            d = dir.path().display()
+        );
+        servers.push(start_nginx_with(&topo, dir.path(), 2, port, &tls)?);
+    }
+    let data = tempfile::tempdir()?;
+    let daemon = Daemon::start_as_unit_in(data.path(), &[])?;
+    let client = script(TLS_CLIENT)?;
+    let name = "api.partner.example";
+    // Reuses after 1 s survive; after 3 s nginx has closed at 2 s.
+    let gaps = "1,3,1,3,1,3,1";
+    let mut said = Vec::new();
+    for (ip, port) in [(topo.server_v4.as_str(), 8443), (topo.server_v4.as_str(), 8444), (second, 8444)] {
+        let out = topo.ns.exec(topo.client, &format!("python3 {} {ip} {port} {name} {gaps}", client.display()))?;
+        said.push(out.trim().to_owned());
+    }
+    ensure!(said[0].starts_with("version TLSv1.3") && said[1].starts_with("version TLSv1.2"), "clients: {said:?}");
+    let rows = settle(&daemon)?;
+    let r13 = row(&rows, &format!("{}:8443", topo.server_v4))?;
+    let r12 = row(&rows, &format!("{}:8444", topo.server_v4))?;
+    eprintln!(
+        "MEASURED tls versions: clients {said:?}; rows {:?} / {:?}; names {:?}",
+        r13.tls_versions, r12.tls_versions, r13.server_names
+    );
+    ensure!(r13.tls_versions.iter().map(|v| v.as_str()).eq(["TLSv1.3"]), "{r13:#?}");
+    ensure!(r12.tls_versions.iter().map(|v| v.as_str()).eq(["TLSv1.2"]), "{r12:#?}");
+    // The report's card (the store's writer flushes every 500 ms).
+    std::thread::sleep(Duration::from_secs(2));
+    let dest = format!("{}:8443", topo.server_v4);
+    let report = Command::new(*OBSERVER)
+        .args(["report", "--destination", &dest, "--format", "json", "--data-dir"])
+        .arg(data.path())
+        .output()?;
+    ensure!(report.status.success(), "report: {}", String::from_utf8_lossy(&report.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&report.stdout)?;
+    let card = &v["partner_card"];
+    eprintln!("MEASURED partner card: {card}");
+    ensure!(card["name"] == name, "{card}");
+    ensure!(card["idle_close"] == "fin", "{card}");
+    let t = card["idle_timeout_seconds"].as_f64().context("the point, from nginx's closes")?;
+    ensure!((t - 2.0).abs() <= 0.1, "nginx closes at 2 s: {t}");
+    ensure!(card["tls_versions"] == serde_json::json!(["TLSv1.3"]), "{card}");
+    ensure!(
+        card["their_addresses"] == serde_json::json!([topo.server_v4, second]),
+        "both addresses of the name: {card}"
+    );
+    ensure!(card["our_addresses"] == serde_json::json!(["10.201.1.2"]), "{card}");
+    ensure!(card["request_deadline_seconds"].is_null(), "no request was cut off: {card}");
+    // A request written after nginx's FIN is answered by nginx's RST: the
+    // peer, where the kernel allows the hooks that tell it (every guest's);
+    // else not told, never guessed.
+    let told = !daemon.stderr_lines().iter().any(|l| l.contains("who sent a reset is not told"));
+    let want = if told { serde_json::json!("peer") } else { serde_json::Value::Null };
+    ensure!(card["reset_from"] == want, "resets from nginx itself (hooks {told}): {card}");
     Ok(())
 }

@@ -13,7 +13,9 @@ use std::{
 };
 
 use anyhow::{bail, ensure, Context as _, Result};
-use common::{lines_of, sh, start_server, wait_line, Daemon, Killed, Topology, ECHO_SERVER, IDLE_POOL, OBSERVER};
+use common::{
+    lines_of, metric, sh, start_server, wait_line, Daemon, Killed, Topology, ECHO_SERVER, IDLE_POOL, OBSERVER,
+};
 use observer::kernel::event::{EventKind, Role, SockEvent};
 
 const CONTAINER: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -261,10 +263,13 @@ fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
     for (who, d) in [("unfiltered", &all), ("--cgroup", &by_cgroup)] {
         let metrics = d.metrics()?;
         ensure!(
-            metrics.contains(r#"observer_events_lost_total{reason="owner_unresolved"} 0"#),
+            metric("observer_events_lost_total").label("reason", "owner_unresolved").value(&metrics) == Some(0.0),
             "{who}: nothing given up waiting: {metrics}"
         );
-        ensure!(metrics.contains("observer_events_awaiting_owner 0"), "{who}: nothing still waiting: {metrics}");
+        ensure!(
+            metric("observer_events_awaiting_owner").value(&metrics) == Some(0.0),
+            "{who}: nothing still waiting: {metrics}"
+        );
     }
     for d in [all, by_cgroup] {
         ensure!(d.terminate()?.success());

@@ -32,7 +32,7 @@ use std::{
 use anyhow::{bail, ensure, Context as _, Result};
 use serde_json::{json, Value};
 
-use crate::{bench::observer_bin, workspace_root};
+use crate::{bench::shipped_bin, workspace_root};
 
 /// How often Prometheus scrapes and evaluates the rules here.
 const INTERVAL_S: u64 = 5;
@@ -217,7 +217,7 @@ pub fn run(hosts: u32, destinations: u32) -> Result<Value> {
     for h in 0..hosts {
         let path = dir.join(format!("host-{h}.jsonl"));
         std::fs::write(&path, recording(h, destinations, start_ns))?;
-        let out = Command::new(observer_bin()).arg("analyze").arg(&path).args(["-o", "prometheus"]).output()?;
+        let out = Command::new(shipped_bin()).arg("analyze").arg(&path).args(["-o", "prometheus"]).output()?;
         ensure!(out.status.success(), "observer analyze {}: {}", path.display(), String::from_utf8_lossy(&out.stderr));
         expositions.push(String::from_utf8(out.stdout)?);
     }

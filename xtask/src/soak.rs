@@ -31,7 +31,7 @@ use std::{
 use anyhow::{ensure, Context as _, Result};
 use serde_json::{json, Value};
 
-use crate::bench::{http_get, metric_sum, observer_bin, rss_kib, sh, Observer};
+use crate::bench::{http_get, metric_sum, rss_kib, sh, shipped_bin, Observer};
 
 /// The RSS target the soak holds the daemon to.
 const RSS_TARGET_KIB: u64 = 64 * 1024;
@@ -141,7 +141,7 @@ fn add(total: &mut BTreeMap<&'static str, u64>, more: &BTreeMap<&'static str, u6
 }
 
 fn keys(args: &[&str]) -> Result<Vec<(u64, String)>> {
-    let out = Command::new(observer_bin()).args(["debug", "evidence-keys"]).args(args).output()?;
+    let out = Command::new(shipped_bin()).args(["debug", "evidence-keys"]).args(args).output()?;
     ensure!(out.status.success(), "evidence-keys: {}", String::from_utf8_lossy(&out.stderr));
     Ok(String::from_utf8_lossy(&out.stdout)
         .lines()
@@ -214,7 +214,7 @@ pub fn run(minutes: f64) -> Result<()> {
     let _a = Server::start(&echo, pa, Some(2.0))?;
     let b = Arc::new(Mutex::new(Some(Server::start(&echo, pb, None)?)));
     let stop = Arc::new(AtomicBool::new(false));
-    let o = Observer::start_on(&args, &data)?;
+    let o = Observer::spawn(&shipped_bin(), &args, &data)?;
     let pid = Arc::new(AtomicU32::new(o.pid()));
     let mut daemon = Some(o);
     // Traffic: reuses past the server's 2 s timeout fail, the others pass.
@@ -269,7 +269,7 @@ pub fn run(minutes: f64) -> Result<()> {
             o.stop()?;
             0
         };
-        let o = Observer::start_on(&args, &data)?;
+        let o = Observer::spawn(&shipped_bin(), &args, &data)?;
         pid.store(o.pid(), Ordering::Relaxed);
         *daemon = Some(o);
         Ok(killed_at)
@@ -325,7 +325,7 @@ pub fn run(minutes: f64) -> Result<()> {
     o.stop()?;
     let _ = sampler.join();
     // 1. The live table against the recording's analysis.
-    let out = Command::new(observer_bin()).args(["analyze", "--json"]).arg(&rec).output()?;
+    let out = Command::new(shipped_bin()).args(["analyze", "--json"]).arg(&rec).output()?;
     ensure!(out.status.success(), "observer analyze: {}", String::from_utf8_lossy(&out.stderr));
     let analyzed: Value = serde_json::from_slice(&out.stdout)?;
     // 2. Evidence delivered (the recording's) against stored and counted.

@@ -11,10 +11,9 @@ use aya_ebpf::helpers::{
 use observer_common::{busy, SockState};
 
 use super::{
-    closes::CONTROL_NS,
+    bits::{st, tracks_requests, CONTROL_NS},
+    kernel::field,
     maps::{global, min_idle_ns, CLOCK_OFFSET, OFFSETS, TCP_SOCK_BTF_ID, TICK_NS},
-    requests::st,
-    sock::tracks_requests,
 };
 
 #[inline(always)]
@@ -24,10 +23,19 @@ pub fn now() -> u64 {
     unsafe { bpf_ktime_get_boot_ns() }
 }
 
+/// Nanoseconds since the socket's jiffy stamp at `sk + off` (`lsndtime`,
+/// `lrcvtime`, `rcv_tstamp`); `None` where the kernel's jiffy length is
+/// not known.
+#[inline(always)]
+pub(crate) fn since_field(sk: *const c_void, off: *const u64) -> Option<u64> {
+    let tick = global(&raw const TICK_NS);
+    (tick != 0).then(|| since_stamp(field(sk, off), tick))
+}
+
 /// Nanoseconds since a kernel jiffy stamp (`tcp_jiffies32`: `u32`, so
 /// counted back from now across a wrap), at `tick` ns a jiffy.
 #[inline(always)]
-pub(crate) fn since_stamp(stamp: u32, tick: u64) -> u64 {
+fn since_stamp(stamp: u32, tick: u64) -> u64 {
     // SAFETY: helper without preconditions.
     #[allow(clippy::cast_possible_truncation, reason = "the low 32 bits, as the kernel's u32 stamps keep them")]
     let now = unsafe { bpf_jiffies64() } as u32;

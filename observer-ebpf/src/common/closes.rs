@@ -8,31 +8,18 @@ use core::ffi::c_void;
 use observer_common::{dead, flags, how, kind, outcome, role, SockState};
 
 use super::{
-    death::{discarded, mark_dead, undoom},
+    bits::{last_activity, rd, st, CONTROL_BYTES, CONTROL_NS, GOODBYE_GRACE_NS},
+    clock::since_field,
+    death::{discarded, mark_dead},
     emit::emit,
-    kernel::{after, snd_una, write_seq},
-    maps::min_idle_ns,
+    kernel::{after, copied_seq, rcv_nxt, request_bytes, snd_una, write_seq},
+    maps::{min_idle_ns, undoom, OFFSETS},
     requests::{
         acked, answered, clear_request, end_stalled, eof_read, expire_request, local_ended_request, peer_ended_request,
-        rd, read_all, request_bytes, resolve_answered, st,
+        read_all, resolve_answered,
     },
-    sock::{last_activity, remember_idle_close},
+    sock::remember_idle_close,
 };
-
-/// A write of at most this many bytes immediately followed by our close
-/// (TLS `close_notify`, an HTTP/2 GOAWAY) is part of the close.
-pub const CONTROL_BYTES: u32 = 512;
-
-/// "Immediately": a control write and the close, or an unsolicited read
-/// and the peer's FIN, within this time.
-pub const CONTROL_NS: u64 = 100_000_000;
-
-/// The peer's goodbye (an unsolicited message after a quiet spell: an
-/// HTTP/2 `GOAWAY`, a TLS `close_notify`) dates its close when its FIN or
-/// RST follows within this time: Go's HTTP/2 server closes a second after
-/// its `GOAWAY` (`goAwayTimeout`, for the client's frames in flight), and
-/// the FIN must not date the close a second after the goodbye.
-pub const GOODBYE_GRACE_NS: u64 = 2_000_000_000;
 
 /// The connection's idle age is not known since a late read that may
 /// have been the peer's goodbye ([`rd::LATE_TO_REACTION`]): the peer's
@@ -53,7 +40,7 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
     expire_request(st, now);
     // The peer's goodbye (close_notify, GOAWAY), then at most a goodbye of
     // ours in reply, then its FIN: its idle close, not a request of ours.
-    let goodbye = goodbye_idle(sk, st, now, GOODBYE_GRACE_NS);
+    let goodbye = peer_goodbye(sk, st, now, true);
     if goodbye != 0 {
         let idle_close = goodbye_close(sk, st, now, goodbye, how::FIN);
         mark_dead(sk, st, dead::FIN, idle_close);
@@ -86,6 +73,12 @@ pub fn on_peer_fin(sk: *const c_void, st: &mut SockState, now: u64) {
 /// An RST arrived.
 #[inline(always)]
 pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
+    // A connect the peer refused (`SYN_SENT`: the state hook keeps its
+    // process, but it was never established, so it has no id): no
+    // connection died, and nothing waits for a write.
+    if st.id == 0 {
+        return;
+    }
     let first = st.flags & (st::PEER_RST | st::LOCAL_CLOSED) == 0;
     st.flags |= st::PEER_RST;
     if !first {
@@ -98,7 +91,7 @@ pub fn on_peer_rst(sk: *const c_void, st: &mut SockState, now: u64) {
     expire_request(st, now);
     // The peer's goodbye, at most a goodbye of ours in reply, then its RST
     // (it closed with our reply unread): its idle close.
-    let goodbye = if st.peer_fin_ns == 0 { goodbye_idle(sk, st, now, GOODBYE_GRACE_NS) } else { 0 };
+    let goodbye = if st.peer_fin_ns == 0 { peer_goodbye(sk, st, now, false) } else { 0 };
     if goodbye != 0 {
         let idle_close = goodbye_close(sk, st, now, goodbye, how::RST);
         mark_dead(sk, st, dead::RST, idle_close);
@@ -244,7 +237,57 @@ pub(crate) fn goodbye_idle(sk: *const c_void, st: &SockState, now: u64, within: 
     if st.last_send_ns > st.burst_ns && write_seq(sk).wrapping_sub(st.burst_wseq) > CONTROL_BYTES {
         return 0;
     }
+    // A push stream (more than a goodbye's bytes after its first read) is
+    // no goodbye. `rcv_nxt` counts the FIN once it has arrived.
+    let fin = u32::from(st.peer_fin_ns != 0);
+    if rcv_nxt(sk).wrapping_sub(fin).wrapping_sub(st.burst_rseq) > CONTROL_BYTES {
+        return 0;
+    }
     st.burst_ns - st.burst_anchor_ns
+}
+
+/// The peer's goodbye before its FIN or RST (`fin`), read or still unread:
+/// the idle age before it; 0 if there was none.
+#[inline(always)]
+fn peer_goodbye(sk: *const c_void, st: &SockState, now: u64, fin: bool) -> u64 {
+    match goodbye_idle(sk, st, now, GOODBYE_GRACE_NS) {
+        0 => unread_goodbye_idle(sk, st, now, fin),
+        read => read,
+    }
+}
+
+/// The peer's goodbye still unread at its FIN or RST (`fin`: `rcv_nxt`
+/// counts the FIN): a lazy reader reads only when it waits for an answer,
+/// so the goodbye was never read and [`goodbye_idle`] cannot date it. The
+/// idle age before it arrived, dated by the kernel's stamp of the last
+/// data segment received (`icsk_ack.lrcvtime`; a bare FIN or RST leaves it
+/// alone), not by the close. Only a goodbye's few bytes (at most
+/// [`CONTROL_BYTES`] unread), with nothing of ours outstanding or written
+/// since, that arrived at least [`CONTROL_NS`] before the close (data with
+/// the close is part of it: the close dates it, as before) and within
+/// [`GOODBYE_GRACE_NS`] of it; 0 otherwise. A goodbye in several parts
+/// (a `GOAWAY`, then a `close_notify` with the FIN) is dated by its last.
+#[inline(always)]
+fn unread_goodbye_idle(sk: *const c_void, st: &SockState, now: u64, fin: bool) -> u64 {
+    if idle_unknown(st) || st.req_ns != 0 {
+        return 0;
+    }
+    let unread = rcv_nxt(sk).wrapping_sub(u32::from(fin)).wrapping_sub(copied_seq(sk));
+    if unread == 0 || unread > CONTROL_BYTES {
+        return 0;
+    }
+    let Some(since) = since_field(sk, &raw const OFFSETS.lrcvtime) else {
+        return 0;
+    };
+    if !(CONTROL_NS..GOODBYE_GRACE_NS).contains(&since) {
+        return 0;
+    }
+    let arrived = now.saturating_sub(since);
+    let anchor = last_activity(st);
+    if anchor == 0 || arrived <= anchor || st.last_send_ns > arrived {
+        return 0;
+    }
+    arrived - anchor
 }
 
 /// The peer closed after its goodbye, `idle` into the quiet spell before

@@ -7,12 +7,13 @@ use core::ffi::c_void;
 use observer_common::{counter, dead, flags, how, kind, outcome, watch, DoomedRecord, SockState};
 
 use super::{
+    bits::{last_activity, tracks_requests},
     bytes::copy16,
-    clock::{now, since_stamp},
+    clock::{now, since_field},
     emit::emit,
-    kernel::{app_limited, field, keepalive, sk_err},
-    maps::{atomic_add, count, global, min_idle_ns, DOOMED, FAILED_WRITE_HOOK, FAILED_WRITE_WATCH, OFFSETS, TICK_NS},
-    sock::{last_activity, set_process, tracks_requests},
+    kernel::{app_limited, keepalive, sk_err},
+    maps::{atomic_add, count, global, min_idle_ns, undoom, DOOMED, FAILED_WRITE_HOOK, FAILED_WRITE_WATCH, OFFSETS},
+    sock::set_process,
 };
 
 /// The socket died with nothing outstanding (`kind`: `dead::FIN`, `RST`
@@ -110,16 +111,6 @@ pub(crate) fn list_doomed(st: &mut SockState, how: u8) {
         st.dead |= dead::LISTED;
     } else {
         count(counter::DOOMED_FULL);
-    }
-}
-
-/// The application acted on a dead socket (wrote on it or closed it): it
-/// is no longer held dead.
-#[inline(always)]
-pub(crate) fn undoom(st: &mut SockState) {
-    if st.dead & dead::LISTED != 0 {
-        st.dead &= !dead::LISTED;
-        let _ = DOOMED.remove(st.id);
     }
 }
 
@@ -234,11 +225,12 @@ fn settle_unwatched(sk: *const c_void, st: &mut SockState, now: u64) {
 /// the tick unknown, nothing is reported.
 #[inline(always)]
 pub(crate) fn keepalive_death(sk: *const c_void, st: &SockState, now: u64, last: u64) {
-    let tick = global(&raw const TICK_NS);
-    if tick == 0 || last == 0 || !keepalive(sk).0 {
+    if last == 0 || !keepalive(sk).0 {
         return;
     }
-    let silent = since_stamp(field(sk, &raw const OFFSETS.rcv_tstamp), tick);
+    let Some(silent) = since_field(sk, &raw const OFFSETS.rcv_tstamp) else {
+        return;
+    };
     emit(sk, st, kind::PEER_CLOSE, now, |e| {
         e.idle_ns = silent;
         e.elapsed_ns = now.saturating_sub(last);

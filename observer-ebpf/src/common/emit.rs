@@ -6,11 +6,10 @@ use core::ffi::c_void;
 use observer_common::{counter, flags, kind, Event, SockState};
 
 use super::{
+    bits::{last_activity, st},
     bytes::{copy16, zero},
-    kernel::keepalive,
+    kernel::{keepalive, request_bytes},
     maps::{count, global, EVENTS, RING_BYTES, UNWOKEN},
-    requests::{request_bytes, st},
-    sock::last_activity,
 };
 
 /// Emit one event built from the socket's state. The record is written in
@@ -25,7 +24,31 @@ pub fn emit(sk: *const c_void, st: &SockState, kind: u8, now: u64, fill: impl Fn
     // SAFETY: the reserved slot is valid for one Event.
     let e = unsafe { header(p, sk, st, kind, now) };
     fill(e);
-    entry.submit(wakeup(kind));
+    submit(entry, kind);
+}
+
+/// Commit a record, waking the reader as [`wakeup`] says. A record sent
+/// without a wakeup marks [`UNWOKEN`] only once it is committed: a mark
+/// set before the commit could be taken by evidence on another CPU whose
+/// wakeup finds this record still busy, the reader would stop at it, and
+/// no later record would wake it (the kernel's default flag wakes only
+/// for the first unread record, and this one committed silently).
+#[inline(always)]
+pub(crate) fn submit<T>(entry: aya_ebpf::maps::ring_buf::RingBufEntry<T>, kind: u8) {
+    let flags = wakeup(kind);
+    entry.submit(flags);
+    if flags == u64::from(aya_ebpf::bindings::BPF_RB_NO_WAKEUP) {
+        if let Some(unwoken) = UNWOKEN.get_ptr_mut(0) {
+            // Written only when it changes: one slot shared by every CPU,
+            // read on each connection, stays in every CPU's cache.
+            // SAFETY: an array slot, valid for the program's run.
+            unsafe {
+                if core::ptr::read_volatile(unwoken) == 0 {
+                    core::ptr::write_volatile(unwoken, 1);
+                }
+            }
+        }
+    }
 }
 
 /// Write an event's header from the socket's state into a reserved slot.
@@ -51,6 +74,10 @@ pub(crate) unsafe fn header<'a>(p: *mut Event, sk: *const c_void, st: &SockState
     e.cgroup_id = st.cgroup_id;
     e.netns = st.netns;
     e.flags = st.event_flags;
+    e.own = st.own;
+    e.peer_ttl = st.peer_ttl;
+    e.reset_ttl = st.reset_ttl;
+    e.ttl_flags = st.ttl_flags;
     if !sk.is_null() && kind != kind::ESTABLISHED && kind != kind::CLOSED && kind != kind::HELLO {
         let (on, jiffies) = keepalive(sk);
         if on {
@@ -78,13 +105,13 @@ pub(crate) unsafe fn header<'a>(p: *mut Event, sk: *const c_void, st: &SockState
 /// unwoken record every later one would stay unread until the daemon's
 /// one-second tick: at 50,000 reuses/s that filled the ring and lost
 /// 27,000 events a second. So a record sent without a wakeup marks
-/// [`UNWOKEN`], and the next evidence record forces one and clears the
-/// mark; otherwise evidence keeps the default, which wakes a reader that
-/// has caught up and spares one that is still reading. Two CPUs racing on
-/// the mark cost at most one extra wakeup, or one record read at the next
-/// tick when no evidence follows it.
+/// [`UNWOKEN`] once committed ([`submit`]), and the next evidence record
+/// forces one and clears the mark; otherwise evidence keeps the default,
+/// which wakes a reader that has caught up and spares one that is still
+/// reading. Two CPUs racing on the mark cost at most one extra wakeup, or
+/// one record read at the next tick when no evidence follows it.
 #[inline(always)]
-pub(crate) fn wakeup(kind: u8) -> u64 {
+fn wakeup(kind: u8) -> u64 {
     use aya_ebpf::bindings::{BPF_RB_AVAIL_DATA, BPF_RB_FORCE_WAKEUP, BPF_RB_NO_WAKEUP};
     let Some(unwoken) = UNWOKEN.get_ptr_mut(0) else {
         return u64::from(BPF_RB_FORCE_WAKEUP);
@@ -108,14 +135,6 @@ pub(crate) fn wakeup(kind: u8) -> u64 {
         }
         u64::from(BPF_RB_FORCE_WAKEUP)
     } else {
-        // Written only when it changes: one slot shared by every CPU, read
-        // on each connection, stays in every CPU's cache.
-        // SAFETY: as above.
-        unsafe {
-            if core::ptr::read_volatile(unwoken) == 0 {
-                core::ptr::write_volatile(unwoken, 1);
-            }
-        }
         u64::from(BPF_RB_NO_WAKEUP)
     }
 }

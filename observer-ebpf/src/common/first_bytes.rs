@@ -17,10 +17,10 @@ use core::ffi::c_void;
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_probe_read_user as bpf_probe_read_user_raw,
 };
-use observer_common::{counter, kind, role, Event, Hello, SockState, HELLO_BYTES};
+use observer_common::{counter, kind, role, tls, Event, Hello, SockState, HELLO_BYTES};
 
 use super::{
-    emit::{header, wakeup},
+    emit::{emit, header, submit},
     maps::{count, global, EVENTS, OFFSETS},
 };
 
@@ -46,15 +46,24 @@ fn looks_like_hello(h: &[u8; 8]) -> bool {
     n >= 3 && h[n] == b' '
 }
 
-/// Look once at a client connection's first write (`msg` is the send
-/// probe's `struct msghdr *`) and hand its first bytes to userspace if
-/// they may carry a name.
+/// `SockState::hello`: the first write not looked at yet; looked at
+/// (and nothing more to see); a TLS `ClientHello` was written, so the next
+/// write (the client's second flight) tells the version; that write was a
+/// lone `ChangeCipherSpec`, so the one after tells.
+pub(crate) const HELLO_FIRST: u8 = 0;
+pub(crate) const HELLO_DONE: u8 = 1;
+pub(crate) const HELLO_TLS_NEXT: u8 = 2;
+pub(crate) const HELLO_TLS_AFTER_CCS: u8 = 3;
+
+/// The user buffer the write `msg` (the send probe's `struct msghdr *`,
+/// before any byte is copied) starts with, and its bytes; `None` for
+/// anything but a user buffer (`ITER_UBUF`, or an `ITER_IOVEC`'s first
+/// segment) of at least `min` bytes.
 #[inline(always)]
-pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64) {
-    st.hello = 1;
+fn user_buf(msg: *const c_void, min: u64) -> Option<(*const u8, u64)> {
     let msg_iter = global(&raw const OFFSETS.msg_iter);
-    if msg_iter == 0 || msg.is_null() || st.role == role::SERVER {
-        return;
+    if msg_iter == 0 || msg.is_null() {
+        return None;
     }
     // SAFETY: pointer arithmetic only; every read below is a probe read.
     let it = unsafe { msg.cast::<u8>().add(msg_iter as usize) };
@@ -70,12 +79,24 @@ pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, no
         let seg: u64 = kread(iov, 8);
         (kread::<u64>(iov, 0), if seg < left { seg } else { left })
     } else {
-        return;
+        return None;
     };
-    if base == 0 || len <= skip || len - skip < 16 {
+    if base == 0 || len <= skip || len - skip < min {
+        return None;
+    }
+    Some(((base + skip) as *const u8, len - skip))
+}
+
+/// Look once at a client connection's first write (`msg` is the send
+/// probe's `struct msghdr *`) and hand its first bytes to userspace if
+/// they may carry a name.
+#[inline(always)]
+pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64) {
+    st.hello = HELLO_DONE;
+    if st.role == role::SERVER {
         return;
     }
-    let src = (base + skip) as *const u8;
+    let Some((src, avail)) = user_buf(msg, 16) else { return };
     // SAFETY: a probe read of user memory; it fails cleanly on a fault.
     let Ok(head) = (unsafe { bpf_probe_read_user::<[u8; 8]>(src.cast()) }) else { return };
     if !looks_like_hello(&head) {
@@ -86,7 +107,10 @@ pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, no
         return;
     };
     let p = entry.as_mut_ptr();
-    let avail = len - skip;
+    if head[0] == 0x16 && head[5] == 1 {
+        // A `ClientHello`: the client's next write tells the version.
+        st.hello = HELLO_TLS_NEXT;
+    }
     let n = (if avail > HELLO_BYTES as u64 { HELLO_BYTES as u64 } else { avail }) as u32;
     // SAFETY: the reserved slot is valid for one Hello, whose first part
     // is an Event; the user read writes at most `HELLO_BYTES` into its
@@ -98,7 +122,30 @@ pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, no
         let n = if n > HELLO_BYTES as u32 { HELLO_BYTES as u32 } else { n };
         e.bytes = if bpf_probe_read_user_raw(bytes, n, src.cast()) == 0 { n } else { 0 };
     }
-    entry.submit(wakeup(kind::HELLO));
+    submit(entry, kind::HELLO);
+}
+
+/// A TLS client's second flight (a write after its `ClientHello`): the
+/// version it negotiated, handed to userspace in a `server_name` record
+/// of its own ([`observer_common::tls::second_flight`]). One 16-byte user
+/// read per write until it tells, typically the one write after the
+/// `ClientHello`.
+#[inline(always)]
+pub fn second_flight(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64) {
+    let after_ccs = st.hello == HELLO_TLS_AFTER_CCS;
+    st.hello = HELLO_DONE;
+    let Some((src, avail)) = user_buf(msg, 5) else { return };
+    // A buffer shorter than 16 bytes is read whole only if the page it
+    // ends on allows; a read that faults decides nothing.
+    // SAFETY: a probe read of user memory; it fails cleanly on a fault.
+    let Ok(b) = (unsafe { bpf_probe_read_user::<[u8; 16]>(src.cast()) }) else { return };
+    match tls::second_flight(&b, avail as usize, after_ccs) {
+        tls::Flight::Version(v) => emit(sk, st, kind::HELLO, now, |e| e.tls_version = v),
+        tls::Flight::Next { after_ccs } => {
+            st.hello = if after_ccs { HELLO_TLS_AFTER_CCS } else { HELLO_TLS_NEXT };
+        }
+        tls::Flight::Unknown => {}
+    }
 }
 
 /// Bytes of the write `msg` (the send probe's `struct msghdr *`, read

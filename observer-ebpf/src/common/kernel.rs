@@ -6,7 +6,12 @@ use core::ffi::c_void;
 
 use aya_ebpf::helpers::{bpf_probe_read_kernel, generated::bpf_probe_read_kernel as bpf_probe_read_kernel_raw};
 
-use super::maps::{global, OFFSETS};
+use observer_common::SockState;
+
+use super::{
+    bits::st,
+    maps::{global, OFFSETS},
+};
 
 /// `sk_shutdown` bit for "no more receives" (a full close, not `SHUT_WR`).
 pub(crate) const RCV_SHUTDOWN: u8 = 1;
@@ -23,6 +28,20 @@ pub(crate) fn field<T: Copy + Default>(sk: *const c_void, off: *const u64) -> T 
     let off = global(off) as usize;
     // SAFETY: a probe read; a failure reads as the default.
     unsafe { bpf_probe_read_kernel(sk.cast::<u8>().add(off).cast::<T>()) }.unwrap_or_default()
+}
+
+/// A task's executable (`task->mm->exe_file`); NULL for a task without
+/// one (a kernel thread) or where the kernel's layout is not known.
+#[inline(always)]
+pub(crate) fn exe_file(task: *const c_void) -> *const c_void {
+    if global(&raw const OFFSETS.task_mm) == 0 {
+        return core::ptr::null();
+    }
+    let mm: *const c_void = field(task, &raw const OFFSETS.task_mm);
+    if mm.is_null() {
+        return core::ptr::null();
+    }
+    field(mm, &raw const OFFSETS.mm_exe_file)
 }
 
 /// Read a 16-byte kernel field at `sk + off` straight into `dst` (no copy
@@ -116,4 +135,13 @@ pub(crate) fn keepalive(sk: *const c_void) -> (bool, u32) {
 #[inline(always)]
 pub fn is_full_close(sk: *const c_void) -> bool {
     rcv_shutdown(sk)
+}
+
+/// Request bytes written so far (0 = unknown, without snapshots).
+#[inline(always)]
+pub(crate) fn request_bytes(sk: *const c_void, st: &SockState) -> u32 {
+    if st.flags & st::SEQ == 0 {
+        return 0;
+    }
+    write_seq(sk).wrapping_sub(st.req_snd_seq)
 }

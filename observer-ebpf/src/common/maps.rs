@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::{btf_map, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, RingBuf},
 };
-use observer_common::{counter, ClosedIdle, DoomedRecord, Offsets, SockState, TupleKey};
+use observer_common::{counter, dead, ClosedIdle, DoomedRecord, MappedFile, Offsets, SockState, TupleKey};
 
 /// Events to userspace. Userspace resizes it at load time.
 #[map]
@@ -86,6 +86,21 @@ pub static UNWOKEN: Array<u64> = Array::with_max_entries(1, 0);
 #[map]
 pub static FAILED_WRITE_WATCH: Array<u64> = Array::with_max_entries(2, 0);
 
+/// The daemon's own executable's inode address (see
+/// `observer_common::maps::OWN_EXE`).
+#[map]
+pub static OWN_EXE: Array<u64> = Array::with_max_entries(1, 0);
+
+/// The process whose mapped files `iter/task_vma` lists (see
+/// `observer_common::maps::FILES_OF`).
+#[map]
+pub static FILES_OF: Array<u32> = Array::with_max_entries(2, 0);
+
+/// The task-VMA iterator's record, built here: it does not fit the BPF
+/// stack.
+#[map]
+pub static MAPPED_SCRATCH: PerCpuArray<MappedFile> = PerCpuArray::with_max_entries(1, 0);
+
 /// 1 = kernel-failed writes are decided by a hook userspace attaches on
 /// demand (see [`FAILED_WRITE_WATCH`]); 0 = by the send probe. Set at load time.
 #[no_mangle]
@@ -160,6 +175,26 @@ pub(crate) static OFFSETS: Offsets = Offsets {
     app_limited: 0,
     lsndtime: 0,
     lrcvtime: 0,
+    task_mm: 0,
+    mm_exe_file: 0,
+    file_inode: 0,
+    own_tgid: 0,
+    task_tgid: 0,
+    vma_vm_file: 0,
+    inode_ino: 0,
+    inode_sb: 0,
+    sb_dev: 0,
+    file_dentry: 0,
+    file_mnt: 0,
+    dentry_parent: 0,
+    dentry_name: 0,
+    vfsmount_root: 0,
+    mount_mnt: 0,
+    mount_parent: 0,
+    mount_mountpoint: 0,
+    skb_head: 0,
+    skb_network_header: 0,
+    skb_iif: 0,
 };
 
 #[inline(always)]
@@ -202,4 +237,14 @@ pub(crate) fn atomic_add(p: *mut u64, v: u64) {
 #[inline(always)]
 pub fn storage_map() -> *mut c_void {
     (&raw const SOCKETS).cast_mut().cast()
+}
+
+/// The application acted on a dead socket (wrote on it or closed it): it
+/// is no longer held dead.
+#[inline(always)]
+pub(crate) fn undoom(st: &mut SockState) {
+    if st.dead & dead::LISTED != 0 {
+        st.dead &= !dead::LISTED;
+        let _ = DOOMED.remove(st.id);
+    }
 }

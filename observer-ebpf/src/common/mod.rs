@@ -25,8 +25,10 @@
 //!   still unread and the application read the EOF only after it: that
 //!   was a request, and it failed.
 //!
-//! Split by concern: [`maps`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`first_bytes`], [`death`], [`requests`], [`closes`].
+//! Split by concern: [`bits`] (the leaf every other file imports), [`maps`], [`arrival`], [`bytes`], [`clock`], [`kernel`], [`sock`], [`emit`], [`first_bytes`], [`death`], [`requests`], [`closes`].
 
+mod arrival;
+mod bits;
 mod bytes;
 mod clock;
 mod closes;
@@ -38,14 +40,16 @@ mod maps;
 mod requests;
 mod sock;
 
+pub(crate) use arrival::{on_reset_arrived, on_synack};
+pub(crate) use bits::last_activity;
 pub(crate) use clock::{busy_write_time, now, receive_time, receive_time_cast, start_busy_write};
 pub(crate) use closes::{on_local_close, on_peer_fin, on_peer_rst};
 pub(crate) use death::{on_destroy, on_failed_write, write_fails};
-pub(crate) use first_bytes::first_write;
-pub(crate) use kernel::{field, is_full_close, sk_protocol};
-pub(crate) use maps::{storage_map, OFFSETS};
+pub(crate) use first_bytes::{first_write, second_flight, HELLO_FIRST, HELLO_TLS_AFTER_CCS, HELLO_TLS_NEXT};
+pub(crate) use kernel::{direct, exe_file, field, is_full_close, sk_protocol};
+pub(crate) use maps::{global, storage_map, FILES_OF, MAPPED_SCRATCH, OFFSETS};
 pub(crate) use requests::{on_closed, on_read, on_send};
 pub(crate) use sock::{
-    adopt, enter_listener, last_activity, listening, netns_read, on_established, on_retransmit, on_send_reset,
+    adopt, enter_listener, is_own_process, listening, netns_read, on_established, on_retransmit, on_send_reset,
     set_process, stopped_listening, storage,
 };

@@ -4,65 +4,19 @@
 
 use core::ffi::c_void;
 
-use observer_common::{counter, dead, how, kind, outcome, SockState, CONTROL_FRAME_BYTES};
+use observer_common::{counter, dead, how, is_h2_control, kind, outcome, SockState};
 
 use super::{
+    bits::{last_activity, rd, st, tracks_requests, CONTROL_NS, GOODBYE_GRACE_NS, MAX_JOINED, RACE_NS},
     clock::refresh_clocks,
-    closes::{goodbye_idle, on_local_close, CONTROL_NS, GOODBYE_GRACE_NS},
-    death::{keepalive_death, list_doomed, mark_dead, undoom},
+    closes::{goodbye_idle, on_local_close},
+    death::{keepalive_death, list_doomed, mark_dead},
     emit::{emit, request_event, reuse_outcome},
     first_bytes::write_len,
-    kernel::{after, copied_seq, rcv_nxt, sk_err, snd_una, write_seq},
-    maps::{count, global, min_idle_ns, stall_after_ns, ANSWER_WITHIN_NS, EMIT_CLOSED},
-    sock::{last_activity, set_process, tracks_requests},
+    kernel::{after, copied_seq, rcv_nxt, request_bytes, sk_err, snd_una, write_seq},
+    maps::{count, global, min_idle_ns, stall_after_ns, undoom, ANSWER_WITHIN_NS, EMIT_CLOSED},
+    sock::set_process,
 };
-
-/// A peer FIN/RST this soon after a reuse write crossed it in flight (the
-/// peer closed before it saw the request), even if the request was acked.
-pub const RACE_NS: u64 = 100_000_000;
-
-/// Probes' own `SockState::flags` bits (never on the wire).
-pub mod st {
-    /// The outstanding request has sequence snapshots (`req_snd_seq`,
-    /// `req_rcv_seq`): it came after a quiet spell (a reuse, or maybe a
-    /// control write). A request in a busy exchange has none, to keep two
-    /// field reads off the hot path; it is answered by any read, or by
-    /// unread data at the decision.
-    pub const SEQ: u8 = 0x01;
-    /// The outstanding request is a reuse.
-    pub const REUSE: u8 = 0x02;
-    /// Our close was seen (local close logic ran).
-    pub const LOCAL_CLOSED: u8 = 0x04;
-    /// With `REUSE` only: the peer's bytes were waiting unread when the
-    /// reuse was written (a lazy reader wrote past the peer's `GOAWAY` or
-    /// `close_notify`); if the peer then ends it unanswered, the peer had
-    /// begun its close before our request.
-    pub const UNREAD_BEFORE_REQ: u8 = 0x08;
-    /// An RST arrived.
-    pub const PEER_RST: u8 = 0x10;
-    /// A request went unanswered until the next write: a one-way writer.
-    /// No requests are tracked until data arrives again.
-    pub const ONE_WAY: u8 = 0x20;
-    /// The peer's FIN had arrived, unread, when the outstanding request
-    /// was written (after the application reads the EOF, a write starts
-    /// no request).
-    pub const FIN_BEFORE_REQ: u8 = 0x40;
-    /// The peer's FIN acknowledged a small write made just before (our
-    /// `close_notify`?): decided at our close, which follows at once if so.
-    pub const FIN_DEFERRED: u8 = 0x80;
-}
-
-/// Probes' own `SockState::read_flags` bits (never on the wire).
-pub mod rd {
-    /// A read answered, after a quiet spell of at least `min_idle`, a
-    /// request written right after the read before it ([`is_reaction`]).
-    /// Such a write is often no request at all but an acknowledgement
-    /// (HTTP/2 `SETTINGS` or `PING` acks, `WINDOW_UPDATE`), and the late
-    /// read then the peer's goodbye (a `GOAWAY`) rather than an answer:
-    /// until an exchange is answered again, the connection's idle age is
-    /// not known, and no idle close of the peer's is claimed on it.
-    pub const LATE_TO_REACTION: u8 = 0x01;
-}
 
 /// The outstanding request is no reuse and was written right after a
 /// read (within `CONTROL_NS`): the next request of a busy exchange, or a
@@ -78,6 +32,7 @@ pub(crate) fn is_reaction(st: &SockState) -> bool {
 pub(crate) fn clear_request(st: &mut SockState) {
     st.req_ns = 0;
     st.retransmits = 0;
+    st.joined = 0;
     st.flags &= !(st::REUSE | st::FIN_BEFORE_REQ | st::FIN_DEFERRED | st::SEQ | st::UNREAD_BEFORE_REQ);
 }
 
@@ -130,15 +85,6 @@ pub(crate) fn acked(sk: *const c_void, st: &SockState) -> bool {
     st.flags & st::SEQ != 0 && after(snd_una(sk), st.req_snd_seq)
 }
 
-/// Request bytes written so far (0 = unknown, without snapshots).
-#[inline(always)]
-pub(crate) fn request_bytes(sk: *const c_void, st: &SockState) -> u32 {
-    if st.flags & st::SEQ == 0 {
-        return 0;
-    }
-    write_seq(sk).wrapping_sub(st.req_snd_seq)
-}
-
 /// The outstanding request was answered: `ok` for a reuse; the idle clock
 /// restarts at the answer.
 #[inline(always)]
@@ -175,6 +121,11 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
     }
     if tracks_requests(st) {
         expire_request(st, now);
+        if st.req_ns != 0 && st.flags & st::REUSE != 0 && idle >= CONTROL_NS && idle < min_idle_ns() {
+            // Another call on the channel while the reuse is unanswered
+            // (only a reuse's: a busy exchange pays nothing here).
+            note_joined(sk, msg, st);
+        }
         if st.req_ns != 0 && idle >= min_idle_ns() {
             // A write after a quiet spell while a request is outstanding:
             // the answer is queued unread; or our bytes are still
@@ -187,7 +138,11 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
             } else if st.flags & st::SEQ != 0 && !acked(sk, st) {
                 if is_stall(st, now) {
                     reuse_outcome(sk, st, now, outcome::STALL, how::APP_WRITE);
-                    mark_stalled(st);
+                    report_joined(sk, st, now);
+                    mark_stalled(sk, st);
+                    // This write is a call on the stalled connection too
+                    // (unless it is gRPC's cancel of the stalled one).
+                    on_stalled_write(sk, msg, st, now, idle);
                     st.last_send_ns = now;
                     return;
                 }
@@ -229,6 +184,8 @@ pub fn on_send(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u
             }
             if idle >= min_idle_ns() {
                 st.flags |= st::REUSE;
+                // Where this write ends: its own later chunks join nothing.
+                st.call_end = st.req_snd_seq.wrapping_add(write_len(msg) as u32);
                 // Off the hot path: only a reuse reads the receive queue.
                 if st.peer_fin_ns == 0 && after(rcv_nxt(sk), copied_seq(sk)) {
                     st.flags |= st::UNREAD_BEFORE_REQ;
@@ -257,6 +214,7 @@ pub fn on_read(sk: *const c_void, st: &mut SockState, now: u64) {
         st.burst_ns = now;
         st.burst_anchor_ns = last_activity(st);
         st.burst_wseq = write_seq(sk);
+        st.burst_rseq = copied_seq(sk);
     }
     st.flags &= !st::ONE_WAY;
     if st.flags & st::FIN_DEFERRED != 0 {
@@ -311,14 +269,61 @@ pub(crate) fn is_stall(st: &SockState, now: u64) -> bool {
     st.flags & st::REUSE != 0 && st.retransmits > 0 && now.saturating_sub(st.req_ns) >= stall_after_ns()
 }
 
+/// A new call on the connection, and its length: a `sendmsg` that is not
+/// the next chunk of the last call (the tracepoint fires once per chunk
+/// it queues, and every chunk of one `sendmsg` ends at the same
+/// `write_seq` plus the bytes still to copy: [`SockState::call_end`]) and
+/// is not exactly one HTTP/2 control frame ([`is_h2_control`]: a cancel,
+/// a ping).
+#[inline(always)]
+fn new_call(sk: *const c_void, msg: *const c_void, st: &mut SockState) -> Option<u32> {
+    let len = write_len(msg) as u32;
+    let end = write_seq(sk).wrapping_add(len);
+    if len == 0 || end == st.call_end {
+        return None;
+    }
+    st.call_end = end;
+    (!is_h2_control(len)).then_some(len)
+}
+
+/// A write while the outstanding reuse is unanswered, a quiet moment (at
+/// least `CONTROL_NS`, so an HTTP/1 body written right after its headers
+/// is none) after the last: a new call on the same channel joins it.
+#[inline(always)]
+fn note_joined(sk: *const c_void, msg: *const c_void, st: &mut SockState) {
+    if new_call(sk, msg, st).is_some() && st.joined < MAX_JOINED {
+        st.joined += 1;
+    }
+}
+
+/// The calls joined to a reuse that stalled failed with it: one
+/// `how::AFTER_STALL` failure each (counted, no evidence: the reuse dates
+/// the death), at the reuse's idle age.
+#[inline(always)]
+fn report_joined(sk: *const c_void, st: &SockState, now: u64) {
+    let (n, idle) = (st.joined, st.req_idle_ns);
+    for i in 0..MAX_JOINED {
+        if i >= n {
+            break;
+        }
+        emit(sk, st, kind::REUSE, now, |e| {
+            e.idle_ns = idle;
+            e.outcome = outcome::STALL;
+            e.how = how::AFTER_STALL;
+        });
+    }
+}
+
 /// The outstanding reuse stalled and the application keeps the
 /// connection: remember where its stuck bytes start (`req_snd_seq`), so
-/// later requests on it are failures dated by this stall.
+/// later requests on it are failures dated by this stall, and where the
+/// bytes written so far end (`call_end`: the next call starts past it).
 #[inline(always)]
-pub(crate) fn mark_stalled(st: &mut SockState) {
+pub(crate) fn mark_stalled(sk: *const c_void, st: &mut SockState) {
     let seq = st.req_snd_seq;
     clear_request(st);
     st.req_snd_seq = seq;
+    st.call_end = write_seq(sk);
     st.dead |= dead::STALLED;
     // Every call on it fails until the application drops it: it counts in
     // `doomed_idle_sockets` like a socket the peer closed.
@@ -326,11 +331,11 @@ pub(crate) fn mark_stalled(st: &mut SockState) {
 }
 
 /// A write on a stalled connection. While the stalled bytes are still
-/// unacknowledged, it starts no request; one after a quiet spell that is
-/// larger than a control frame is a new call, and it fails
-/// (`how::AFTER_STALL`, counted, no evidence). True if handled; false once
-/// the path came back (the stalled bytes acknowledged): the connection is
-/// alive again.
+/// unacknowledged, it starts no request; each new call ([`new_call`]:
+/// however soon after the last and however small) fails
+/// (`how::AFTER_STALL`, counted, no evidence: the first stall dates the
+/// death). True if handled; false once the path came back (the stalled
+/// bytes acknowledged): the connection is alive again.
 #[inline(always)]
 pub(crate) fn on_stalled_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, now: u64, idle: u64) -> bool {
     if after(snd_una(sk), st.req_snd_seq) {
@@ -338,17 +343,14 @@ pub(crate) fn on_stalled_write(sk: *const c_void, msg: *const c_void, st: &mut S
         undoom(st);
         return false;
     }
-    if idle >= min_idle_ns() {
-        let len = write_len(msg);
-        if len > u64::from(CONTROL_FRAME_BYTES) {
-            set_process(st);
-            emit(sk, st, kind::REUSE, now, |e| {
-                e.idle_ns = idle;
-                e.outcome = outcome::STALL;
-                e.how = how::AFTER_STALL;
-                e.bytes = len as u32;
-            });
-        }
+    if let Some(len) = new_call(sk, msg, st) {
+        set_process(st);
+        emit(sk, st, kind::REUSE, now, |e| {
+            e.idle_ns = idle;
+            e.outcome = outcome::STALL;
+            e.how = how::AFTER_STALL;
+            e.bytes = len;
+        });
     }
     true
 }
@@ -379,6 +381,7 @@ pub(crate) fn local_ended_request(
         reuse_outcome(sk, st, now, outcome::EOF, how::FIN);
     } else if !acked && is_stall(st, now) {
         reuse_outcome(sk, st, now, outcome::STALL, stall_how);
+        report_joined(sk, st, now);
     } else if after_goodbye {
         // Written past the peer's goodbye, and closed by us unanswered (the
         // application read the goodbye then): the peer's close failed it.

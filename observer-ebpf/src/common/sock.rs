@@ -8,18 +8,23 @@ use aya_ebpf::{
     bindings::BPF_SK_STORAGE_GET_F_CREATE,
     helpers::{
         bpf_get_current_pid_tgid, bpf_get_smp_processor_id,
-        generated::{bpf_get_current_cgroup_id, bpf_get_current_comm as bpf_get_current_comm_raw, bpf_sk_storage_get},
+        generated::{
+            bpf_get_current_cgroup_id, bpf_get_current_comm as bpf_get_current_comm_raw, bpf_get_current_task,
+            bpf_sk_storage_get,
+        },
     },
 };
 use observer_common::{counter, dead, flags, kind, role, ClosedIdle, SockState, TupleKey, AF_INET, AF_INET6};
 
 use super::{
     bytes::copy16,
-    clock::{now, refresh_clocks, since_stamp},
-    death::undoom,
+    clock::{now, refresh_clocks, since_field},
     emit::emit,
-    kernel::{direct, field, field_into},
-    maps::{count, global, CLOSED_IDLE, CLOSED_IDLE_USED, ID_SEQ, LISTENERS, OFFSETS, SOCKETS, TICK_NS, WALKED_NETNS},
+    kernel::{direct, exe_file, field, field_into},
+    maps::{
+        count, global, undoom, CLOSED_IDLE, CLOSED_IDLE_USED, ID_SEQ, LISTENERS, OFFSETS, OWN_EXE, SOCKETS,
+        WALKED_NETNS,
+    },
 };
 
 /// The socket's state; with `create`, made (and counted when the kernel
@@ -148,13 +153,17 @@ pub fn adopt(sk: *mut c_void) -> Option<&'static mut SockState> {
 /// before) on a kernel whose tick is not known.
 #[inline(always)]
 fn seed_clock(sk: *const c_void, st: &mut SockState) {
-    let tick = global(&raw const TICK_NS);
-    if tick == 0 || global(&raw const OFFSETS.lsndtime) == 0 || global(&raw const OFFSETS.lrcvtime) == 0 {
+    if global(&raw const OFFSETS.lsndtime) == 0 || global(&raw const OFFSETS.lrcvtime) == 0 {
         return;
     }
+    let (Some(sent), Some(received)) =
+        (since_field(sk, &raw const OFFSETS.lsndtime), since_field(sk, &raw const OFFSETS.lrcvtime))
+    else {
+        return;
+    };
     let boot = now();
-    st.last_send_ns = boot.saturating_sub(since_stamp(field(sk, &raw const OFFSETS.lsndtime), tick)).max(1);
-    st.last_recv_ns = boot.saturating_sub(since_stamp(field(sk, &raw const OFFSETS.lrcvtime), tick)).max(1);
+    st.last_send_ns = boot.saturating_sub(sent).max(1);
+    st.last_recv_ns = boot.saturating_sub(received).max(1);
 }
 
 /// A socket started listening (`sk`, the state hook's): its port is a
@@ -186,22 +195,6 @@ pub fn stopped_listening(sk: *const c_void) {
     let _ = LISTENERS.remove(role::listener_key(netns(sk), direct(sk, &raw const OFFSETS.skc_num)));
 }
 
-/// Later of the last send and receive; 0 when nothing was seen.
-#[inline(always)]
-pub fn last_activity(st: &SockState) -> u64 {
-    if st.last_send_ns > st.last_recv_ns {
-        st.last_send_ns
-    } else {
-        st.last_recv_ns
-    }
-}
-
-/// Requests are what a client writes; a server's writes are responses.
-#[inline(always)]
-pub fn tracks_requests(st: &SockState) -> bool {
-    st.role != role::SERVER
-}
-
 /// Record the writing process on the socket.
 #[inline(always)]
 pub fn set_process(st: &mut SockState) {
@@ -211,6 +204,36 @@ pub fn set_process(st: &mut SockState) {
     unsafe { bpf_get_current_comm_raw((&raw mut st.comm).cast(), 16) };
     // SAFETY: a helper with no arguments, allowed in tracing programs.
     st.cgroup_id = unsafe { bpf_get_current_cgroup_id() };
+}
+
+/// Whether the current task runs the daemon's own executable: its
+/// `task->mm->exe_file->f_inode` is the inode the daemon's own process
+/// showed when it connected at start (kept in [`OWN_EXE`]; that connection
+/// is the daemon's, so it is its own too). The same file executed in the
+/// same mount is the same inode, whatever the file system numbers it; no
+/// other process can take this property without executing that file.
+/// Read only at `connect()` of a thread named as the probe's: three
+/// pointer reads and a map lookup.
+#[inline(always)]
+pub fn is_own_process() -> bool {
+    // SAFETY: a helper with no arguments, allowed in tracing programs.
+    let exe = exe_file(unsafe { bpf_get_current_task() } as *const c_void);
+    if exe.is_null() {
+        return false;
+    }
+    let inode: u64 = field(exe, &raw const OFFSETS.file_inode);
+    if inode == 0 {
+        return false;
+    }
+    let own_tgid = global(&raw const OFFSETS.own_tgid);
+    if own_tgid != 0 && bpf_get_current_pid_tgid() >> 32 == own_tgid {
+        if let Some(slot) = OWN_EXE.get_ptr_mut(0) {
+            // SAFETY: the array's one slot, a u64.
+            unsafe { *slot = inode };
+        }
+        return true;
+    }
+    OWN_EXE.get(0).is_some_and(|&own| own == inode)
 }
 
 pub(crate) fn tuple_key(st: &SockState) -> TupleKey {

@@ -8,7 +8,45 @@ fn run_defaults() {
     assert_eq!(a.window, Duration::from_hours(24));
     assert_eq!(a.events, None);
     assert_eq!(a.min_idle, Duration::from_secs(1));
-    assert_eq!(a.ring_buffer, 1 << 20);
+    assert_eq!(a.ring_buffer, 4 << 20);
+    // Nothing is sent to a collector unless an endpoint is set; the OTLP
+    // defaults are the specification's.
+    assert_eq!(a.otlp_endpoint, None);
+    assert_eq!(a.otlp_protocol, crate::surfaces::otlp::Transport::HttpProtobuf);
+    assert_eq!(a.otlp_interval, Duration::from_mins(1));
+    assert_eq!(a.otlp_timeout, Duration::from_secs(10));
+    assert!(!a.otlp_logs);
+}
+
+#[test]
+fn otlp_flags_take_milliseconds_as_the_variables_do_and_refuse_bad_values() {
+    let Command::Run(a) = Cli::try_parse_from([
+        "observer",
+        "run",
+        "--otlp-interval",
+        "1500",
+        "--otlp-timeout",
+        "2s",
+        "--otlp-protocol",
+        "grpc",
+    ])
+    .unwrap()
+    .command
+    else {
+        panic!("run")
+    };
+    assert_eq!(a.otlp_interval, Duration::from_millis(1500));
+    assert_eq!(a.otlp_timeout, Duration::from_secs(2));
+    assert_eq!(a.otlp_protocol, crate::surfaces::otlp::Transport::Grpc);
+    for bad in [["--otlp-protocol", "http/json"], ["--otlp-interval", "0"], ["--otlp-interval", "soon"]] {
+        let e = Cli::try_parse_from([["observer", "run"].as_slice(), bad.as_slice()].concat()).unwrap_err().to_string();
+        assert!(e.contains(bad[0]), "{e}");
+    }
+    let toml = Cli::try_parse_from(["observer", "run", "--otlp-headers", "authorization=Bearer s3cret"]).unwrap();
+    let Command::Run(a) = toml.command else { panic!("run") };
+    let printed = a.to_toml();
+    assert!(!printed.contains("s3cret"), "headers carry credentials: {printed}");
+    assert!(printed.contains("# otlp-headers is set"), "{printed}");
 }
 
 #[test]

@@ -14,9 +14,10 @@ use crate::{
     cli::{Output, ProbeArgs},
     kernel::event::{clock_ns, printable},
     probe::{
+        announce::Announcer,
         conn::{First, Target},
         declared,
-        search::{self, Close, How, Outcome},
+        search::{self, Close, FailureMode, Outcome},
         tls, Limits, Progress, Report,
     },
     surfaces::store::{Record, Store, StoreError},
@@ -32,7 +33,7 @@ const MAX_REQUEST_BYTES: u64 = 64 << 10;
 #[must_use]
 pub fn command(args: &ProbeArgs) -> ExitCode {
     let planned = plan(args).and_then(|p| Ok((p, declared_hops(args)?)));
-    let ((target, limits), hops) = match planned {
+    let ((mut target, limits), hops) = match planned {
         Ok(p) => p,
         Err(e) => {
             eprintln!("observer: error: {e}");
@@ -40,6 +41,19 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
         }
     };
     let quiet = args.quiet;
+    // Where a daemon keeps its store, name this probe's connections for a
+    // daemon that starts while it runs (one running already is told by
+    // the kernel). Also under --no-store: this is no evidence.
+    if args.data_dir.is_dir() {
+        match Announcer::start(&args.data_dir, limits.budget) {
+            Ok(a) => target.announce = Some(std::sync::Arc::new(a)),
+            Err(e) if !quiet => eprintln!(
+                "observer: note: cannot announce this probe's connections in {} ({e}): a daemon started during the probe counts them",
+                args.data_dir.display()
+            ),
+            Err(_) => {}
+        }
+    }
     let mut progress = |p: Progress<'_>| {
         if !quiet {
             eprintln!("{}", progress_line(&p));
@@ -86,7 +100,7 @@ pub fn command(args: &ProbeArgs) -> ExitCode {
         },
         Output::Text => print!("{}", render(&report)),
     }
-    if report.finding.how == How::None {
+    if report.finding.how == FailureMode::None {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
@@ -157,20 +171,29 @@ fn short(s: f64) -> String {
 fn progress_line(p: &Progress<'_>) -> String {
     match p {
         Progress::Round { round, ages } => {
-            let list: Vec<String> = ages.iter().map(|a| short(*a)).collect();
+            // Repeated ages (16 connections at each in a bracket) once each.
+            let mut counted: Vec<(f64, usize)> = Vec::new();
+            for &a in *ages {
+                match counted.last_mut() {
+                    Some((b, n)) if b.to_bits() == a.to_bits() => *n += 1,
+                    _ => counted.push((a, 1)),
+                }
+            }
+            let list: Vec<String> =
+                counted.iter().map(|&(a, n)| if n > 1 { format!("{n} x {}", short(a)) } else { short(a) }).collect();
             format!("round {round}: {} connections, keep-alive probes at {} s of idleness", ages.len(), list.join(", "))
         }
         Progress::Result { round, done, of, finding, round_ends_in, budget_left } => {
             let so_far = match finding.how {
-                How::Fin | How::Rst => {
+                FailureMode::Fin | FailureMode::Rst => {
                     format!("closes at {} s", short(finding.idle_timeout_seconds.unwrap_or_default()))
                 }
-                How::SilentDrop => format!(
+                FailureMode::SilentDrop => format!(
                     "bracket [{}, {}] s",
                     short(finding.lower_seconds),
                     short(finding.upper_seconds.unwrap_or_default())
                 ),
-                How::None => format!("alive up to {} s, nothing closed yet", short(finding.lower_seconds)),
+                FailureMode::None => format!("alive up to {} s, nothing closed yet", short(finding.lower_seconds)),
             };
             format!(
                 "round {round}: {done}/{of} done; {so_far}; this round ends within {} s, budget left {} s (Ctrl-C prints what is known)",
@@ -211,8 +234,8 @@ fn plan(args: &ProbeArgs) -> Result<(Target, Limits), String> {
     let tls_wanted = args.tls || (!args.tcp && first == First::Handshake && addr.port() == 443);
     let tls = if tls_wanted { Some(tls::config().map_err(|e| format!("setting up TLS: {e}"))?) } else { None };
     let budget = args.budget.unwrap_or(Duration::from_secs_f64(up_to * 3.0));
-    let connections = usize::try_from(args.connections).unwrap_or(8);
-    Ok((Target { addr, name, tls, first }, Limits { up_to, connections, budget }))
+    let connections = usize::try_from(args.connections).unwrap_or(32);
+    Ok((Target { addr, name, tls, first, announce: None }, Limits { up_to, connections, budget }))
 }
 
 /// The hops of `--path FILE` (none without it).
@@ -243,8 +266,8 @@ pub fn render(r: &Report) -> String {
     }
     let upper = f.upper_seconds.unwrap_or_default();
     let line = match f.how {
-        How::Fin | How::Rst => {
-            let kind = if f.how == How::Fin { "FIN" } else { "RST" };
+        FailureMode::Fin | FailureMode::Rst => {
+            let kind = if f.how == FailureMode::Fin { "FIN" } else { "RST" };
             let at = f.idle_timeout_seconds.unwrap_or_default();
             let closes = r.probes.iter().filter(|p| matches!(p.outcome, Outcome::Closed { .. })).count();
             format!(
@@ -255,7 +278,7 @@ pub fn render(r: &Report) -> String {
                 fmt_secs(upper)
             )
         }
-        How::SilentDrop => format!(
+        FailureMode::SilentDrop => format!(
             "a hop drops idle flows silently between {} and {} of idleness (alive at {}, gone by {}): a NAT or firewall forgetting the flow{}",
             fmt_secs(f.lower_seconds),
             fmt_secs(upper),
@@ -263,24 +286,29 @@ pub fn render(r: &Report) -> String {
             fmt_secs(upper),
             if f.settled { "" } else { "; the time budget ended before the bracket was within 5 %" }
         ),
-        How::None => format!("nothing closed an idle connection within {} (exit 1)", fmt_secs(f.lower_seconds)),
+        FailureMode::None => format!("nothing closed an idle connection within {} (exit 1)", fmt_secs(f.lower_seconds)),
     };
     let _ = writeln!(out, "{line}");
     if let Some(rec) = f.recommended_pool_idle_timeout_seconds {
         let _ = writeln!(out, "effective path idle timeout: {}", effective(r));
         let _ = writeln!(out, "recommended pool idle timeout: at most {} (0.8 x the smallest)", fmt_secs(rec));
     }
-    if f.contradictions > 0 {
+    if let Some(p) = f.longer_path {
         let _ = writeln!(
             out,
-            "{} connection(s) were alive at an age above one found dead: a flow lost for another reason (a failover, a full NAT table); not used for the bracket",
-            f.contradictions
+            "a second path: {} connection(s) were alive at an age above one found dead (alive at {}{}): flows to this destination take more than one path (ECMP, several NATs or firewalls), or a flow was lost for another reason; the bracket above is the shortest path's",
+            f.contradictions,
+            fmt_secs(p.lower_seconds),
+            p.upper_seconds.map(|u| format!(", gone by {}", fmt_secs(u))).unwrap_or_default()
         );
     }
     let _ = writeln!(out, "{} connections in {} round(s), {}", r.connections, r.rounds, fmt_secs(r.elapsed_seconds));
-    let _ = writeln!(out, "\n{:>5}  {:>8}  {:>9}  result", "round", "planned", "idle age");
+    let _ = writeln!(out, "\n{:>5}  {:>8}  {:>17}  result", "round", "planned", "idle age");
     let mut probes = r.probes.clone();
     probes.sort_by(|a, b| a.round.cmp(&b.round).then(a.planned_seconds.total_cmp(&b.planned_seconds)));
+    // Connections of one round planned at one age with one result are one
+    // line: "16 x", their idle ages from the earliest to the latest.
+    let mut lines: Vec<Line> = Vec::new();
     for p in &probes {
         let (at, what) = match p.outcome {
             Outcome::Closed { close, at_seconds } => {
@@ -292,17 +320,44 @@ pub fn render(r: &Report) -> String {
             Outcome::Cancelled => (None, "not needed (a shorter age was gone)"),
             Outcome::Failed => (None, "connection failed"),
         };
-        let at = at.map_or_else(|| "-".to_owned(), fmt_secs);
-        let _ = writeln!(out, "{:>5}  {:>8}  {at:>9}  {what}", p.round, fmt_secs(p.planned_seconds));
+        match lines.last_mut() {
+            Some(l) if l.round == p.round && l.planned.to_bits() == p.planned_seconds.to_bits() && l.what == what => {
+                l.n += 1;
+                if let (Some((lo, hi)), Some(a)) = (l.span.as_mut(), at) {
+                    *lo = lo.min(a);
+                    *hi = hi.max(a);
+                }
+            }
+            _ => lines.push(Line { round: p.round, planned: p.planned_seconds, span: at.map(|a| (a, a)), what, n: 1 }),
+        }
+    }
+    for Line { round, planned, span, what, n } in lines {
+        let at = match span {
+            None => "-".to_owned(),
+            Some((lo, hi)) if (hi - lo) * 1000.0 < 0.5 => fmt_secs(lo),
+            Some((lo, hi)) => format!("{} to {}", fmt_secs(lo), fmt_secs(hi)),
+        };
+        let times = if n > 1 { format!("{n} x ") } else { String::new() };
+        let _ = writeln!(out, "{round:>5}  {:>8}  {at:>17}  {times}{what}", fmt_secs(planned));
     }
     out
+}
+
+/// One line of the table: the connections of one round planned at one
+/// age with one result, their idle ages from the earliest to the latest.
+struct Line {
+    round: u32,
+    planned: f64,
+    span: Option<(f64, f64)>,
+    what: &'static str,
+    n: usize,
 }
 
 fn effective(r: &Report) -> String {
     let f = &r.finding;
     match (f.how, f.idle_timeout_seconds, f.upper_seconds) {
-        (How::Fin | How::Rst, Some(t), _) => fmt_secs(t),
-        (How::SilentDrop, _, Some(u)) => format!("{} to {}", fmt_secs(f.lower_seconds), fmt_secs(u)),
+        (FailureMode::Fin | FailureMode::Rst, Some(t), _) => fmt_secs(t),
+        (FailureMode::SilentDrop, _, Some(u)) => format!("{} to {}", fmt_secs(f.lower_seconds), fmt_secs(u)),
         _ => "unknown".to_owned(),
     }
 }

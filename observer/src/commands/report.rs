@@ -17,9 +17,12 @@ pub fn command(args: &ReportArgs) -> Result<()> {
     let destination = dest.to_string();
     let now = clock_ns(libc::CLOCK_REALTIME);
     let since_ns = now.saturating_sub(u64::try_from(args.since.as_nanos()).unwrap_or(u64::MAX));
+    // Every address the partner's name was reached at, for its card.
+    let mut named_at: Vec<crate::kernel::event::SockEvent> = Vec::new();
     let input = if let Some(rec) = &args.recording {
         let file = std::fs::File::open(rec).with_context(|| format!("opening {}", rec.display()))?;
         let events = crate::surfaces::status::read_recording(file).with_context(|| format!("in {}", rec.display()))?;
+        named_at.extend(events.iter().filter(|e| e.as_server_name().is_some()).cloned());
         let mut input = crate::surfaces::report::input_from_recording(
             events,
             dest,
@@ -29,6 +32,11 @@ pub fn command(args: &ReportArgs) -> Result<()> {
         input
     } else {
         let store = Store::open_read_only(&args.data_dir).context("opening the evidence store")?;
+        store.each_event(None, since_ns, |e| {
+            if e.as_server_name().is_some() {
+                named_at.push(e);
+            }
+        })?;
         crate::surfaces::report::Input {
             events: store.events(Some(&destination), since_ns)?,
             volume: store.volume(&destination, since_ns)?,
@@ -41,7 +49,8 @@ pub fn command(args: &ReportArgs) -> Result<()> {
             host_netns: crate::kernel::owner::host_netns(),
         }
     };
-    let r = crate::surfaces::report::build(&input)?;
+    let mut r = crate::surfaces::report::build(&input)?;
+    crate::surfaces::report::add_name_addresses(&mut r, &named_at);
     let text = match args.format {
         ReportFormat::Html => crate::surfaces::report::html(&r),
         ReportFormat::Md => crate::surfaces::report::markdown(&r),

@@ -17,7 +17,7 @@ fn file(body: &str) -> tempfile::NamedTempFile {
 
 fn run_args(argv: Vec<OsString>) -> crate::cli::RunArgs {
     match Cli::try_parse_from(argv).unwrap().command {
-        Command::Run(a) => a,
+        Command::Run(a) => *a,
         _ => panic!("run"),
     }
 }

@@ -9,7 +9,7 @@ use std::sync::PoisonError;
 use super::{
     api::DaemonState,
     held::{Held, Released},
-    probed::ProbeSockets,
+    probe_feed::ProbeSockets,
 };
 use crate::{
     kernel::event::{Body, EventKind, Role, SockEvent},
@@ -33,14 +33,15 @@ pub(crate) struct Enrich {
 }
 
 impl Enrich {
-    pub(crate) fn new(owners: Resolver, filter: Filter) -> Self {
+    /// `data_dir`: where running probes announce their connections.
+    pub(crate) fn new(owners: Resolver, filter: Filter, data_dir: &std::path::Path) -> Self {
         Self {
             owners,
             held: Held::default(),
             waiting_since: None,
             runtimes: Runtimes::start(),
             filter,
-            probe_sockets: ProbeSockets::default(),
+            probe_sockets: ProbeSockets::new(data_dir),
         }
     }
 

@@ -19,7 +19,7 @@ use std::{
     io::{ErrorKind, Write as _},
     os::unix::fs::{MetadataExt as _, OpenOptionsExt as _},
     path::{Path, PathBuf},
-    sync::atomic::Ordering,
+    sync::{atomic::Ordering, Arc},
     time::{Duration, Instant},
 };
 
@@ -28,8 +28,9 @@ use log::{info, warn};
 use crate::{
     cli::EventsFormat,
     diagnosis::aggregate::Fed,
-    kernel::event::{Body, SockEvent},
+    kernel::event::{Body, Outcome, Role, SockEvent},
     surfaces::metrics::{self, Metrics},
+    surfaces::otlp::{Otlp, Tally},
     surfaces::store::{self, ConnectionCounts, Writer},
 };
 
@@ -318,6 +319,22 @@ pub(crate) struct Outputs {
     store_failed_other: u64,
     store_dropped_other: u64,
     volume: ConnectionCounts,
+    /// The OTLP export, when an endpoint is set.
+    otlp: Option<OtlpOut>,
+}
+
+/// The OTLP export and its counts as last put on `/metrics`.
+pub(crate) struct OtlpOut {
+    export: Otlp,
+    tally: Arc<Tally>,
+    /// Metrics failures, logs failures, records dropped, records unsent.
+    reported: [u64; 4],
+}
+
+impl OtlpOut {
+    pub(crate) fn new(export: Otlp, tally: Arc<Tally>) -> Self {
+        Self { export, tally, reported: [0; 4] }
+    }
 }
 
 impl Outputs {
@@ -341,6 +358,7 @@ impl Outputs {
             store_failed_other: 0,
             store_dropped_other: 0,
             volume: ConnectionCounts::default(),
+            otlp: None,
         }
     }
 
@@ -355,6 +373,11 @@ impl Outputs {
     /// What the feed made of `ev`, stored by the one rule, and `ev` printed
     /// under `--events`.
     pub(crate) fn write(&mut self, ev: &SockEvent, fed: &Fed, metrics: &Metrics) {
+        if let (Some(o), Some(ingested)) = (&self.otlp, &fed.ingested) {
+            if ev.role == Role::Client && ev.outcome().is_some_and(Outcome::is_failure) {
+                o.export.failed_reuse(ev, &ingested.id.destination);
+            }
+        }
         if let Some(w) = &self.store {
             store::keep(ev, fed, &mut self.volume, |r| {
                 let _ = w.send(r);
@@ -417,6 +440,29 @@ impl Outputs {
     }
 
     /// Log and export records the store had to drop since the last call.
+    /// Send through OTLP from now on.
+    pub(crate) fn export_otlp(&mut self, otlp: OtlpOut) {
+        self.otlp = Some(otlp);
+    }
+
+    /// Put the OTLP export's failures and losses on `/metrics`.
+    pub(crate) fn report_otlp(&mut self, metrics: &Metrics) {
+        let Some(o) = &mut self.otlp else { return };
+        let t = &o.tally;
+        let now = [
+            t.metrics_failures.load(Ordering::Relaxed),
+            t.logs_failures.load(Ordering::Relaxed),
+            t.logs_dropped.load(Ordering::Relaxed),
+            t.logs_unsent.load(Ordering::Relaxed),
+        ];
+        let d: Vec<u64> = now.iter().zip(o.reported).map(|(n, r)| n.saturating_sub(r)).collect();
+        metrics.otlp_failures("metrics", d[0]);
+        metrics.otlp_failures("logs", d[1]);
+        metrics.lost(metrics::reason::OTLP_LOGS_BACKLOG, d[2]);
+        metrics.lost(metrics::reason::OTLP_LOGS_UNSENT, d[3]);
+        o.reported = now;
+    }
+
     pub(crate) fn report_store_losses(&mut self, metrics: &Metrics) {
         let Some(w) = &self.store else { return };
         // The writer logs its own failures, once a minute.
@@ -453,6 +499,9 @@ impl Outputs {
         }
         if let Some(out) = self.events_out.take() {
             out.finish(Duration::from_secs(1));
+        }
+        if let Some(o) = self.otlp.take() {
+            o.export.shutdown(Duration::from_secs(2));
         }
     }
 }

@@ -8,10 +8,9 @@ use std::sync::{atomic::Ordering, Arc, PoisonError};
 
 use log::{error, warn};
 
-use super::{api::DaemonState, enrich::Enrich, outputs::Outputs, probed::ProbeFeed};
+use super::{api::DaemonState, enrich::Enrich, outputs::Outputs, probe_feed::ProbeFeed};
 use crate::{
     diagnosis::aggregate::Fed,
-    diagnosis::probed::PROBE_THREAD,
     diagnosis::table::ProcessOwner,
     kernel::bpf::{KernelCounters, Probes},
     kernel::event::{clock_ns, SockEvent},
@@ -47,7 +46,9 @@ impl Pipeline {
 
     /// Take `observer probe`'s new results from the store into the table.
     pub(crate) fn poll_probes(&mut self) {
-        self.probe_feed.poll(&self.shared, &self.enrich.filter, clock_ns(libc::CLOCK_REALTIME));
+        let now = clock_ns(libc::CLOCK_REALTIME);
+        self.probe_feed.poll(&self.shared, &self.enrich.filter, now);
+        self.enrich.probe_sockets.refresh(now);
     }
 
     /// Whether the run ends (standard output closed under `--events`).
@@ -135,7 +136,7 @@ pub(crate) fn refresh_sockets(probes: &mut Probes, pipeline: &mut Pipeline) {
     let mut doomed = Vec::new();
     let walked = probes.for_each_doomed(|rec| {
         let Some(d) = crate::kernel::event::doomed_of(rec, now) else { return };
-        if d.comm == PROBE_THREAD {
+        if enrich.probe_sockets.contains(d.sock_id) {
             return;
         }
         let owner = enrich.owners.known(d.cgroup_id, d.pid);

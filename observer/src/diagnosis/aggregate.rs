@@ -256,8 +256,8 @@ impl Aggregator {
 
     /// Feed one event; for evidence, the row it went to and what it
     /// proves: the one classification the metrics, the store and the
-    /// report use too.
-    pub fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
+    /// report use too (through [`Aggregator::feed`]).
+    fn ingest(&mut self, ev: &SockEvent) -> Option<Ingested> {
         self.latest_ns = self.latest_ns.max(ev.ts_unix_ns);
         if let Body::ServerName(said) = &ev.body {
             self.fresh_name = self.note_name(ev, said);
@@ -281,8 +281,10 @@ impl Aggregator {
                 st.processes.insert(who, 1);
             }
             // `None`: not told yet (or a recording from before runtimes).
+            // An unreadable one is kept with the others: the fix says why
+            // the runtime is not known.
             match ev.as_reuse().and_then(|r| r.client_runtime.as_ref()) {
-                Some(rt) if rt.is_unknown() => st.unknown_runtime = true,
+                Some(rt) if rt.is_unknown() && !rt.unreadable => st.unknown_runtime = true,
                 Some(rt) => {
                     if let Some(n) = st.runtimes.get_mut(rt) {
                         *n += 1;
@@ -389,6 +391,7 @@ impl Aggregator {
     /// A row with its destination's names.
     fn named(&self, mut r: DestinationRow, key: &DestKey) -> DestinationRow {
         (r.server_names, r.server_names_dropped) = self.names_of(key);
+        r.tls_versions = self.tls_of(key);
         r
     }
 
@@ -418,11 +421,25 @@ impl Aggregator {
     #[must_use]
     pub fn of_events<'a>(config: Config, events: impl IntoIterator<Item = &'a SockEvent>) -> Self {
         let mut agg = Self::new(config);
-        for ev in events {
-            agg.ingest(ev);
-        }
-        agg.finish();
+        agg.feed_to_end(events, |_, _| {});
         agg
+    }
+
+    /// Feed every event of a finished stream (a recording, a report's
+    /// window), each with what it did handed to `each`, then judge the held
+    /// peer closes as the stream's end ([`Aggregator::finish`]): "feed
+    /// everything, then finish", written once for `observer analyze`,
+    /// the exposition of a recording and the report.
+    pub fn feed_to_end<E: std::borrow::Borrow<SockEvent>>(
+        &mut self,
+        events: impl IntoIterator<Item = E>,
+        mut each: impl FnMut(E, Fed),
+    ) {
+        for ev in events {
+            let fed = self.feed(ev.borrow());
+            each(ev, fed);
+        }
+        self.finish();
     }
 
     pub fn finish(&mut self) {
@@ -436,15 +453,16 @@ impl Aggregator {
 
     /// The idle age past which a client socket is at risk, per client
     /// destination: past the path timeout (the point, or the largest idle
-    /// age proven to survive) once a failure bounded it. Server rows have
-    /// none: past our idle timeout minus the clients' margin is not ours to
-    /// judge.
+    /// age proven to survive) once a failure bounded it, on the interval
+    /// the row shows (a probe's bracket, the smallest of several paths).
+    /// Server rows have none: past our idle timeout minus the clients'
+    /// margin is not ours to judge.
     fn risk_thresholds(&mut self) -> HashMap<DestKey, f64> {
         self.dests
             .iter_mut()
             .filter(|(k, _)| k.role == Role::Client)
             .filter_map(|(k, st)| {
-                let i = st.interval_cached();
+                let i = st.shown_interval(false).0;
                 let point = estimate::point_of(&i, &st.point()).map(|c| c.value);
                 if point.is_none() {
                     i.upper?;

@@ -20,15 +20,17 @@
 //! it. The last hour is the last 60 whole minutes plus the current one.
 //! Memory is bounded by [`MAX_BYTES`] per destination.
 
-use observer_common::CONTROL_FRAME_BYTES;
+use observer_common::is_h2_ping;
 
 use crate::{
     diagnosis::table::FailureMode,
     kernel::event::{Body, How, Outcome, PeerClose, Reuse, SockEvent},
 };
 
+mod resets;
 mod window;
 
+pub use resets::{ResetBy, ResetCounts, PATH_HOPS};
 use window::{Bin, Minute, Slice, Timed};
 pub use window::{Counts, Dead, Evidence};
 
@@ -66,7 +68,8 @@ pub enum Observation {
     /// during the idle time; `after_stall` for a request written on a
     /// connection whose earlier reuse had stalled (a failure counted, but
     /// that first stall dates the death: no timeout evidence); `ping` for
-    /// an answered exchange of at most `CONTROL_FRAME_BYTES` request bytes
+    /// an answered exchange of exactly an HTTP/2 `PING`'s request bytes
+    /// (`observer_common::is_h2_ping`: 17, or 38, 39 or 46 in one TLS record)
     /// (an HTTP/2 `PING`, a health check): it proves the path held that
     /// long like any reuse, and says the connection was kept alive by
     /// messages rather than used.
@@ -108,6 +111,9 @@ pub struct Observed {
     /// Keep-alive idle time, s (0 = unknown).
     pub keepalive_idle: f32,
     pub what: Observation,
+    /// A reset ended it (a failed reuse, an idle close, an aborted
+    /// request, each by RST): who sent it.
+    pub reset: Option<ResetBy>,
 }
 
 /// The failure mode a failed reuse shows.
@@ -142,7 +148,7 @@ impl Observed {
                 refreshed: ev.keepalive && (ka_idle <= 0.0 || ka_idle < idle),
                 after_stall: r.how == Some(How::AfterStall),
                 after_goodbye: r.how == Some(How::AfterGoodbye),
-                ping: r.outcome == Outcome::Ok && (1..=CONTROL_FRAME_BYTES).contains(&r.bytes),
+                ping: r.outcome == Outcome::Ok && is_h2_ping(r.bytes),
             },
             Body::PeerCloseWhileIdle(PeerClose { how: Some(How::Timeout), .. }) => Observation::KeepaliveDeath {
                 // The first unanswered probe went out one keep-alive idle
@@ -160,6 +166,12 @@ impl Observed {
             Body::DiscardedDead(_) => Observation::DiscardedDead,
             Body::Established | Body::Closed | Body::LocalClose(_) | Body::ServerName(_) => return None,
         };
+        let by_rst = match &ev.body {
+            Body::Reuse(r) => r.outcome == Outcome::Reset,
+            Body::PeerCloseWhileIdle(c) => c.how == Some(How::Rst),
+            Body::RequestAborted(r) => r.how == Some(How::Rst),
+            _ => false,
+        };
         #[allow(clippy::cast_possible_truncation, reason = "keep-alive times are far below f32 precision limits")]
         Some(Self {
             ts_ns: ev.ts_unix_ns,
@@ -167,6 +179,7 @@ impl Observed {
             keepalive: ev.keepalive,
             keepalive_idle: ka_idle as f32,
             what,
+            reset: by_rst.then(|| ResetBy::of(ev.reset)),
         })
     }
 

@@ -11,28 +11,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{diagnosis::estimate::Interval, diagnosis::key::RowId, named::named};
+use crate::diagnosis::{estimate::Interval, key::RowId, table::FailureMode};
 
-/// The thread name of the probe's connections. The kernel records it on
-/// each socket at `connect()` (the daemon's probes read it as `comm`), so
-/// the daemon leaves these connections out of the application's evidence.
-/// A process that names a thread so is taken for the probe: its sockets
-/// are left out too (it can only hide its own connections).
-pub const PROBE_THREAD: &str = "observer-probe";
-
-named! {
-    /// How the path ended the probe's idle connections.
-    pub enum How {
-        /// A hop closed them with a FIN at the measured idle age.
-        Fin => "fin",
-        /// A hop reset them at the measured idle age.
-        Rst => "rst",
-        /// A hop forgot them silently: keep-alive probes went unanswered.
-        SilentDrop => "silent_drop",
-        /// Nothing closed within the probe's `--up-to`.
-        None => "none",
-    }
-}
+/// The thread name of the probe's connections (see
+/// `observer_common::PROBE_THREAD`): it decides nothing by itself.
+pub use observer_common::PROBE_THREAD;
 
 /// One `observer probe` result for one row (the address it connected to,
 /// as a client, from the probe's network namespace).
@@ -46,7 +29,9 @@ pub struct ProbeEvidence {
     pub target: String,
     /// `tcp`, `tls`, `http`, `https`, `request` or `tls+request`.
     pub first_exchange: String,
-    pub how: How,
+    /// How the path ended the probe's idle connections (`none`: nothing
+    /// closed within its `--up-to`).
+    pub how: FailureMode,
     /// The measured close (`fin`, `rst`).
     pub idle_timeout_seconds: Option<f64>,
     /// The largest idle age the path kept (`fin`/`rst`: the earliest close).
@@ -67,12 +52,7 @@ impl ProbeEvidence {
     /// closed within 900.000 s".
     #[must_use]
     pub fn summary(&self) -> String {
-        match (self.how, self.idle_timeout_seconds, self.upper_seconds) {
-            (How::Fin, Some(t), _) => format!("FIN at {t:.3} s"),
-            (How::Rst, Some(t), _) => format!("RST at {t:.3} s"),
-            (How::SilentDrop, _, Some(u)) => format!("a silent drop in [{:.3}, {u:.3}] s", self.lower_seconds),
-            _ => format!("nothing closed within {:.3} s", self.lower_seconds),
-        }
+        describe(self.how, self.idle_timeout_seconds, self.lower_seconds, self.upper_seconds, |s| format!("{s:.3}"))
     }
 
     /// The bracket `[lower, upper]` the probe proves for the path.
@@ -129,12 +109,32 @@ pub fn merge(interval: &mut Interval, p: &ProbeEvidence) -> Merged {
     merged
 }
 
+/// A probe's finding in words, the one wording every surface uses (the
+/// row's probe summary, the hops' declared values against it): "FIN at
+/// 2.001 s", "a silent drop in [2.900, 3.100] s", "nothing closed within
+/// 900.000 s", each number written by `num` (the unit follows).
+#[must_use]
+pub fn describe(
+    how: FailureMode,
+    idle_timeout: Option<f64>,
+    lower: f64,
+    upper: Option<f64>,
+    num: impl Fn(f64) -> String,
+) -> String {
+    match (how, idle_timeout, upper) {
+        (FailureMode::Fin, Some(t), _) => format!("FIN at {} s", num(t)),
+        (FailureMode::Rst, Some(t), _) => format!("RST at {} s", num(t)),
+        (FailureMode::SilentDrop, _, Some(u)) => format!("a silent drop in [{}, {}] s", num(lower), num(u)),
+        _ => format!("nothing closed within {} s", num(lower)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{merge, How, Merged, ProbeEvidence};
+    use super::{merge, FailureMode, Merged, ProbeEvidence};
     use crate::{diagnosis::estimate::Interval, diagnosis::key::RowId, kernel::event::Role};
 
-    fn probe(how: How, t: Option<f64>, lower: f64, upper: Option<f64>) -> ProbeEvidence {
+    fn probe(how: FailureMode, t: Option<f64>, lower: f64, upper: Option<f64>) -> ProbeEvidence {
         ProbeEvidence {
             ts_unix_ns: 1,
             id: RowId {
@@ -162,10 +162,10 @@ mod tests {
     #[test]
     fn a_probe_alone_gives_its_bracket() {
         let mut i = Interval::default();
-        assert_eq!(merge(&mut i, &probe(How::SilentDrop, None, 2.9, Some(3.1))), Merged::RaisedLower);
+        assert_eq!(merge(&mut i, &probe(FailureMode::SilentDrop, None, 2.9, Some(3.1))), Merged::RaisedLower);
         assert_eq!((i.lower, i.upper), (Some(2.9), Some(3.1)));
         let mut i = Interval::default();
-        assert_eq!(merge(&mut i, &probe(How::Fin, Some(2.0), 1.998, Some(2.003))), Merged::RaisedLower);
+        assert_eq!(merge(&mut i, &probe(FailureMode::Fin, Some(2.0), 1.998, Some(2.003))), Merged::RaisedLower);
         assert_eq!((i.lower, i.upper), (Some(1.998), Some(2.003)));
     }
 
@@ -173,14 +173,14 @@ mod tests {
     fn passive_evidence_and_a_probe_narrow_each_other() {
         // Reuses survived 2.5 s, one failed at 4 s; the probe: dropped in [2.9, 3.1].
         let mut i = interval(Some(2.5), Some(4.0));
-        assert_eq!(merge(&mut i, &probe(How::SilentDrop, None, 2.9, Some(3.1))), Merged::RaisedLower);
+        assert_eq!(merge(&mut i, &probe(FailureMode::SilentDrop, None, 2.9, Some(3.1))), Merged::RaisedLower);
         assert_eq!((i.lower, i.upper), (Some(2.9), Some(3.1)));
         // A passive bound already tighter keeps its place.
         let mut i = interval(Some(3.0), Some(3.05));
-        assert_eq!(merge(&mut i, &probe(How::SilentDrop, None, 2.9, Some(3.1))), Merged::Nothing);
+        assert_eq!(merge(&mut i, &probe(FailureMode::SilentDrop, None, 2.9, Some(3.1))), Merged::Nothing);
         assert_eq!((i.lower, i.upper), (Some(3.0), Some(3.05)));
         let mut i = interval(Some(3.0), None);
-        assert_eq!(merge(&mut i, &probe(How::SilentDrop, None, 2.9, Some(3.1))), Merged::Upper);
+        assert_eq!(merge(&mut i, &probe(FailureMode::SilentDrop, None, 2.9, Some(3.1))), Merged::Upper);
         assert_eq!((i.lower, i.upper), (Some(3.0), Some(3.1)));
     }
 
@@ -189,26 +189,26 @@ mod tests {
         // Reuses survived 60 s, the probe says dead by 30 s (another path,
         // or the timeout changed): neither is overwritten.
         let mut i = interval(Some(60.0), None);
-        assert_eq!(merge(&mut i, &probe(How::Fin, Some(30.0), 30.0, Some(30.0))), Merged::Contradicts);
+        assert_eq!(merge(&mut i, &probe(FailureMode::Fin, Some(30.0), 30.0, Some(30.0))), Merged::Contradicts);
         assert_eq!((i.lower, i.upper), (Some(60.0), None));
         let mut i = interval(None, Some(5.0));
-        assert_eq!(merge(&mut i, &probe(How::SilentDrop, None, 9.0, Some(10.0))), Merged::Contradicts);
+        assert_eq!(merge(&mut i, &probe(FailureMode::SilentDrop, None, 9.0, Some(10.0))), Merged::Contradicts);
         assert!(!Merged::Contradicts.used());
     }
 
     #[test]
     fn nothing_closed_is_a_lower_bound_only() {
         let mut i = Interval::default();
-        assert_eq!(merge(&mut i, &probe(How::None, None, 900.0, None)), Merged::RaisedLower);
+        assert_eq!(merge(&mut i, &probe(FailureMode::None, None, 900.0, None)), Merged::RaisedLower);
         assert_eq!((i.lower, i.upper), (Some(900.0), None));
     }
 
     #[test]
     fn the_summary_names_the_close() {
-        assert_eq!(probe(How::Fin, Some(2.0014), 2.0, Some(2.0)).summary(), "FIN at 2.001 s");
-        assert_eq!(probe(How::SilentDrop, None, 2.9, Some(3.1)).summary(), "a silent drop in [2.900, 3.100] s");
-        assert_eq!(probe(How::None, None, 900.0, None).summary(), "nothing closed within 900.000 s");
-        let json = serde_json::to_value(probe(How::Rst, Some(3.0), 3.0, Some(3.0))).unwrap();
+        assert_eq!(probe(FailureMode::Fin, Some(2.0014), 2.0, Some(2.0)).summary(), "FIN at 2.001 s");
+        assert_eq!(probe(FailureMode::SilentDrop, None, 2.9, Some(3.1)).summary(), "a silent drop in [2.900, 3.100] s");
+        assert_eq!(probe(FailureMode::None, None, 900.0, None).summary(), "nothing closed within 900.000 s");
+        let json = serde_json::to_value(probe(FailureMode::Rst, Some(3.0), 3.0, Some(3.0))).unwrap();
         assert_eq!(json["how"], "rst");
         assert_eq!(json["destination"], "10.0.0.2:443");
         assert_eq!(json["role"], "client");

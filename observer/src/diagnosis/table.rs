@@ -3,6 +3,8 @@
 //! --json`, the metrics and the report), the destination key and the enums
 //! its fields take. No logic beyond naming lives here.
 
+use std::fmt::Write as _;
+
 use serde::{Deserialize, Serialize};
 
 use crate::named::named;
@@ -10,7 +12,7 @@ use crate::named::named;
 use crate::{
     diagnosis::key::{Netns, RowId},
     diagnosis::probed::ProbeEvidence,
-    kernel::event::Role,
+    kernel::event::{ResetFrom, Role},
     kernel::owner::Owner,
 };
 
@@ -114,12 +116,112 @@ pub struct Restart {
     pub max_idle_seconds: f64,
 }
 
-/// One of several idle timeouts behind one address.
+/// One of several idle timeouts behind one address: a cluster of peer
+/// idle closes (FIN or RST), or a silent path told by where its failures
+/// begin (`lower_seconds`/`upper_seconds` set).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PathShare {
+    /// A cluster's median; a silent path's upper bound (its first
+    /// failure), or its lower bound where none failed past the mix.
     pub idle_timeout_seconds: f64,
-    /// Fraction of the peer idle closes in this cluster.
+    /// Fraction of the peer idle closes in this cluster; for a silent
+    /// path, of the flows (the failures among the reuses made at idle
+    /// ages between the two paths' timeouts).
     pub share: f64,
+    /// A silent path: the largest idle age it kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lower_seconds: Option<f64>,
+    /// A silent path: the smallest idle age it failed at (null: none yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_seconds: Option<f64>,
+}
+
+/// The resets a client row saw from one source: who sent them, how many
+/// hops closer than the peer (a `path` device), and how many.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetShare {
+    /// `peer`, `path` or `local`; null: not told (no SYN-ACK seen, a route
+    /// change, or a kernel without the hooks that read it).
+    pub from: Option<ResetFrom>,
+    /// Hops closer than the peer it was made (`path`); 0 for the peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hops_closer: Option<u8>,
+    pub resets: u64,
+}
+
+impl ResetShare {
+    /// Who sent these resets, in words.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match (self.from, self.hops_closer) {
+            (Some(ResetFrom::Peer), _) => "the server itself".to_owned(),
+            (Some(ResetFrom::Path), Some(h)) => format!(
+                "a device {h} hop{} closer than the server (a firewall, NAT or load balancer on the path)",
+                if h == 1 { "" } else { "s" }
+            ),
+            (Some(ResetFrom::Path), None) => "a device on the path".to_owned(),
+            (Some(ResetFrom::Local), _) => "this host itself (its own firewall, conntrack or IPVS)".to_owned(),
+            (None, _) => "a source that could not be told".to_owned(),
+        }
+    }
+}
+
+impl DestinationRow {
+    /// Who sent the row's resets, in words, with the split where they came
+    /// from more than one place (None: no reset seen).
+    #[must_use]
+    pub fn resets_in_words(&self) -> Option<String> {
+        let total: u64 = self.resets.sources.iter().map(|s| s.resets).sum();
+        if total == 0 {
+            return None;
+        }
+        let Some(main) = self
+            .resets
+            .sources
+            .iter()
+            .find(|s| s.from == self.resets.from && s.hops_closer == self.resets.hops_closer && s.from.is_some())
+        else {
+            return Some(format!(
+                "{total} reset(s); who sent them could not be told (the server's SYN-ACK was not seen, or this kernel does not allow the hooks that read it)"
+            ));
+        };
+        let mut words = format!("the resets come from {}", main.describe());
+        if main.from == Some(ResetFrom::Path) {
+            words.push_str(", not from the server");
+        }
+        if self.resets.sources.len() > 1 {
+            let others: Vec<String> = self
+                .resets
+                .sources
+                .iter()
+                .filter(|s| !std::ptr::eq(*s, main))
+                .map(|s| format!("{} ({})", s.describe(), s.resets))
+                .collect();
+            let _ = write!(words, " ({} of {total}); also from {}", main.resets, others.join(", "));
+        }
+        Some(words)
+    }
+}
+
+impl PathShare {
+    /// A silent path, told by where its failures begin (not a cluster of
+    /// peer closes).
+    #[must_use]
+    pub fn is_silent(&self) -> bool {
+        self.lower_seconds.is_some() || self.upper_seconds.is_some()
+    }
+
+    /// A silent path's bracket or a cluster's value, then `unit`:
+    /// "[1.950, 2.170] s", "2.000s".
+    #[must_use]
+    pub fn describe(&self, unit: &str) -> String {
+        let s = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |x| format!("{x:.3}"));
+        if self.is_silent() {
+            format!("[{}, {}]{unit}", s(self.lower_seconds), s(self.upper_seconds))
+        } else {
+            format!("{:.3}{unit}", self.idle_timeout_seconds)
+        }
+    }
 }
 
 /// Failure ratio for one idle-age bucket.
@@ -131,30 +233,33 @@ pub struct Bucket {
     pub failures: u64,
 }
 
-/// One row of the destination table; the JSON interface of
-/// `GET /api/v1/destinations`, `observer status --json` and
-/// `observer analyze --json` (see README).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[allow(clippy::struct_excessive_bools, reason = "a flat JSON row")]
-pub struct DestinationRow {
-    /// Destination, role and network namespace.
-    #[serde(flatten)]
-    pub id: RowId,
-    pub failure_mode: FailureMode,
+/// A row's estimate of the path's effective idle timeout: the point, the
+/// interval and the evidence under each, the probe that narrowed it, a
+/// sweep's band and the paths it splits into. Flattened into the row, so
+/// the JSON keys are the row's own (`path_idle_timeout_seconds`, ...).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PathEstimate {
     /// Point estimate from a cluster of peer closes (the smallest, with
     /// mixed paths).
-    pub path_idle_timeout_seconds: Option<f64>,
+    #[serde(rename = "path_idle_timeout_seconds")]
+    pub idle_timeout_seconds: Option<f64>,
     /// Largest idle age proven to survive (0 without evidence).
-    pub path_idle_timeout_lower_seconds: f64,
+    #[serde(rename = "path_idle_timeout_lower_seconds")]
+    pub lower_seconds: f64,
     /// Smallest idle age proven to fail.
-    pub path_idle_timeout_upper_seconds: Option<f64>,
-    pub path_lower_evidence: usize,
-    pub path_upper_evidence: usize,
-    pub path_point_evidence: usize,
-    pub path_outliers: usize,
+    #[serde(rename = "path_idle_timeout_upper_seconds")]
+    pub upper_seconds: Option<f64>,
+    #[serde(rename = "path_lower_evidence")]
+    pub lower_evidence: usize,
+    #[serde(rename = "path_upper_evidence")]
+    pub upper_evidence: usize,
+    #[serde(rename = "path_point_evidence")]
+    pub point_evidence: usize,
+    #[serde(rename = "path_outliers")]
+    pub outliers: usize,
     /// Which survivals the lower bound rests on (null without one).
-    #[serde(default)]
-    pub path_lower_basis: Option<LowerBasis>,
+    #[serde(default, rename = "path_lower_basis")]
+    pub lower_basis: Option<LowerBasis>,
     /// The latest `observer probe` of this destination within the window
     /// (null: none).
     #[serde(default)]
@@ -167,28 +272,57 @@ pub struct DestinationRow {
     /// A timeout enforced by a sweep or a coarse clock: the band of its
     /// peer closes, `[earliest, latest]` (null: a sharp timeout). The point
     /// and the recommendation then come from the earliest edge.
-    #[serde(default)]
-    pub path_idle_timeout_spread_seconds: Option<[f64; 2]>,
-    /// Two or more distinct clusters of peer idle closes.
+    #[serde(default, rename = "path_idle_timeout_spread_seconds")]
+    pub spread_seconds: Option<[f64; 2]>,
+    /// Two or more distinct clusters of peer idle closes, or two silent
+    /// paths failing at different idle ages.
     #[serde(default)]
     pub mixed_paths: Vec<PathShare>,
+}
+
+/// Who sent the resets that ended a client row's connections in the
+/// window (failed reuses, idle closes, aborted requests by RST), as the
+/// row and the report's "our side" show it. Flattened: the JSON keys are
+/// `reset_from`, `reset_hops_closer` and `reset_sources`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResetSources {
+    /// The most common told source (`peer`, `path`, `local`); null when no
+    /// reset was seen or none could be told.
+    #[serde(default, rename = "reset_from")]
+    pub from: Option<ResetFrom>,
+    /// Hops closer than the peer that source is (0: the peer).
+    #[serde(default, rename = "reset_hops_closer")]
+    pub hops_closer: Option<u8>,
+    /// Every source with its count, most first (as `mixed_paths` splits
+    /// timeouts): more than one where resets came from several places.
+    #[serde(default, rename = "reset_sources")]
+    pub sources: Vec<ResetShare>,
+}
+
+/// One row of the destination table; the JSON interface of
+/// `GET /api/v1/destinations`, `observer status --json` and
+/// `observer analyze --json` (see README).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[allow(clippy::struct_excessive_bools, reason = "a flat JSON row")]
+pub struct DestinationRow {
+    /// Destination, role and network namespace.
+    #[serde(flatten)]
+    pub id: RowId,
+    pub failure_mode: FailureMode,
+    /// The path's effective idle timeout: point, bounds and what they rest on.
+    #[serde(flatten)]
+    pub path: PathEstimate,
+    /// Client row: who sent the resets that ended its connections.
+    #[serde(flatten)]
+    pub resets: ResetSources,
     /// The pool's idle timeout, from a cluster of local idle closes.
     pub pool_idle_timeout_seconds: Option<f64>,
     /// Longest idle age at which the pool reused a socket.
     pub pool_max_reuse_idle_seconds: Option<f64>,
-    pub verdict: Verdict,
-    /// What the verdict rests on (null for `unknown`).
-    #[serde(default)]
-    pub evidence: Option<VerdictEvidence>,
-    pub recommended_pool_idle_timeout_seconds: Option<f64>,
-    pub recommended_max_lifetime_seconds: Option<f64>,
-    /// Server row: raise our idle timeout to at least this (the clients'
-    /// longest reuse / 0.8), the alternative to lowering their pools.
-    #[serde(default)]
-    pub recommended_server_idle_timeout_seconds: Option<f64>,
-    /// Retry once, only when no request byte reached a live peer.
-    pub safe_retry_rule: bool,
-    pub recommendation: String,
+    /// The verdict and the fix: `verdict`, `evidence`, the recommended
+    /// timeouts, the retry rule and the recommendation in words.
+    #[serde(flatten)]
+    pub judgement: crate::diagnosis::verdict::Judgement,
     /// Reuses and failed reuses in the last hour.
     pub reuses: u64,
     pub failures: u64,
@@ -278,6 +412,11 @@ pub struct DestinationRow {
     /// offering both by ALPN, a binary protocol, `--no-names`).
     #[serde(default)]
     pub protocols: Vec<crate::kernel::first_bytes::Protocol>,
+    /// Client rows: the TLS versions its connections negotiated (`TLSv1.3`,
+    /// `TLSv1.2`, ...), newest first; empty for plain TCP, or where not told
+    /// (`--no-names`, a connection older than the daemon).
+    #[serde(default)]
+    pub tls_versions: Vec<crate::kernel::first_bytes::TlsVersion>,
     /// Client rows: the fix in the reusing clients' own terms, one per
     /// runtime told (the setting, its default, what to set it to, and a
     /// default above the path's timeout as a finding); the generic rule

@@ -29,6 +29,8 @@
 
 use std::fmt::Write as _;
 
+use serde::{Deserialize, Serialize};
+
 use crate::{
     diagnosis::estimate::{recommended_pool_idle, Interval, CLUSTER_SPREAD, POOL_FRACTION},
     diagnosis::table::{FailureMode, LowerBasis, Verdict, VerdictEvidence},
@@ -54,6 +56,9 @@ pub struct ClientFindings {
     pub pool: Option<f64>,
     /// Failed reuses at or above the interval's cut.
     pub consistent_failures: usize,
+    /// The smallest idle age at which a reuse failed (outliers included):
+    /// never `ok` for a pool that keeps sockets idle that long.
+    pub earliest_failed_reuse: Option<f64>,
     pub failure_mode: Option<FailureMode>,
     /// What `observer probe` measured, when the interval rests on it
     /// ("FIN at 2.001 s").
@@ -71,16 +76,40 @@ pub struct ServerFindings {
     pub client_pool_idle_timeout: Option<f64>,
 }
 
-/// A verdict with its recommendation.
-#[derive(Debug, Clone, PartialEq)]
+/// A verdict with its recommendation: what a row says and what to do,
+/// flattened into the row (`DestinationRow::judgement`: the JSON keys are
+/// these fields' own).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Judgement {
     pub verdict: Verdict,
+    /// What the verdict rests on (null for `unknown`).
+    #[serde(default)]
     pub evidence: Option<VerdictEvidence>,
     pub recommended_pool_idle_timeout_seconds: Option<f64>,
     pub recommended_max_lifetime_seconds: Option<f64>,
+    /// Server row: raise our idle timeout to at least this (the clients'
+    /// longest reuse / 0.8), the alternative to lowering their pools.
+    #[serde(default)]
     pub recommended_server_idle_timeout_seconds: Option<f64>,
+    /// Retry once, only when no request byte reached a live peer.
     pub safe_retry_rule: bool,
     pub recommendation: String,
+}
+
+impl Judgement {
+    /// No verdict yet, nothing recommended.
+    #[must_use]
+    pub fn unknown() -> Self {
+        Self {
+            verdict: Verdict::Unknown,
+            evidence: None,
+            recommended_pool_idle_timeout_seconds: None,
+            recommended_max_lifetime_seconds: None,
+            recommended_server_idle_timeout_seconds: None,
+            safe_retry_rule: false,
+            recommendation: String::new(),
+        }
+    }
 }
 
 fn round_ms(x: f64) -> f64 {
@@ -93,6 +122,9 @@ fn round_ms(x: f64) -> f64 {
 pub fn judge_client(f: &ClientFindings) -> Judgement {
     let i = &f.interval;
     let upper = f.point.or(i.upper);
+    // `ok` says the pool closes first; a reuse that failed below the
+    // pool's own timeout says otherwise, whatever the interval's cut.
+    let proven_below = |p: f64, l: f64| p <= l && f.earliest_failed_reuse.is_none_or(|e| p < e);
     let (verdict, evidence) = if f.consistent_failures > 0 {
         (Verdict::Mismatch, Some(VerdictEvidence::Failures))
     } else if f.point.is_some() {
@@ -100,13 +132,13 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
     } else if let (Some(p), Some(u)) = (f.pool, upper) {
         if p >= u {
             (Verdict::Mismatch, Some(VerdictEvidence::PoolIdleTimeout))
-        } else if i.lower.is_some_and(|l| p <= l) {
+        } else if i.lower.is_some_and(|l| proven_below(p, l)) {
             (Verdict::Ok, Some(VerdictEvidence::IdleCloses))
         } else {
             (Verdict::Unknown, None)
         }
     } else if let (Some(p), Some(l)) = (f.pool, i.lower) {
-        if p <= l {
+        if proven_below(p, l) {
             (Verdict::Ok, Some(VerdictEvidence::IdleCloses))
         } else {
             (Verdict::Unknown, None)
@@ -130,6 +162,11 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
         (Some(_), _) if f.paths > 1 => {
             format!(", the smallest of {} idle timeouts measured behind this address (mixed_paths)", f.paths)
         }
+        (None, Some(LowerBasis::Silent | LowerBasis::Probe)) if i.paths.is_some() => format!(
+            ", the largest idle age proven to survive on the shorter of two paths that drop idle flows silently ({:.0}% of the flows fail from {:.3} s, the rest later: mixed_paths)",
+            i.paths.map_or(0.0, |p| p.short_share * 100.0),
+            i.paths.map_or(0.0, |p| p.short_upper)
+        ),
         (Some(_), _) => format!(", measured by {} peer idle closes", f.point_evidence),
         (None, Some(LowerBasis::Keepalive)) => ", the largest idle age proven to survive, but only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for a NAT, firewall or L4 balancer the probes kept fresh".to_owned(),
         (None, Some(LowerBasis::Pings)) => format!(

@@ -17,10 +17,12 @@ use crate::{kernel::owner::Owner, named::named};
 
 mod body;
 pub(crate) mod clock;
+mod reset;
 mod views;
 
 pub use body::{Body, Discarded, FirstBytes, LateReuse, LocalClose, PeerClose, Request, Reuse};
 pub use clock::{clock_ns, Clock};
+pub use reset::{ResetArrival, ResetFrom};
 pub use views::{doomed_of, view_of, DoomedView, SocketView};
 
 /// Why a record could not be decoded.
@@ -165,6 +167,11 @@ pub struct SockEvent {
     /// Socket was open before observer started.
     #[serde(default)]
     pub preexisting: bool,
+    /// Connected by a process running the daemon's own executable (told in
+    /// the kernel at `connect()`): `observer probe`'s connection. The
+    /// daemon leaves it out of every row and never records it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub observer_own: bool,
     /// TCP keep-alive was on (`SO_KEEPALIVE`).
     #[serde(default)]
     pub keepalive: bool,
@@ -188,6 +195,11 @@ pub struct SockEvent {
     /// top level, all absent when unresolved.
     #[serde(flatten, default)]
     pub owner: Option<Owner>,
+    /// The socket received an RST: its TTL, the peer's SYN-ACK's, and who
+    /// sent it where that can be told (`reset_from`, `reset_hops_closer`).
+    /// Flattened: all absent when no RST was seen.
+    #[serde(flatten, default)]
+    pub reset: Option<ResetArrival>,
 }
 
 fn addr(family: u16, raw: [u8; 16], port: u16) -> Result<SocketAddr, DecodeError> {
@@ -257,12 +269,14 @@ pub fn decode(raw: &Event, clock: Clock) -> Result<SockEvent, DecodeError> {
         remote,
         idle_seconds: secs(raw.idle_ns),
         preexisting: raw.flags & flags::PREEXISTING != 0,
+        observer_own: raw.own != 0,
         keepalive,
         keepalive_idle_seconds,
         sock_id: raw.sock_id,
         netns: raw.netns,
         cgroup_id: raw.cgroup_id,
         owner: None,
+        reset: ResetArrival::of_wire(raw.reset_ttl, raw.peer_ttl, raw.ttl_flags),
     })
 }
 
@@ -302,12 +316,14 @@ impl SockEvent {
             remote,
             idle_seconds,
             preexisting: false,
+            observer_own: false,
             keepalive: false,
             keepalive_idle_seconds: None,
             sock_id: 0,
             netns: 0,
             cgroup_id: 0,
             owner: None,
+            reset: None,
         }
     }
 
@@ -435,6 +451,29 @@ impl SockEvent {
 /// kind without that field: a test that asks for one has a wrong kind.
 #[cfg(test)]
 impl SockEvent {
+    /// A client socket's event, from 10.0.0.1:40000 to `remote`: the one
+    /// way every room's unit tests build events.
+    pub(crate) fn client_test(ts_unix_ns: u64, kind: EventKind, remote: &str, idle_seconds: f64) -> Self {
+        let local = "10.0.0.1:40000".parse().expect("a test address");
+        let remote = remote.parse().unwrap_or_else(|e| panic!("test address {remote}: {e}"));
+        Self::new(ts_unix_ns, kind, Role::Client, local, remote, idle_seconds)
+    }
+
+    /// Written by `comm`; a reuse with `outcome` answered after 1 ms, a
+    /// peer's idle close by FIN: what most tests want of a kind.
+    #[must_use]
+    pub(crate) fn shaped(mut self, comm: &str, outcome: Option<Outcome>) -> Self {
+        comm.clone_into(&mut self.comm);
+        if let Some(o) = outcome {
+            self.reuse_mut().outcome = o;
+            self.set_elapsed(0.001);
+        }
+        if self.kind() == EventKind::PeerCloseWhileIdle {
+            self.set_how(Some(How::Fin));
+        }
+        self
+    }
+
     pub(crate) fn reuse_mut(&mut self) -> &mut Reuse {
         match &mut self.body {
             Body::Reuse(r) => r,

@@ -32,6 +32,31 @@ named! {
 }
 
 named! {
+    /// The TLS version a connection negotiated, told by the client's second
+    /// flight (`observer_common::tls`).
+    pub enum TlsVersion {
+        Tls10 => "TLSv1.0",
+        Tls11 => "TLSv1.1",
+        Tls12 => "TLSv1.2",
+        Tls13 => "TLSv1.3",
+    }
+}
+
+impl TlsVersion {
+    /// From the probes' number (1 = TLS 1.0 … 4 = TLS 1.3; 0: none).
+    #[must_use]
+    pub const fn of_wire(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::Tls10),
+            2 => Some(Self::Tls11),
+            3 => Some(Self::Tls12),
+            4 => Some(Self::Tls13),
+            _ => None,
+        }
+    }
+}
+
+named! {
     /// The application protocol a connection's first bytes show.
     pub enum Protocol {
         /// HTTP/1.x: a request line, or TLS offering only HTTP/1.x by ALPN.
@@ -39,6 +64,9 @@ named! {
         /// HTTP/2: the cleartext connection preface, or TLS offering only
         /// `h2` by ALPN.
         H2 => "h2",
+        /// HTTP, its version the server's pick: TLS offering both `h2` and
+        /// HTTP/1.x by ALPN (Go's `net/http`, `OkHttp`, browsers).
+        Http => "http",
     }
 }
 
@@ -58,6 +86,8 @@ pub fn protocol(bytes: &[u8]) -> Option<Protocol> {
                 Some(Protocol::H2)
             } else if offered.iter().all(|p| p.starts_with(b"http/1.")) {
                 Some(Protocol::Http1)
+            } else if offered.iter().all(|p| *p == b"h2" || p.starts_with(b"http/1.")) {
+                Some(Protocol::Http)
             } else {
                 None
             }

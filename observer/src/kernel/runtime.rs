@@ -8,30 +8,42 @@
 //!   the standard library's HTTP pool shows by its function names, which
 //!   stay in the binary even when stripped (`pclntab`);
 //! - `java`, `node`, `python3`, `nginx`, `haproxy` and `envoy` by the
-//!   executable's name; for a JVM, the class path on its command line names
-//!   the pool libraries (`OkHttp`, Apache `HttpClient`, `HikariCP`,
-//!   grpc-java by its `grpc-api` jar); for Python, the mapped extension
-//!   modules (grpcio's `cygrpc`); a Go binary shows grpc-go by its
-//!   `ClientConn` functions. grpc-js in Node cannot be told (no mapping or
-//!   symbol shows it): the generic rule.
+//!   executable's name; for a JVM, the jar files of the class path it was
+//!   started with (`-cp`, `-classpath`, `--class-path`, a `dir/*`
+//!   wildcard listed) name the pool libraries (`OkHttp`, Apache
+//!   `HttpClient`, `HikariCP`, grpc-java by its `grpc-api` jar), never a
+//!   substring of the command line (`-Djdk.httpclient...` names no
+//!   library); the JDK's own `java.net.http` client by its threads
+//!   (`HttpClient-N-SelectorManager`, one per client, whatever executor it
+//!   runs on), and the JDK's major version by the `release` file beside
+//!   the executable; for Python, the mapped extension modules (grpcio's
+//!   `cygrpc`); a Go binary shows grpc-go by its `ClientConn` functions.
+//!   grpc-js in Node cannot be told (no mapping or symbol shows it): the
+//!   generic rule.
 //!
-//! Reading `/proc/PID/exe` of another user's process needs
-//! `CAP_SYS_PTRACE`; without it only the process name tells, and a Go
-//! binary stays unknown (the fix then gives the generic rule).
+//! A process's command line, thread names and name are readable by any
+//! user. Its executable (`/proc/PID/exe`) and mappings (`/proc/PID/maps`)
+//! are not, for another user's process, without `CAP_SYS_PTRACE`, which
+//! the shipped unit and `DaemonSet` do not grant: a Go binary, and
+//! grpcio in Python, are then not told, and the runtime says so
+//! ([`ClientRuntime::unreadable`]) instead of passing for a runtime with
+//! no pool library.
+//!
+//! Rooms: this file says what a process is from what anyone may read
+//! (its name, a Python process's mappings) and hands a JVM to [`jvm`]
+//! and a Go executable to [`elf`]; [`resolver`] tells processes off the
+//! event path and caches them.
 
-use std::{collections::HashMap, os::unix::fs::MetadataExt as _};
+mod elf;
+mod jvm;
+mod resolver;
+
+use std::os::unix::ffi::OsStrExt as _;
 
 use serde::{Deserialize, Serialize};
 
-/// Processes remembered at most (each costs one executable read).
-pub const MAX_CACHED: usize = 1024;
-/// A function table larger than this is not searched (no Go binary's is).
-const MAX_EXE_BYTES: u64 = 512 << 20;
-/// Bytes of another process's executable held at once: the function table
-/// is searched a chunk at a time, whatever size its headers claim, so a
-/// crafted or odd executable costs the daemon at most this (plus the
-/// section headers, at most 4,096 x 64 bytes, and 1 MiB of their names).
-pub const EXE_CHUNK_BYTES: usize = 1 << 20;
+pub use elf::EXE_CHUNK_BYTES;
+pub use resolver::{Process, Runtimes, MAX_CACHED};
 
 /// A client runtime and the pool libraries found in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -39,23 +51,44 @@ pub struct ClientRuntime {
     /// `go`, `jvm`, `node`, `python`, `nginx`, `haproxy`, `envoy`.
     pub runtime: String,
     /// Pool libraries seen: `net/http`, `database/sql`, `pgx`, `grpc-go`
-    /// (Go); `okhttp`, `httpclient`, `hikaricp`, `grpc-java` (JVM);
-    /// `grpcio` (Python).
+    /// (Go); `okhttp`, `httpclient`, `hikaricp`, `grpc-java`,
+    /// `java.net.http` (JVM); `grpcio` (Python).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub libraries: Vec<String>,
+    /// The runtime's major version where it decides a default (the JDK's:
+    /// `17`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// What would tell the runtime or its libraries (the executable, the
+    /// mappings) was not readable with the daemon's capabilities: another
+    /// user's process without `CAP_SYS_PTRACE`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unreadable: bool,
 }
 
-/// Go libraries with a pool: (name, what shows it in the binary).
-const GO_LIBRARIES: &[(&str, &[u8])] = &[
-    ("net/http", b"net/http.(*Transport).roundTrip"),
-    ("grpc-go", b"google.golang.org/grpc.(*ClientConn).Invoke"),
-    ("database/sql", b"database/sql.(*DB).conn"),
-    ("pgx", b"github.com/jackc/pgx"),
-];
+impl ClientRuntime {
+    /// What an event carries for a process whose runtime could not be
+    /// told (no catalog entry fits: the generic rule applies).
+    #[must_use]
+    pub fn unknown() -> Self {
+        Self { runtime: UNKNOWN.to_owned(), ..Self::default() }
+    }
 
-/// JVM pool libraries: (name, what their jar or package is called).
-const JVM_LIBRARIES: &[(&str, &str)] =
-    &[("okhttp", "okhttp"), ("httpclient", "httpclient"), ("hikaricp", "hikaricp"), ("grpc-java", "grpc-api")];
+    /// A process whose executable the daemon may not read: its runtime is
+    /// unknown for want of capabilities, not because none fits.
+    #[must_use]
+    pub fn unreadable() -> Self {
+        Self { runtime: UNKNOWN.to_owned(), unreadable: true, ..Self::default() }
+    }
+
+    #[must_use]
+    pub fn is_unknown(&self) -> bool {
+        self.runtime == UNKNOWN
+    }
+}
+
+/// [`ClientRuntime::runtime`] of a process that could not be told.
+pub const UNKNOWN: &str = "unknown";
 
 /// Python pool libraries a process's mappings show: (name, what their
 /// shared object is called). grpcio's C core is a mapped extension module.
@@ -65,16 +98,172 @@ const PYTHON_LIBRARIES: &[(&str, &str)] = &[("grpcio", "cygrpc")];
 /// hundred KiB at most).
 const MAX_MAPS_BYTES: u64 = 4 << 20;
 
-/// The libraries whose shared objects `pid` maps, from `table`.
-fn mapped(pid: u32, table: &[(&str, &str)]) -> Vec<String> {
+/// A process as the kernel lists it (the `iter/task_vma` program) where
+/// its `/proc/PID/exe` and `/proc/PID/maps` are closed to the daemon: its
+/// executable, and the names of the files it maps.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listed {
+    pub exe: Option<KernelPath>,
+    pub mapped: Vec<String>,
+}
+
+impl Listed {
+    /// From the kernel's records: the executable's (marked
+    /// [`observer_common::MappedFile::EXECUTABLE`]) and one name per mapping.
+    #[must_use]
+    pub fn of(records: &[observer_common::MappedFile]) -> Self {
+        let mut listed = Self::default();
+        for rec in records {
+            if rec.flags & observer_common::MappedFile::EXECUTABLE != 0 {
+                listed.exe = listed.exe.or_else(|| KernelPath::of(rec));
+            } else if let Some(name) =
+                names(rec).and_then(|n| n.first().map(|n| String::from_utf8_lossy(n).into_owned()))
+            {
+                listed.mapped.push(name);
+            }
+        }
+        listed
+    }
+
+    /// Whether the kernel listed anything: a process that exited, or is
+    /// not in the daemon's pid namespace, lists nothing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.exe.is_none() && self.mapped.is_empty()
+    }
+}
+
+/// A record's names, leaf first, mount crossings (empty names) left out;
+/// `None` when a name filled its slot (it may have been cut).
+fn names(rec: &observer_common::MappedFile) -> Option<Vec<&[u8]>> {
+    let depth = usize::try_from(rec.depth).ok()?;
+    let mut out = Vec::new();
+    for name in rec.names.get(..depth)? {
+        let len = name.iter().position(|&b| b == 0)?;
+        if len > 0 {
+            out.push(&name[..len]);
+        }
+    }
+    Some(out)
+}
+
+/// The executable's path as the kernel walked it, with its device and
+/// inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelPath {
+    /// The path from the root of the process's mount namespace.
+    pub path: std::path::PathBuf,
+    /// The file system's device (major, minor) and the file's inode: the
+    /// path is used only if the file the daemon opens there is this one.
+    pub dev: (u32, u32),
+    pub ino: u64,
+}
+
+impl KernelPath {
+    /// From the kernel's record of the executable (its names, leaf first,
+    /// joined root first); `None` when the walk did not reach the root, or
+    /// a name filled its slot (it may have been cut).
+    #[must_use]
+    pub fn of(rec: &observer_common::MappedFile) -> Option<Self> {
+        if rec.flags & observer_common::MappedFile::WHOLE_PATH == 0 {
+            return None;
+        }
+        let names = names(rec)?;
+        if names.is_empty() {
+            return None;
+        }
+        let mut path = Vec::new();
+        for name in names.iter().rev() {
+            path.push(b'/');
+            path.extend_from_slice(name);
+        }
+        Some(Self {
+            path: std::path::PathBuf::from(std::ffi::OsStr::from_bytes(&path)),
+            // The kernel's own `dev_t`: MAJOR << 20 | MINOR.
+            dev: (rec.dev >> 20, rec.dev & 0xf_ffff),
+            ino: rec.ino,
+        })
+    }
+
+    /// The file at this path, if it is the kernel's one (same device and
+    /// inode): a path from another mount namespace (a container's) may
+    /// name another file, or none, from the daemon's.
+    #[must_use]
+    pub fn open(&self) -> Option<std::fs::File> {
+        use std::os::unix::fs::MetadataExt as _;
+        let f = std::fs::File::open(&self.path).ok()?;
+        let m = f.metadata().ok()?;
+        let dev = (libc::major(m.dev()), libc::minor(m.dev()));
+        (dev == self.dev && m.ino() == self.ino).then_some(f)
+    }
+}
+
+/// Lists a process from the kernel (by pid), for the processes whose
+/// `/proc` the daemon may not read.
+pub type KernelFiles = Box<dyn FnMut(u32) -> std::io::Result<Listed> + Send>;
+
+/// What a process shows of its executable and mappings: from its `/proc`
+/// where that is readable, else from the kernel's list.
+struct Shown {
+    /// The executable's path, and the file itself when it may be read.
+    exe: Option<std::path::PathBuf>,
+    exe_file: Option<std::fs::File>,
+    /// The mapped files' paths; `None` when neither source could say.
+    maps: Option<String>,
+    /// The executable could not be read, for want of capabilities.
+    refused: bool,
+}
+
+impl Shown {
+    fn of(pid: u32, comm: &str, kernel: Option<&mut KernelFiles>) -> Self {
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"));
+        let refused = exe.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied);
+        if !refused {
+            return Self {
+                exe_file: exe.is_ok().then(|| std::fs::File::open(format!("/proc/{pid}/exe")).ok()).flatten(),
+                exe: exe.ok(),
+                maps: proc_maps(pid),
+                refused: false,
+            };
+        }
+        // Nothing listed (the process exited, or is not in the daemon's
+        // pid namespace) tells nothing: never "no library".
+        let Some(listed) = kernel.and_then(|k| k(pid).ok()).filter(|l| !l.is_empty()) else {
+            return Self { exe: None, exe_file: None, maps: None, refused: true };
+        };
+        let exe_file = listed.exe.as_ref().and_then(KernelPath::open);
+        log::debug!(
+            "process {pid} ({comm}): executable {:?} and {} mapped files from the kernel, {}",
+            listed.exe.as_ref().map(|e| &e.path),
+            listed.mapped.len(),
+            if exe_file.is_some() { "opened as the same file" } else { "not opened" }
+        );
+        Self {
+            // A path not verified names nothing: it may be another file.
+            exe: listed.exe.filter(|_| exe_file.is_some()).map(|e| e.path),
+            refused: exe_file.is_none(),
+            exe_file,
+            maps: Some(listed.mapped.join("\n")),
+        }
+    }
+}
+
+/// `/proc/PID/maps`; `None` when it is not readable (another user's
+/// process without `CAP_SYS_PTRACE`). A process that exited has nothing
+/// to read either, and shows no mapping.
+fn proc_maps(pid: u32) -> Option<String> {
     use std::io::Read as _;
     let mut maps = Vec::new();
     let read =
         std::fs::File::open(format!("/proc/{pid}/maps")).and_then(|f| f.take(MAX_MAPS_BYTES).read_to_end(&mut maps));
-    if read.is_err() {
-        return Vec::new();
+    if let Err(e) = read {
+        return (e.kind() != std::io::ErrorKind::PermissionDenied).then(String::new);
     }
-    let maps = String::from_utf8_lossy(&maps);
+    Some(String::from_utf8_lossy(&maps).into_owned())
+}
+
+/// The libraries from `table` whose shared objects `maps` lists.
+fn mapped(maps: &str, table: &[(&str, &str)]) -> Vec<String> {
     table.iter().filter(|(_, n)| maps.contains(n)).map(|(l, _)| (*l).to_owned()).collect()
 }
 
@@ -91,24 +280,6 @@ fn by_name(name: &str) -> Option<&'static str> {
     })
 }
 
-/// The Go version in the build info at `at`: the magic `\xff Go buildinf:`,
-/// 16-byte aligned, a pointer
-/// size of 4 or 8, the inline-strings flag (Go 1.18+), then the version as
-/// a length-prefixed `go1.x` string. Anything else holding the magic (this
-/// program's own constant) is no build info.
-fn go_version(bytes: &[u8], at: usize) -> Option<&str> {
-    if !at.is_multiple_of(16) {
-        return None;
-    }
-    let head = bytes.get(at..at + 32)?;
-    if &head[..14] != b"\xff Go buildinf:" || !matches!(head[14], 4 | 8) || head[15] & 2 == 0 {
-        return None;
-    }
-    let len = usize::from(*bytes.get(at + 32)?);
-    let v = std::str::from_utf8(bytes.get(at + 33..at + 33 + len)?).ok()?;
-    v.starts_with("go1.").then_some(v)
-}
-
 /// The process's name as `ps` shows it: its main thread's name
 /// (`/proc/PID/comm`, readable without `CAP_SYS_PTRACE`). The kernel's
 /// events carry the writing thread's, which for a multithreaded client is
@@ -122,272 +293,31 @@ pub fn process_name(pid: u32) -> Option<String> {
 }
 
 /// What a process shows: by its executable's name, its build info, or its
-/// command line (`comm`: the process's name).
+/// command line (`comm`: the process's name). Where its `/proc` is not
+/// readable, `kernel` lists its mapped files instead. A process whose
+/// executable could still not be read is told by its name where that
+/// suffices, and otherwise is [`ClientRuntime::unreadable`].
 #[must_use]
-pub fn of_process(pid: u32, comm: &str) -> Option<ClientRuntime> {
-    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-    let base = exe.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
+pub fn of_process(pid: u32, comm: &str, kernel: Option<&mut KernelFiles>) -> Option<ClientRuntime> {
+    let shown = Shown::of(pid, comm, kernel);
+    let base = shown.exe.as_ref().and_then(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned());
     let name = base.as_deref().unwrap_or(comm);
     if let Some(runtime) = by_name(name).or_else(|| by_name(comm)) {
-        let mut libraries = Vec::new();
-        if runtime == "jvm" {
-            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            let cmdline = String::from_utf8_lossy(&cmdline).to_ascii_lowercase();
-            libraries =
-                JVM_LIBRARIES.iter().filter(|(_, n)| cmdline.contains(n)).map(|(l, _)| (*l).to_owned()).collect();
-        } else if runtime == "python" {
-            libraries = mapped(pid, PYTHON_LIBRARIES);
-        }
-        return Some(ClientRuntime { runtime: runtime.into(), libraries });
-    }
-    exe?;
-    of_elf(&std::fs::File::open(format!("/proc/{pid}/exe")).ok()?)
-}
-
-/// A 64-bit little-endian ELF executable's sections by name: (file
-/// offset, size). Reads the headers only.
-fn elf_sections(f: &std::fs::File) -> Option<HashMap<String, (u64, u64)>> {
-    use std::os::unix::fs::FileExt as _;
-    let mut eh = [0u8; 64];
-    f.read_exact_at(&mut eh, 0).ok()?;
-    // \x7fELF, ELFCLASS64, ELFDATA2LSB.
-    if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
-        return None;
-    }
-    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
-    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap_or_default());
-    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap_or_default());
-    let (shoff, shentsize, shnum, shstrndx) = (
-        u64_at(&eh, 0x28),
-        usize::from(u16_at(&eh, 0x3A)),
-        usize::from(u16_at(&eh, 0x3C)),
-        usize::from(u16_at(&eh, 0x3E)),
-    );
-    // An ELF64 section header is 64 bytes; anything else, or a table or
-    // section past the end of the file, is no executable we read further.
-    let len = f.metadata().ok()?.len();
-    let within = |off: u64, size: u64| off.checked_add(size).is_some_and(|end| end <= len);
-    if shentsize != 64 || shnum == 0 || shnum > 4096 || shstrndx >= shnum || !within(shoff, (64 * shnum) as u64) {
-        return None;
-    }
-    let mut sh = vec![0u8; shentsize * shnum];
-    f.read_exact_at(&mut sh, shoff).ok()?;
-    let entry = |i: usize| &sh[i * shentsize..(i + 1) * shentsize];
-    let strtab = entry(shstrndx);
-    let (str_off, str_size) = (u64_at(strtab, 0x18), u64_at(strtab, 0x20));
-    if str_size > 1 << 20 || !within(str_off, str_size) {
-        return None;
-    }
-    let mut names = vec![0u8; usize::try_from(str_size).ok()?];
-    f.read_exact_at(&mut names, str_off).ok()?;
-    let mut out = HashMap::new();
-    for i in 0..shnum {
-        let e = entry(i);
-        let at = usize::try_from(u32_at(e, 0)).ok()?;
-        let name = names.get(at..)?.split(|&b| b == 0).next()?;
-        let (off, size) = (u64_at(e, 0x18), u64_at(e, 0x20));
-        // SHT_NOBITS (.bss) occupies no file bytes; any other section must
-        // lie within the file.
-        if u32_at(e, 4) == 8 || within(off, size) {
-            out.insert(String::from_utf8_lossy(name).into_owned(), (off, size));
-        }
-    }
-    Some(out)
-}
-
-/// Read one section, at most `max` bytes.
-fn section(f: &std::fs::File, (off, size): (u64, u64), max: u64) -> Option<Vec<u8>> {
-    use std::os::unix::fs::FileExt as _;
-    let mut b = vec![0u8; usize::try_from(size.min(max)).ok()?];
-    f.read_exact_at(&mut b, off).ok()?;
-    Some(b)
-}
-
-/// Which of `needles` occur in a section (its first `MAX_EXE_BYTES`),
-/// read `EXE_CHUNK_BYTES` at a time; consecutive chunks overlap by the
-/// longest needle, so a name across a chunk boundary is found.
-fn find_in_section<'a>(
-    f: &std::fs::File,
-    (off, size): (u64, u64),
-    needles: &[(&'a str, &[u8])],
-) -> Option<Vec<&'a str>> {
-    use std::os::unix::fs::FileExt as _;
-    let overlap = needles.iter().map(|(_, n)| n.len()).max().unwrap_or(0).saturating_sub(1);
-    let end = off.checked_add(size.min(MAX_EXE_BYTES))?;
-    let mut found = vec![false; needles.len()];
-    let mut buf = vec![0u8; EXE_CHUNK_BYTES + overlap];
-    let (mut at, mut kept) = (off, 0usize);
-    while at < end && !found.iter().all(|&x| x) {
-        let want = usize::try_from((end - at).min(EXE_CHUNK_BYTES as u64)).ok()?;
-        f.read_exact_at(&mut buf[kept..kept + want], at).ok()?;
-        let chunk = &buf[..kept + want];
-        for (hit, (_, needle)) in found.iter_mut().zip(needles) {
-            *hit = *hit || memchr::memmem::find(chunk, needle).is_some();
-        }
-        // Keep the chunk's tail: a name may continue in the next one.
-        kept = overlap.min(chunk.len());
-        let tail = chunk.len() - kept;
-        buf.copy_within(tail..tail + kept, 0);
-        at += want as u64;
-    }
-    Some(needles.iter().zip(found).filter(|(_, hit)| *hit).map(|((name, _), _)| *name).collect())
-}
-
-/// A Go executable by its sections: the build info (`.go.buildinfo`, read
-/// whole, small), then the pool functions' names in its function table
-/// (`.gopclntab`, or `.data.rel.ro` where a position-independent build
-/// keeps it). A non-Go executable costs its headers only.
-fn of_elf(f: &std::fs::File) -> Option<ClientRuntime> {
-    let sections = elf_sections(f)?;
-    let info = section(f, *sections.get(".go.buildinfo")?, 1 << 16)?;
-    go_version(&info, 0)?;
-    let table = sections.get(".gopclntab").or_else(|| sections.get(".data.rel.ro"))?;
-    let libraries = find_in_section(f, *table, GO_LIBRARIES)?.into_iter().map(str::to_owned).collect();
-    Some(ClientRuntime { runtime: "go".into(), libraries })
-}
-
-/// A cached process is checked against `/proc` at most this often (its
-/// executable's inode tells a reused pid).
-const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
-/// Processes waiting for the resolver at most (more wait for a later event).
-const QUEUE: usize = 1024;
-
-impl ClientRuntime {
-    /// What an event carries for a process whose runtime could not be
-    /// told (no catalog entry fits: the generic rule applies).
-    #[must_use]
-    pub fn unknown() -> Self {
-        Self { runtime: UNKNOWN.to_owned(), libraries: Vec::new() }
-    }
-
-    #[must_use]
-    pub fn is_unknown(&self) -> bool {
-        self.runtime == UNKNOWN
-    }
-}
-
-/// [`ClientRuntime::runtime`] of a process that could not be told.
-pub const UNKNOWN: &str = "unknown";
-
-/// A process as the resolver told it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Process {
-    /// Its name as `ps` shows it ([`process_name`]), else the writing
-    /// thread's when `/proc` no longer has it.
-    pub name: String,
-    pub runtime: ClientRuntime,
-}
-
-#[derive(Debug)]
-enum Entry {
-    /// Queued for the resolver.
-    Pending,
-    Known {
-        ino: u64,
-        process: Process,
-        checked: std::time::Instant,
-    },
-}
-
-type Cache = std::sync::Arc<std::sync::Mutex<HashMap<u32, Entry>>>;
-
-/// Processes (name and runtime) by pid. Telling one may read its whole
-/// executable (a Go binary's function names), so a resolver thread does
-/// it: the event path only looks up the cache (no syscall), and a process
-/// is queued when it connects or first writes, long before its first
-/// reuse. Keyed by pid alone (every thread of a process writes under its
-/// own name); a reused pid is told anew at the next recheck, by its
-/// executable. Bounded: at most [`MAX_CACHED`] processes (a full cache
-/// starts over) and [`QUEUE`] waiting.
-#[derive(Debug)]
-pub struct Runtimes {
-    cache: Cache,
-    queue: std::sync::mpsc::SyncSender<(u32, String)>,
-}
-
-impl Runtimes {
-    /// Start the resolver thread; it ends when this is dropped.
-    #[must_use]
-    pub fn start() -> Self {
-        let cache: Cache = std::sync::Arc::default();
-        let (queue, rx) = std::sync::mpsc::sync_channel::<(u32, String)>(QUEUE);
-        let shared = std::sync::Arc::clone(&cache);
-        let spawned = std::thread::Builder::new().name("observer-runtime".into()).spawn(move || {
-            // Reading an executable is background work: it must not take
-            // the CPU from the event reader (a thread's own nice, on Linux).
-            // SAFETY: setpriority on the calling thread (who = 0).
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 19) };
-            for (pid, comm) in rx {
-                resolve(&shared, pid, &comm);
-            }
+        return Some(match runtime {
+            "jvm" => jvm::jvm(pid, shown.exe.as_deref()),
+            "python" => ClientRuntime {
+                runtime: runtime.into(),
+                unreadable: shown.maps.is_none(),
+                libraries: shown.maps.as_deref().map(|m| mapped(m, PYTHON_LIBRARIES)).unwrap_or_default(),
+                version: None,
+            },
+            _ => ClientRuntime { runtime: runtime.into(), ..ClientRuntime::default() },
         });
-        if let Err(e) = spawned {
-            log::warn!("cannot start the runtime resolver ({e}): fixes will use the generic rule");
-        }
-        Self { cache, queue }
     }
-
-    /// Process `pid` (whose thread `comm` wrote) as far as it is known
-    /// now: `None` while it is being told (the process is queued), else
-    /// its name and runtime ([`ClientRuntime::unknown`] when that cannot be
-    /// told). A process that exited keeps what it was.
-    pub fn of(&self, pid: u32, comm: &str) -> Option<Process> {
-        if pid == 0 {
-            return None;
-        }
-        let mut cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = std::time::Instant::now();
-        match cache.get_mut(&pid) {
-            Some(Entry::Known { process, checked, .. }) => {
-                if now.duration_since(*checked) >= RECHECK {
-                    // Recheck in the resolver; meanwhile the known answer.
-                    *checked = now;
-                    let _ = self.queue.try_send((pid, comm.to_owned()));
-                }
-                return Some(process.clone());
-            }
-            Some(Entry::Pending) => return None,
-            None => {}
-        }
-        if cache.len() >= MAX_CACHED {
-            cache.clear();
-        }
-        if self.queue.try_send((pid, comm.to_owned())).is_ok() {
-            cache.insert(pid, Entry::Pending);
-        }
-        None
+    if shown.refused {
+        return Some(ClientRuntime::unreadable());
     }
-
-    /// The name of `pid` if the resolver knows it (no queueing: for views
-    /// of sockets, whose processes the events queued already).
-    pub fn known_name(&self, pid: u32) -> Option<String> {
-        let cache = self.cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match cache.get(&pid) {
-            Some(Entry::Known { process, .. }) => Some(process.name.clone()),
-            _ => None,
-        }
-    }
-}
-
-/// The resolver's step: tell `pid` unless the cache already knows it (the
-/// same executable and name, or the process has exited). `comm` is the
-/// writing thread's name, used only when `/proc` has no name for it.
-fn resolve(cache: &Cache, pid: u32, comm: &str) {
-    let ino = std::fs::metadata(format!("/proc/{pid}/exe")).map_or(0, |m| m.ino());
-    let name = process_name(pid);
-    {
-        let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(Entry::Known { ino: i, process, checked }) = c.get_mut(&pid) {
-            if (ino == 0 || ino == *i) && name.as_ref().is_none_or(|n| *n == process.name) {
-                *checked = std::time::Instant::now();
-                return;
-            }
-        }
-    }
-    let name = name.unwrap_or_else(|| comm.to_owned());
-    let runtime = of_process(pid, &name).unwrap_or_else(ClientRuntime::unknown);
-    let mut c = cache.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    c.insert(pid, Entry::Known { ino, process: Process { name, runtime }, checked: std::time::Instant::now() });
+    elf::of_elf(shown.exe_file.as_ref()?)
 }
 
 #[cfg(test)]
@@ -405,143 +335,70 @@ mod tests {
         assert_eq!(by_name("pythonista"), None);
     }
 
-    #[test]
-    fn build_info_is_aligned_sized_and_versioned() {
-        let mut info = b"\xff Go buildinf:\x08\x02".to_vec();
-        info.extend_from_slice(&[0; 16]);
-        info.push(8);
-        info.extend_from_slice(b"go1.19.8");
-        assert_eq!(go_version(&info, 0), Some("go1.19.8"));
-        let mut padded = vec![0u8; 3];
-        padded.extend_from_slice(&info);
-        assert_eq!(go_version(&padded, 3), None, "an unaligned magic is no build info (a constant)");
-        let mut old = info.clone();
-        old[15] = 0;
-        assert_eq!(go_version(&old, 0), None, "before Go 1.18's inline strings");
-        info[33..37].copy_from_slice(b"rust");
-        assert_eq!(go_version(&info, 0), None);
-    }
-
-    /// A crafted ELF64: a header, the section names, a Go build info, and
-    /// a function table of `table_len` bytes (sparse: a hole in the file)
-    /// holding `name` at `name_at`; its headers may lie (`claimed` is the
-    /// table's size as the headers say it, `shentsize` their entry size).
-    fn crafted(table_len: u64, name_at: u64, name: &[u8], claimed: u64, shentsize: u16) -> std::fs::File {
-        use std::os::unix::fs::FileExt as _;
-        let strtab = b"\0.shstrtab\0.go.buildinfo\0.gopclntab\0";
-        let mut info = b"\xff Go buildinf:\x08\x02".to_vec();
-        info.extend_from_slice(&[0; 16]);
-        info.push(8);
-        info.extend_from_slice(b"go1.19.8");
-        let (str_off, info_off, table_off) = (0x40u64, 0x100u64, 0x1000u64);
-        let shoff = table_off + table_len;
-        let f = tempfile::tempfile().unwrap();
-        let mut eh = [0u8; 64];
-        eh[..6].copy_from_slice(b"\x7fELF\x02\x01");
-        eh[0x28..0x30].copy_from_slice(&shoff.to_le_bytes());
-        eh[0x3A..0x3C].copy_from_slice(&shentsize.to_le_bytes());
-        eh[0x3C..0x3E].copy_from_slice(&4u16.to_le_bytes());
-        eh[0x3E..0x40].copy_from_slice(&1u16.to_le_bytes());
-        f.write_all_at(&eh, 0).unwrap();
-        f.write_all_at(strtab, str_off).unwrap();
-        f.write_all_at(&info, info_off).unwrap();
-        f.write_all_at(name, table_off + name_at).unwrap();
-        let header = |name: u32, off: u64, size: u64| {
-            let mut h = [0u8; 64];
-            h[..4].copy_from_slice(&name.to_le_bytes());
-            h[4..8].copy_from_slice(&1u32.to_le_bytes());
-            h[0x18..0x20].copy_from_slice(&off.to_le_bytes());
-            h[0x20..0x28].copy_from_slice(&size.to_le_bytes());
-            h
+    fn record(names: &[&[u8]], flags: u32) -> observer_common::MappedFile {
+        let mut rec = observer_common::MappedFile {
+            tgid: 7,
+            flags,
+            ino: 1234,
+            dev: (259 << 20) | 3,
+            depth: u32::try_from(names.len()).unwrap(),
+            names: [[0; observer_common::MAPPED_NAME_BYTES]; observer_common::MAPPED_DEPTH],
         };
-        let headers = [
-            [0u8; 64],
-            header(1, str_off, strtab.len() as u64),
-            header(11, info_off, info.len() as u64),
-            header(25, table_off, claimed),
-        ];
-        f.write_all_at(&headers.concat(), shoff).unwrap();
-        f
-    }
-
-    /// Another process's executable is read a chunk at a time, and what
-    /// its headers claim is checked against the file: a 64 MiB function
-    /// table (sparse) is searched whole, a name across a chunk boundary is
-    /// found, and a table, header size or section past the file is refused.
-    #[test]
-    fn executables_are_read_in_bounded_chunks_and_lying_headers_refused() {
-        let name = b"google.golang.org/grpc.(*ClientConn).Invoke";
-        let mib = 1u64 << 20;
-        let grpc = ClientRuntime { runtime: "go".into(), libraries: vec!["grpc-go".into()] };
-        let at_end = crafted(64 * mib, 64 * mib - 100, name, 64 * mib, 64);
-        assert_eq!(of_elf(&at_end), Some(grpc.clone()), "the whole table is searched");
-        let across = crafted(4 * mib, 2 * mib - 10, name, 4 * mib, 64);
-        assert_eq!(of_elf(&across), Some(grpc), "a name across a chunk boundary");
-        let none = crafted(4 * mib, 0, b"nothing", 4 * mib, 64);
-        assert_eq!(of_elf(&none), Some(ClientRuntime { runtime: "go".into(), libraries: vec![] }));
-        // Headers that lie: a 512 MiB table in a 4 MiB file, a header size
-        // that is not ELF64's.
-        let lying = crafted(4 * mib, 0, name, 512 * mib, 64);
-        assert!(!elf_sections(&lying).unwrap().contains_key(".gopclntab"), "a section past the file");
-        assert_eq!(of_elf(&lying), None);
-        assert_eq!(elf_sections(&crafted(mib, 0, name, mib, 0xFFFF)), None, "shentsize 65535");
-        assert_eq!(elf_sections(&crafted(mib, 0, name, mib, 128)), None, "shentsize 128");
-    }
-
-    /// A real Go binary (built by the test with Debian's go, when present)
-    /// is told by its sections; this test binary, an ELF too, is not Go.
-    #[test]
-    fn elf_sections_tell_a_go_binary() {
-        let me = std::fs::File::open(std::env::current_exe().unwrap()).unwrap();
-        assert!(elf_sections(&me).unwrap().contains_key(".text"));
-        assert_eq!(of_elf(&me), None);
-        let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("main.go");
-        std::fs::write(&src, "package main\nimport \"net/http\"\nfunc main() { http.Get(\"http://127.0.0.1:1/\") }\n")
-            .unwrap();
-        let built = std::process::Command::new("go")
-            .args(["build", "-o"])
-            .arg(dir.path().join("gox"))
-            .arg(&src)
-            .env("GO111MODULE", "off")
-            .env("GOCACHE", dir.path().join("cache"))
-            .env("HOME", dir.path())
-            .status();
-        if !built.is_ok_and(|s| s.success()) {
-            eprintln!("no go toolchain here: the Go half is checked by the names suite");
-            return;
+        for (slot, name) in rec.names.iter_mut().zip(names) {
+            slot[..name.len()].copy_from_slice(name);
         }
-        let go = std::fs::File::open(dir.path().join("gox")).unwrap();
-        assert_eq!(of_elf(&go), Some(ClientRuntime { runtime: "go".into(), libraries: vec!["net/http".into()] }));
+        rec
     }
 
-    /// Told off the event path: first `None` (queued), then the answer.
-    /// This test binary is no Go binary: unknown; a pid that does not
-    /// exist, named `python3`, is Python by its name; pid 0 is none.
+    /// The kernel's records: the executable's names leaf first, joined
+    /// root first, its `dev_t` split as `stat` splits it; a mapping's name
+    /// alone; no path from a walk that did not reach the root, or with a
+    /// name that filled its slot (maybe cut).
     #[test]
-    fn processes_are_told_by_the_resolver() {
-        let rt = Runtimes::start();
-        let wait = |pid: u32, comm: &str| {
-            let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            loop {
-                if let Some(r) = rt.of(pid, comm) {
-                    return r;
-                }
-                assert!(std::time::Instant::now() < until, "pid {pid} never told");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        };
-        // This test runs on a thread named after it; the process is named
-        // as `ps` shows it, whatever thread wrote.
-        let me = wait(std::process::id(), "wrk:worker_0");
-        assert!(me.runtime.is_unknown());
-        assert_eq!(Some(me.name.clone()), process_name(std::process::id()));
-        assert_ne!(me.name, "wrk:worker_0");
-        assert_eq!(rt.known_name(std::process::id()), Some(me.name));
-        // Gone from /proc: the writing thread's name is all there is.
-        let python = ClientRuntime { runtime: "python".into(), libraries: vec![] };
-        assert_eq!(wait(u32::MAX - 1, "python3"), Process { name: "python3".into(), runtime: python });
-        assert_eq!(rt.of(0, "x"), None);
-        assert_eq!(rt.known_name(u32::MAX - 2), None);
+    fn the_kernels_records_are_a_listed_process() {
+        use observer_common::MappedFile;
+        let exe = MappedFile::WHOLE_PATH | MappedFile::EXECUTABLE;
+        let listed = Listed::of(&[
+            record(&[b"gopool", b"bin", b"", b"usr"], exe),
+            record(&[b"cygrpc.cpython-311-x86_64-linux-gnu.so"], 0),
+            record(&[&[b'a'; 64]], 0),
+        ]);
+        let e = listed.exe.clone().unwrap();
+        assert_eq!(e.path, std::path::Path::new("/usr/bin/gopool"), "a mount crossed between bin and usr");
+        assert_eq!((e.dev, e.ino), ((259, 3), 1234));
+        assert_eq!(listed.mapped, ["cygrpc.cpython-311-x86_64-linux-gnu.so"], "a name that may be cut is left out");
+        assert!(!listed.is_empty() && Listed::of(&[]).is_empty());
+        assert_eq!(KernelPath::of(&record(&[b"gopool", b"bin"], MappedFile::EXECUTABLE)), None, "the root not reached");
+        assert_eq!(KernelPath::of(&record(&[], exe)), None, "the root itself is no file");
+        assert_eq!(KernelPath::of(&record(&[b""], exe)), None, "nor a mount's root");
+        assert_eq!(KernelPath::of(&record(&[&[b'a'; 64], b"lib"], exe)), None, "a name that may be cut");
+    }
+
+    /// A path is used only if the file opened there is the kernel's one:
+    /// the same path in another mount namespace may be another file.
+    #[test]
+    fn a_kernel_path_opens_only_the_kernels_file() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, b"a").unwrap();
+        std::fs::write(&b, b"b").unwrap();
+        let meta = std::fs::metadata(&a).unwrap();
+        let dev = (libc::major(meta.dev()), libc::minor(meta.dev()));
+        let same = KernelPath { path: a.clone(), dev, ino: meta.ino() };
+        assert!(same.open().is_some());
+        let other = KernelPath { path: b, ..same.clone() };
+        assert!(other.open().is_none(), "another inode at that path");
+        let elsewhere = KernelPath { dev: (dev.0 + 1, dev.1), ..same };
+        assert!(elsewhere.open().is_none(), "another device");
+    }
+
+    /// The Python libraries a list of mapped files shows, from either
+    /// source (`/proc/PID/maps` lines or the kernel's names).
+    #[test]
+    fn mapped_libraries_come_from_either_source() {
+        let proc_line = "7f00-7f10 r-xp 0 08:01 5 /usr/lib/python3/dist-packages/grpc/_cython/cygrpc.cpython-311-x86_64-linux-gnu.so";
+        assert_eq!(mapped(proc_line, PYTHON_LIBRARIES), vec!["grpcio"]);
+        assert_eq!(mapped("/usr/bin/python3.11\n/usr/lib/libc.so.6\n", PYTHON_LIBRARIES), Vec::<String>::new());
     }
 }

@@ -130,8 +130,7 @@ pub(crate) fn compare_idle(report: &mut Report, rows: &[DestinationRow], select:
                 continue;
             }
         };
-        let (lower, upper, point) =
-            (row.path_idle_timeout_lower_seconds, row.path_idle_timeout_upper_seconds, row.path_idle_timeout_seconds);
+        let (lower, upper, point) = (row.path.lower_seconds, row.path.upper_seconds, row.path.idle_timeout_seconds);
         let measured = point.map_or_else(
             || format!("[{}, {}]", fmt_secs(lower), upper.map_or_else(|| "?".to_owned(), fmt_secs)),
             |p| format!("{} [{}, {}]", fmt_secs(p), fmt_secs(lower), upper.map_or_else(|| "?".to_owned(), fmt_secs)),

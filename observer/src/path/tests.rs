@@ -87,11 +87,11 @@ fn row(dest: &str, lower: f64, upper: Option<f64>, point: Option<f64>) -> Destin
         dest.parse().unwrap(),
         1.0,
     );
-    agg.ingest(&ev);
+    let _ = agg.feed(&ev);
     let mut r = agg.rows(1).remove(0);
-    r.path_idle_timeout_lower_seconds = lower;
-    r.path_idle_timeout_upper_seconds = upper;
-    r.path_idle_timeout_seconds = point;
+    r.path.lower_seconds = lower;
+    r.path.upper_seconds = upper;
+    r.path.idle_timeout_seconds = point;
     r
 }
 

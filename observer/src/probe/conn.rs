@@ -73,6 +73,9 @@ pub struct Target {
     pub name: String,
     pub tls: Option<Arc<rustls::ClientConfig>>,
     pub first: First,
+    /// Where each connection is announced to a daemon that starts during
+    /// the probe ([`super::announce`]); `None`: nowhere.
+    pub announce: Option<Arc<super::announce::Announcer>>,
 }
 
 impl Target {
@@ -117,6 +120,9 @@ pub struct Opened {
 pub fn open(target: &Target) -> Result<Opened, OpenError> {
     let sock =
         TcpStream::connect_timeout(&target.addr, OPEN_TIMEOUT).map_err(|e| OpenError::Connect(target.addr, e))?;
+    if let (Some(a), Ok(local), Ok(remote)) = (&target.announce, sock.local_addr(), sock.peer_addr()) {
+        a.add(local, remote);
+    }
     let mut last_rx = Instant::now();
     sock.set_read_timeout(Some(OPEN_TIMEOUT)).map_err(OpenError::Exchange)?;
     sock.set_write_timeout(Some(OPEN_TIMEOUT)).map_err(OpenError::Exchange)?;

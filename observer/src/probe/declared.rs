@@ -3,10 +3,11 @@
 
 use serde::Serialize;
 
-use super::search::{Finding, How};
+use super::search::{FailureMode, Finding};
 use crate::{
+    diagnosis::probed::describe,
     path::{close_enough, Hop, Limit},
-    units::fmt_secs,
+    units::{fmt_num, fmt_secs},
 };
 
 /// How the measured value stands against what the hops declare.
@@ -38,19 +39,7 @@ pub struct Comparison {
 
 /// The measured value in words: `FIN at 30 s`, `a silent drop in [340, 352] s`.
 fn measured(f: &Finding) -> String {
-    match f.how {
-        How::Fin | How::Rst => format!(
-            "{} at {}",
-            if f.how == How::Fin { "FIN" } else { "RST" },
-            fmt_secs(f.idle_timeout_seconds.unwrap_or_default())
-        ),
-        How::SilentDrop => format!(
-            "a silent drop in [{}, {}]",
-            fmt_secs(f.lower_seconds),
-            fmt_secs(f.upper_seconds.unwrap_or_default())
-        ),
-        How::None => format!("nothing closing within {}", fmt_secs(f.lower_seconds)),
-    }
+    describe(f.how, f.idle_timeout_seconds, f.lower_seconds, f.upper_seconds, fmt_num)
 }
 
 /// Compare the hops' declared idle timeouts with the finding: the
@@ -70,12 +59,12 @@ pub fn compare(hops: &[Hop], f: &Finding) -> Vec<Comparison> {
     let what = measured(f);
     if let Some((hop, declared)) = smallest {
         let (lo, hi) = match f.how {
-            How::Fin | How::Rst => {
+            FailureMode::Fin | FailureMode::Rst => {
                 let t = f.idle_timeout_seconds.unwrap_or_default();
                 (t, t)
             }
-            How::SilentDrop => (f.lower_seconds, f.upper_seconds.unwrap_or_default()),
-            How::None => (f.lower_seconds, f64::INFINITY),
+            FailureMode::SilentDrop => (f.lower_seconds, f.upper_seconds.unwrap_or_default()),
+            FailureMode::None => (f.lower_seconds, f64::INFINITY),
         };
         let agreement = if close_enough(declared, lo) || close_enough(declared, hi) || (lo..=hi).contains(&declared) {
             Agreement::Matches
@@ -132,17 +121,18 @@ pub fn compare(hops: &[Hop], f: &Finding) -> Vec<Comparison> {
 #[cfg(test)]
 mod tests {
     use super::{compare, Agreement};
-    use crate::probe::search::{Finding, How};
+    use crate::probe::search::{FailureMode, Finding};
 
-    fn finding(how: How, t: Option<f64>, lo: f64, hi: Option<f64>) -> Finding {
+    fn finding(how: FailureMode, t: Option<f64>, lo: f64, hi: Option<f64>) -> Finding {
         Finding {
             how,
             idle_timeout_seconds: t,
             lower_seconds: lo,
             upper_seconds: hi,
-            recommended_pool_idle_timeout_seconds: (how != How::None).then(|| t.unwrap_or(lo) * 0.8),
+            recommended_pool_idle_timeout_seconds: (how != FailureMode::None).then(|| t.unwrap_or(lo) * 0.8),
             settled: true,
             contradictions: 0,
+            longer_path: None,
         }
     }
 
@@ -164,7 +154,7 @@ idle_timeout = "75s"
     #[test]
     fn a_fin_earlier_than_declared_is_named_with_the_pool_fix() {
         let hops = crate::path::parse(PATH).unwrap();
-        let c = compare(&hops, &finding(How::Fin, Some(30.0), 30.0, Some(30.0)));
+        let c = compare(&hops, &finding(FailureMode::Fin, Some(30.0), 30.0, Some(30.0)));
         assert_eq!(c[0].agreement, Agreement::EarlierThanDeclared);
         assert_eq!(c[0].message, "declared 60 s at balancer, measured FIN at 30 s: a hop closes earlier than declared");
         assert_eq!(c[1].agreement, Agreement::PoolAboveRecommended);
@@ -174,9 +164,9 @@ idle_timeout = "75s"
     #[test]
     fn a_silent_drop_bracketing_the_declared_timeout_matches() {
         let hops = crate::path::parse(PATH).unwrap();
-        let c = compare(&hops, &finding(How::SilentDrop, None, 58.2, Some(61.0)));
+        let c = compare(&hops, &finding(FailureMode::SilentDrop, None, 58.2, Some(61.0)));
         assert_eq!(c[0].agreement, Agreement::Matches, "{c:?}");
-        let c = compare(&hops, &finding(How::None, None, 120.0, None));
+        let c = compare(&hops, &finding(FailureMode::None, None, 120.0, None));
         assert_eq!(c[0].agreement, Agreement::LaterThanDeclared, "{c:?}");
         assert_eq!(c.len(), 1, "no recommendation, no pool comparison");
     }

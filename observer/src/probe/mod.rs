@@ -10,6 +10,7 @@
 //! bisects that bracket. A keep-alive probe carries no application byte, so
 //! the server's application sees one request per connection at most.
 
+pub mod announce;
 pub mod conn;
 pub mod declared;
 pub mod search;
@@ -26,7 +27,7 @@ use std::{
 use serde::Serialize;
 
 use conn::{OpenError, Target};
-use search::{Finding, How, Outcome, Probe, Search};
+use search::{FailureMode, Finding, Outcome, Probe, Search};
 
 use crate::{
     diagnosis::key::{Netns, RowId},
@@ -85,7 +86,7 @@ impl Report {
     /// idle age the path kept.
     #[must_use]
     pub fn proves_anything(&self) -> bool {
-        self.finding.how != How::None || self.finding.lower_seconds > 0.0
+        self.finding.how != FailureMode::None || self.finding.lower_seconds > 0.0
     }
 }
 

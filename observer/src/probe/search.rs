@@ -18,6 +18,17 @@ pub const SHORTEST: f64 = 1.0;
 /// A probe found dead this close before a hop's own close was racing it.
 pub const RACE: f64 = 0.5;
 
+/// Connections per idle age in a silent drop's bracket, and survivals the
+/// lower bound needs: flows hashed over several paths (ECMP, two NAT
+/// gateways) may all take the longer one, and a path carrying a quarter
+/// of them goes unseen among 16 with chance 0.75^16 = 1.0 %.
+pub const REPEAT: usize = 16;
+
+/// After a connection is found dead, the longer ones of its round are
+/// still waited for up to this factor of its age: a connection alive
+/// there took a second path, whose bracket the finding names.
+pub const SECOND_PATH_REACH: f64 = 2.0;
+
 /// How a hop ended an idle connection by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -60,17 +71,20 @@ pub struct Probe {
 
 /// How the path ended idle connections, as far as the probes show (the
 /// store and the daemon's rows name it too).
-pub use crate::diagnosis::probed::How;
+pub use crate::diagnosis::table::FailureMode;
 
 /// What the probes found: the JSON of `observer probe --format json`
 /// without its destination and timing (see `super::Report`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Finding {
-    pub how: How,
+    pub how: FailureMode,
     /// The measured close (`fin`, `rst`): the median of the closes seen.
     pub idle_timeout_seconds: Option<f64>,
-    /// `fin`/`rst`: the earliest close seen; `silent_drop`: the largest
-    /// age found alive (0 when none was); `none`: the largest alive age.
+    /// `fin`/`rst`: the earliest close seen; `silent_drop`: the
+    /// [`REPEAT`]-th largest age found alive below the smallest found dead
+    /// (0 while fewer were), so that a shorter path carrying a quarter of
+    /// the flows cannot hide above it (1 % chance); `none`: the largest
+    /// alive age.
     pub lower_seconds: f64,
     /// `fin`/`rst`: the latest close seen; `silent_drop`: the smallest age
     /// found dead; `none`: absent.
@@ -81,10 +95,24 @@ pub struct Finding {
     /// Whether a silent drop's bracket is within [`WITHIN`] (or
     /// [`FLOOR`]); false when the time budget ended first.
     pub settled: bool,
-    /// Connections alive at an age above one found dead: a flow dropped
-    /// for another reason (a failover, a full NAT table). Reported, not
-    /// used for the bracket.
+    /// Connections alive at an age above one found dead: they took a
+    /// longer path than the one that dropped it (ECMP, two NAT gateways),
+    /// or the flow was dropped for another reason (a failover, a full NAT
+    /// table). Never used for the bracket, which is the shortest path's.
     pub contradictions: usize,
+    /// The longer path those connections took: the largest age found
+    /// alive, and an age by which it surely dropped them ([`REPEAT`]
+    /// connections past that survival found dead; null: not shown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub longer_path: Option<LongerPath>,
+}
+
+/// A second, longer path to the same destination (see
+/// [`Finding::longer_path`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LongerPath {
+    pub lower_seconds: f64,
+    pub upper_seconds: Option<f64>,
 }
 
 /// The state of a measurement: every connection's result so far.
@@ -164,6 +192,34 @@ impl Search {
         self.alive().filter(|a| below.is_none_or(|d| *a < d)).max_by(f64::total_cmp)
     }
 
+    /// The [`REPEAT`]-th largest age found alive below `below`: the
+    /// shortest path's lower bound, which every path carrying a quarter of
+    /// the flows or more kept with chance 99 % or better.
+    fn alive_below_surely(&self, below: f64) -> Option<f64> {
+        let mut ages: Vec<f64> = self.alive().filter(|a| *a < below).collect();
+        ages.sort_by(|a, b| b.total_cmp(a));
+        ages.get(REPEAT - 1).copied()
+    }
+
+    /// The longer path: connections alive above the smallest age found
+    /// dead. It is surely gone by an age only where [`REPEAT`]
+    /// connections past its largest survival were found dead (one dead
+    /// connection there may have taken the shorter path).
+    fn longer_path(&self) -> Option<LongerPath> {
+        let dead = self.dead()?;
+        let lower = self.alive().filter(|a| *a > dead).max_by(f64::total_cmp)?;
+        let mut above: Vec<f64> = self
+            .probes
+            .iter()
+            .filter_map(|p| match p.outcome {
+                Outcome::Dead { at_seconds, .. } if at_seconds > lower => Some(at_seconds),
+                _ => None,
+            })
+            .collect();
+        above.sort_by(f64::total_cmp);
+        Some(LongerPath { lower_seconds: lower, upper_seconds: above.get(REPEAT - 1).copied() })
+    }
+
     /// The earliest close a hop made by itself.
     fn earliest_close(&self) -> Option<f64> {
         self.closes().map(|(_, s)| s).min_by(f64::total_cmp)
@@ -181,30 +237,34 @@ impl Search {
         }
     }
 
-    /// The next round's planned ages (`n`, spread evenly inside the
-    /// bracket), or `None` when the search is done: a hop's own close was
-    /// measured, a silent drop is bracketed within [`WITHIN`] or
-    /// [`FLOOR`], or nothing closed within the ages tried.
+    /// The next round's planned ages (`n` connections, [`REPEAT`] at each
+    /// age, the ages spread evenly inside the bracket), or `None` when the
+    /// search is done: a hop's own close was measured, a silent drop is
+    /// bracketed within [`WITHIN`] or [`FLOOR`], or nothing closed within
+    /// the ages tried.
     #[must_use]
     pub fn next_round(&self, n: usize) -> Option<Vec<f64>> {
         if !self.silent_first() {
             return None;
         }
         let dead = self.dead()?;
-        let alive = self.alive_below(Some(dead)).unwrap_or(0.0);
+        let alive = self.alive_below_surely(dead).unwrap_or(0.0);
         if narrow(alive, dead) {
             return None;
         }
         let n = n.max(1);
-        let mut ages: Vec<f64> = (1..=n)
+        let per_age = n.min(REPEAT);
+        let m = (n / per_age).max(1);
+        let mut ages: Vec<f64> = (1..=m)
             .map(|j| {
                 #[allow(clippy::cast_precision_loss, reason = "at most 64 connections")]
-                let f = j as f64 / (n + 1) as f64;
+                let f = j as f64 / (m + 1) as f64;
                 millis(alive + (dead - alive) * f)
             })
             .filter(|a| *a >= SHORTEST / 2.0)
             .collect();
         ages.dedup();
+        let ages: Vec<f64> = ages.iter().flat_map(|&a| std::iter::repeat_n(a, per_age)).collect();
         (!ages.is_empty()).then_some(ages)
     }
 
@@ -215,9 +275,9 @@ impl Search {
         let contradictions = dead.map_or(0, |d| self.alive().filter(|a| *a > d).count());
         if self.silent_first() {
             let upper = dead.unwrap_or_default();
-            let lower = self.alive_below(dead).unwrap_or(0.0);
+            let lower = self.alive_below_surely(upper).unwrap_or(0.0);
             return Finding {
-                how: How::SilentDrop,
+                how: FailureMode::SilentDrop,
                 idle_timeout_seconds: None,
                 lower_seconds: lower,
                 upper_seconds: Some(upper),
@@ -225,17 +285,19 @@ impl Search {
                     .then_some(lower * crate::diagnosis::estimate::POOL_FRACTION),
                 settled: narrow(lower, upper),
                 contradictions,
+                longer_path: self.longer_path(),
             };
         }
         if self.earliest_close().is_none() {
             return Finding {
-                how: How::None,
+                how: FailureMode::None,
                 idle_timeout_seconds: None,
                 lower_seconds: self.alive_below(None).unwrap_or(0.0),
                 upper_seconds: None,
                 recommended_pool_idle_timeout_seconds: None,
                 settled: true,
                 contradictions,
+                longer_path: None,
             };
         }
         // The kind of the earliest close; the closes of that kind make the
@@ -246,8 +308,8 @@ impl Search {
         let median = ages[ages.len() / 2];
         Finding {
             how: match kind {
-                Close::Fin => How::Fin,
-                Close::Rst => How::Rst,
+                Close::Fin => FailureMode::Fin,
+                Close::Rst => FailureMode::Rst,
             },
             idle_timeout_seconds: Some(median),
             lower_seconds: ages[0],
@@ -255,21 +317,24 @@ impl Search {
             recommended_pool_idle_timeout_seconds: Some(median * crate::diagnosis::estimate::POOL_FRACTION),
             settled: true,
             contradictions,
+            longer_path: None,
         }
     }
 
     /// Whether a connection planned at `planned` s can still tell
-    /// anything, `elapsed` s into its round: not when a shorter age
-    /// already found the flow dead. But a reset that met a probe may be a
-    /// hop's own close racing it (a server closing idle connections with
-    /// RST at the probe's age, under a slow clock): until [`RACE`] past
-    /// that age, the longer connections may still see that close, which
-    /// tells the two apart ([`Self::finding`]).
+    /// anything, `elapsed` s into its round. A shorter age found dead
+    /// bounds the shortest path; up to [`SECOND_PATH_REACH`] times that
+    /// age a longer connection may still show a second, longer path, so
+    /// it is waited for; past that it is cancelled. But a reset that met a
+    /// probe may be a hop's own close racing it (a server closing idle
+    /// connections with RST at the probe's age, under a slow clock): until
+    /// [`RACE`] past that age, every longer connection may still see that
+    /// close, which tells the two apart ([`Self::finding`]).
     #[must_use]
     pub fn worth_waiting(&self, planned: f64, elapsed: f64) -> bool {
         match self.first_dead() {
             None => true,
-            Some((d, _)) if planned < d => true,
+            Some((d, _)) if planned < d * SECOND_PATH_REACH => true,
             Some((d, reset)) => reset && elapsed < d + RACE,
         }
     }

@@ -12,8 +12,11 @@
 //! linkerd2-proxy style), and every per-row label set flattens one
 //! [`RowLabels`] made from the row's [`RowId`].
 
+use std::fmt::Write as _;
+
 use prometheus_client::{
     encoding::{text::encode, EncodeLabelSet},
+    metrics::MetricType,
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::{Metric, Registry, Unit},
 };
@@ -21,9 +24,9 @@ use std::sync::atomic::AtomicU64;
 
 use crate::{
     diagnosis::aggregate::{Aggregator, Config, DestinationRow, Fed, Ingested},
-    diagnosis::evidence::Observation,
+    diagnosis::evidence::{Observation, ResetBy},
     diagnosis::key::RowId,
-    kernel::event::SockEvent,
+    kernel::event::{ResetFrom, SockEvent},
 };
 
 /// Histogram buckets (seconds): the idle timeouts that matter in practice.
@@ -50,6 +53,14 @@ struct ReuseLabels {
     #[prometheus(flatten)]
     row: RowLabels,
     outcome: String,
+    /// Who sent the reset ([`reset_from_labels`]); empty (no label, as
+    /// Prometheus reads it) where no reset ended it.
+    reset_from: &'static str,
+}
+
+/// The values of the `reset_from` label: none, then [`ResetBy::label`]'s.
+fn reset_from_labels() -> impl Iterator<Item = &'static str> {
+    std::iter::once("").chain(ResetFrom::ALL.iter().map(|f| f.as_str())).chain(std::iter::once("unknown"))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -57,6 +68,7 @@ struct PeerLabels {
     #[prometheus(flatten)]
     row: RowLabels,
     how: String,
+    reset_from: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -97,6 +109,11 @@ struct ReasonLabels {
     reason: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SignalLabels {
+    signal: String,
+}
+
 type HistFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 type FGauge = Gauge<f64, AtomicU64>;
 type RowGauge = Family<RowLabels, FGauge>;
@@ -111,10 +128,25 @@ fn hist_family<L: Clone + std::hash::Hash + Eq>() -> HistFamily<L> {
 
 /// Register `metric` (a handle: families and counters share their state
 /// with their clones) and hand it back.
-fn register<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, unit: Option<Unit>, metric: M) -> M {
+/// The registry, and the HELP and TYPE lines of every family registered
+/// (prometheus-client writes none for a family without series yet).
+pub(super) struct Registrar {
+    registry: Registry,
+    declared: String,
+}
+
+fn register<M: Metric + Clone>(r: &mut Registrar, name: &str, help: &str, unit: Option<Unit>, metric: M) -> M {
+    let sample = unit.as_ref().map_or_else(|| name.to_owned(), |u| format!("{name}_{}", u.as_str()));
+    let (sample, kind) = match metric.metric_type() {
+        MetricType::Counter => (format!("{sample}_total"), "counter"),
+        MetricType::Gauge => (sample, "gauge"),
+        MetricType::Histogram => (sample, "histogram"),
+        _ => (sample, "unknown"),
+    };
+    let _ = writeln!(r.declared, "# HELP {sample} {help}.\n# TYPE {sample} {kind}");
     match unit {
-        Some(u) => registry.register_with_unit(name, help, u, metric.clone()),
-        None => registry.register(name, help, metric.clone()),
+        Some(u) => r.registry.register_with_unit(name, help, u, metric.clone()),
+        None => r.registry.register(name, help, metric.clone()),
     }
     metric
 }
@@ -164,6 +196,12 @@ pub mod reason {
     /// when its wait ended (30 s, or 16,384 events held): it cannot be
     /// shown to belong, so it is left out.
     pub const OWNER_UNRESOLVED: &str = "owner_unresolved";
+    /// `--otlp-logs`: a failed reuse's log record found the queue to the
+    /// collector full (the collector down or slow), and was dropped.
+    pub const OTLP_LOGS_BACKLOG: &str = "otlp_logs_backlog";
+    /// `--otlp-logs`: a log record in a batch the collector did not take
+    /// (after the exporter's retries).
+    pub const OTLP_LOGS_UNSENT: &str = "otlp_logs_unsent";
     pub const ALL: &[&str] = &[
         RING_BUFFER_FULL,
         SOCKET_STORAGE_FULL,
@@ -179,6 +217,8 @@ pub mod reason {
         EVENTS_OUTPUT_BACKLOG,
         FAILED_WRITE_UNSEEN,
         OWNER_UNRESOLVED,
+        OTLP_LOGS_BACKLOG,
+        OTLP_LOGS_UNSENT,
     ];
 }
 
@@ -203,7 +243,7 @@ struct HistogramFamilies {
 }
 
 impl HistogramFamilies {
-    fn register(r: &mut Registry) -> Self {
+    fn register(r: &mut Registrar) -> Self {
         Self {
             reuse_idle: register(
                 r,
@@ -231,7 +271,7 @@ impl HistogramFamilies {
 }
 
 impl EvidenceFamilies {
-    fn register(r: &mut Registry, histograms: bool) -> Self {
+    fn register(r: &mut Registrar, histograms: bool) -> Self {
         Self {
             reuses: register(
                 r,
@@ -275,18 +315,20 @@ impl EvidenceFamilies {
     /// Drop every series of row `id`.
     fn forget(&self, id: &RowId) {
         let row = RowLabels::from(id);
-        for o in crate::kernel::event::Outcome::ALL {
-            let labels = ReuseLabels { row: row.clone(), outcome: o.as_str().to_owned() };
-            self.reuses.remove(&labels);
-            if let Some(h) = &self.histograms {
-                h.reuse_idle.remove(&labels);
+        for reset_from in reset_from_labels() {
+            for o in crate::kernel::event::Outcome::ALL {
+                let labels = ReuseLabels { row: row.clone(), outcome: o.as_str().to_owned(), reset_from };
+                self.reuses.remove(&labels);
+                if let Some(h) = &self.histograms {
+                    h.reuse_idle.remove(&labels);
+                }
             }
-        }
-        for how in crate::kernel::event::How::ALL {
-            let labels = PeerLabels { row: row.clone(), how: how.as_str().to_owned() };
-            self.peer_idle_closes.remove(&labels);
-            if let Some(h) = &self.histograms {
-                h.peer_idle_close.remove(&labels);
+            for how in crate::kernel::event::How::ALL {
+                let labels = PeerLabels { row: row.clone(), how: how.as_str().to_owned(), reset_from };
+                self.peer_idle_closes.remove(&labels);
+                if let Some(h) = &self.histograms {
+                    h.peer_idle_close.remove(&labels);
+                }
             }
         }
         if let Some(h) = &self.histograms {
@@ -302,6 +344,7 @@ impl EvidenceFamilies {
 /// is declared, in exposition order.
 pub struct Metrics {
     registry: Registry,
+    declared: String,
     evidence: EvidenceFamilies,
     estimates: estimates::EstimateFamilies,
     daemon: daemon::DaemonFamilies,
@@ -318,11 +361,11 @@ impl Metrics {
     /// with `histograms` the idle-age histograms too (`--metrics-histograms`).
     #[must_use]
     pub fn new(histograms: bool) -> Self {
-        let mut registry = Registry::default();
-        let evidence = EvidenceFamilies::register(&mut registry, histograms);
-        let estimates = estimates::EstimateFamilies::register(&mut registry);
-        let daemon = daemon::DaemonFamilies::register(&mut registry);
-        Self { registry, evidence, estimates, daemon }
+        let mut r = Registrar { registry: Registry::default(), declared: String::new() };
+        let evidence = EvidenceFamilies::register(&mut r, histograms);
+        let estimates = estimates::EstimateFamilies::register(&mut r);
+        let daemon = daemon::DaemonFamilies::register(&mut r);
+        Self { registry: r.registry, declared: r.declared, evidence, estimates, daemon }
     }
 
     /// Count one event and, for evidence, observe it in its row's series
@@ -334,11 +377,12 @@ impl Metrics {
         let row = RowLabels::from(id);
         let e = &self.evidence;
         let h = e.histograms.as_ref();
+        let reset_from = observed.reset.map_or("", ResetBy::label);
         match observed.what {
             // A reuse is evidence only with its outcome.
             Observation::Reuse { .. } => {
                 if let Some(o) = ev.outcome() {
-                    let labels = ReuseLabels { row, outcome: o.as_str().to_owned() };
+                    let labels = ReuseLabels { row, outcome: o.as_str().to_owned(), reset_from };
                     if let Some(h) = h {
                         h.reuse_idle.get_or_create(&labels).observe(ev.idle_seconds);
                     }
@@ -347,7 +391,7 @@ impl Metrics {
             }
             Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. } => {
                 let how = ev.how().map_or("fin", |h| h.as_str()).to_owned();
-                let labels = PeerLabels { row, how };
+                let labels = PeerLabels { row, how, reset_from };
                 if let Some(h) = h {
                     h.peer_idle_close.get_or_create(&labels).observe(ev.idle_seconds);
                 }
@@ -447,6 +491,13 @@ impl Metrics {
         }
     }
 
+    /// Add failed OTLP exports of one signal (`metrics`, `logs`).
+    pub fn otlp_failures(&self, signal: &str, n: u64) {
+        if n > 0 {
+            self.daemon.otlp_failures.get_or_create(&SignalLabels { signal: signal.to_owned() }).inc_by(n);
+        }
+    }
+
     /// Set `observer_events_awaiting_owner`.
     pub fn set_owner_wait(&self, held: usize) {
         self.daemon.owner_wait.set(i64::try_from(held).unwrap_or(i64::MAX));
@@ -463,6 +514,13 @@ impl Metrics {
         for r in rows {
             self.estimates.set(r);
         }
+    }
+
+    /// The HELP and TYPE lines of every family, as [`Metrics::encode`]
+    /// names them, whether it has series yet or not.
+    #[must_use]
+    pub fn declared(&self) -> &str {
+        &self.declared
     }
 
     /// The exposition in the Prometheus text format (0.0.4), which every
@@ -488,11 +546,11 @@ impl Metrics {
                 counters.contains(name).then(|| format!("{p}{name}_total {tail}"))
             });
             let line = renamed.as_deref().unwrap_or(line);
-            // The host's namespace has an empty `netns`, which Prometheus
-            // reads as no label: written so, the host's series look as
-            // they always did.
-            if line.contains(EMPTY_NETNS) {
-                out.push_str(&line.replace(EMPTY_NETNS, ""));
+            // The host's namespace has an empty `netns`, and evidence no
+            // reset ended an empty `reset_from`, which Prometheus reads as
+            // no label: written so, those series look as they always did.
+            if EMPTY_LABELS.iter().any(|l| line.contains(l)) {
+                out.push_str(&EMPTY_LABELS.iter().fold(line.to_owned(), |l, e| l.replace(e, "")));
             } else {
                 out.push_str(line);
             }
@@ -510,10 +568,7 @@ impl Metrics {
 pub fn exposition_of(events: &[SockEvent], config: Config, histograms: bool) -> String {
     let metrics = Metrics::new(histograms);
     let mut agg = Aggregator::new(config);
-    for ev in events {
-        metrics.fed(ev, &agg.feed(ev));
-    }
-    agg.finish();
+    agg.feed_to_end(events, |ev, fed| metrics.fed(ev, &fed));
     for r in agg.take_restarts() {
         metrics.restart(&r);
     }
@@ -521,8 +576,9 @@ pub fn exposition_of(events: &[SockEvent], config: Config, histograms: bool) -> 
     metrics.encode()
 }
 
-/// The `netns` label of the host's namespace as prometheus-client writes it.
-const EMPTY_NETNS: &str = ",netns=\"\"";
+/// Empty labels as prometheus-client writes them: the host's namespace's
+/// `netns`, and `reset_from` where no reset ended the evidence.
+const EMPTY_LABELS: &[&str] = &[",netns=\"\"", ",reset_from=\"\""];
 
 /// Content type of [`Metrics::encode`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";

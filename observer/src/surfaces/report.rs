@@ -8,12 +8,14 @@
 
 use serde::Serialize;
 
+mod card;
 mod document;
 mod findings;
 mod html;
 mod markdown;
 mod svg;
 
+pub use card::{add_name_addresses, PartnerCard};
 pub use html::html;
 pub use markdown::markdown;
 
@@ -76,6 +78,12 @@ pub struct Summary {
     /// Dead sockets the pool closed without writing on them (failures its
     /// validation or reader avoided).
     pub discarded_dead: u64,
+    /// Who sent the resets (`peer`, `path`, `local`; null: none seen or
+    /// none told), how many hops closer than the server, every source
+    /// with its count, and the same in words: the row's.
+    #[serde(flatten)]
+    pub resets: crate::diagnosis::table::ResetSources,
+    pub reset_text: Option<String>,
 }
 
 impl OurSide {
@@ -188,6 +196,8 @@ pub struct Report {
     pub window_start_unix_ns: u64,
     pub window_end_unix_ns: u64,
     pub summary: Summary,
+    /// Client reports: the partner's card (null on a server row).
+    pub partner_card: Option<PartnerCard>,
     pub our_side: OurSide,
     pub failure_probability: Vec<ProbabilityBin>,
     pub timeline: Vec<TimelineBin>,
@@ -410,12 +420,12 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
     });
     // The feed's own classification, kept with its row: the report counts
     // what the table counted.
-    let taken: Vec<(RowId, Taken)> = input
-        .events
-        .iter()
-        .filter_map(|ev| agg.feed(ev).ingested.map(|i| (i.id, Taken { ev, what: i.observed.what })))
-        .collect();
-    agg.finish();
+    let mut taken: Vec<(RowId, Taken)> = Vec::new();
+    agg.feed_to_end(&input.events, |ev, fed| {
+        if let Some(i) = fed.ingested {
+            taken.push((i.id, Taken { ev, what: i.observed.what }));
+        }
+    });
     for p in &input.probes {
         agg.add_probe(p);
     }
@@ -453,12 +463,12 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         window_start_unix_ns: mine.first().map_or(input.since_ns, |t| t.ev.ts_unix_ns),
         window_end_unix_ns: mine.last().map_or(input.until_ns, |t| t.ev.ts_unix_ns),
         summary: Summary {
-            path_idle_timeout_seconds: row.path_idle_timeout_seconds,
-            path_idle_timeout_lower_seconds: row.path_idle_timeout_lower_seconds,
-            path_idle_timeout_upper_seconds: row.path_idle_timeout_upper_seconds,
-            lower_evidence: row.path_lower_evidence,
-            upper_evidence: row.path_upper_evidence,
-            point_evidence: row.path_point_evidence,
+            path_idle_timeout_seconds: row.path.idle_timeout_seconds,
+            path_idle_timeout_lower_seconds: row.path.lower_seconds,
+            path_idle_timeout_upper_seconds: row.path.upper_seconds,
+            lower_evidence: row.path.lower_evidence,
+            upper_evidence: row.path.upper_evidence,
+            point_evidence: row.path.point_evidence,
             failure_mode: row.failure_mode,
             failure_mode_text: text.clone(),
             first_failure_unix_ns: failures.first().map(|e| e.ts_unix_ns),
@@ -471,17 +481,21 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
                 .filter(|t| matches!(t.what, Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. }))
                 .count() as u64,
             discarded_dead: row.discarded_dead,
+            resets: row.resets.clone(),
+            reset_text: row.resets_in_words(),
         },
+        partner_card: (role == Role::Client)
+            .then(|| PartnerCard::of(&row, &input.destination, &mine.iter().map(|t| t.ev).collect::<Vec<_>>())),
         our_side: OurSide {
             pool_idle_timeout_seconds: row.pool_idle_timeout_seconds,
             pool_max_reuse_idle_seconds: row.pool_max_reuse_idle_seconds,
             processes: row.processes.clone(),
             owners: row.owners.clone(),
-            verdict: row.verdict.as_str().to_owned(),
-            recommended_pool_idle_timeout_seconds: row.recommended_pool_idle_timeout_seconds,
-            recommended_max_lifetime_seconds: row.recommended_max_lifetime_seconds,
-            safe_retry_rule: row.safe_retry_rule,
-            recommendation: row.recommendation.clone(),
+            verdict: row.judgement.verdict.as_str().to_owned(),
+            recommended_pool_idle_timeout_seconds: row.judgement.recommended_pool_idle_timeout_seconds,
+            recommended_max_lifetime_seconds: row.judgement.recommended_max_lifetime_seconds,
+            safe_retry_rule: row.judgement.safe_retry_rule,
+            recommendation: row.judgement.recommendation.clone(),
             fix_settings: row.fix_settings.clone(),
             protocols: row.protocols.clone(),
         },
@@ -491,8 +505,8 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         questions: questions(&row, &text),
         changes,
         findings: findings(&row),
-        probe: row.probe.clone(),
-        probe_used: row.probe_used,
+        probe: row.path.probe.clone(),
+        probe_used: row.path.probe_used,
     })
 }
 

@@ -78,12 +78,10 @@ fn secs(v: Option<f64>) -> String {
 }
 
 fn path_cell(r: &DestinationRow) -> String {
-    let interval = format!("[{:.3}, {}]", r.path_idle_timeout_lower_seconds, secs(r.path_idle_timeout_upper_seconds));
-    match r.path_idle_timeout_seconds {
+    let interval = format!("[{:.3}, {}]", r.path.lower_seconds, secs(r.path.upper_seconds));
+    match r.path.idle_timeout_seconds {
         Some(p) => format!("{p:.3}s {interval}"),
-        None if r.path_idle_timeout_upper_seconds.is_none() && r.path_idle_timeout_lower_seconds == 0.0 => {
-            "-".to_owned()
-        }
+        None if r.path.upper_seconds.is_none() && r.path.lower_seconds == 0.0 => "-".to_owned(),
         None => interval,
     }
 }
@@ -181,9 +179,9 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 r.failure_mode.as_str().to_owned(),
                 timeout_cell(r),
                 secs(pool),
-                r.verdict.as_str().to_owned(),
-                r.evidence.map_or_else(|| "-".to_owned(), |e| e.as_str().to_owned()),
-                secs(r.recommended_pool_idle_timeout_seconds),
+                r.judgement.verdict.as_str().to_owned(),
+                r.judgement.evidence.map_or_else(|| "-".to_owned(), |e| e.as_str().to_owned()),
+                secs(r.judgement.recommended_pool_idle_timeout_seconds),
                 deadline_cell(r),
                 r.reuses.to_string(),
                 r.failures.to_string(),
@@ -212,10 +210,12 @@ fn notes(out: &mut String, r: &DestinationRow) {
         Some(n) => format!("{} {} ({tags})", printable(&n.name), destination_cell(r)),
         None => format!("{} ({tags})", destination_cell(r)),
     };
-    if r.verdict.is_mismatch() || r.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0 {
-        let _ = writeln!(out, "{who}: {}", r.recommendation);
+    if r.judgement.verdict.is_mismatch()
+        || r.judgement.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0
+    {
+        let _ = writeln!(out, "{who}: {}", r.judgement.recommendation);
     }
-    if r.verdict.is_mismatch() || r.fix_settings.iter().any(|f| f.finding.is_some()) {
+    if r.judgement.verdict.is_mismatch() || r.fix_settings.iter().any(|f| f.finding.is_some()) {
         for f in r.fix_settings.iter().filter(|f| f.client != "unknown") {
             let _ = writeln!(out, "{who}: {}: {}", f.client, f.advice);
             if let Some(finding) = &f.finding {
@@ -223,10 +223,13 @@ fn notes(out: &mut String, r: &DestinationRow) {
             }
         }
     }
-    if r.mixed_paths.len() > 1 {
+    if r.path.mixed_paths.len() > 1 {
         let parts: Vec<String> =
-            r.mixed_paths.iter().map(|p| format!("{:.3}s ({:.0}%)", p.idle_timeout_seconds, p.share * 100.0)).collect();
+            r.path.mixed_paths.iter().map(|p| format!("{} ({:.0}%)", p.describe("s"), p.share * 100.0)).collect();
         let _ = writeln!(out, "{who}: mixed paths behind one address: {}", parts.join(", "));
+    }
+    if let Some(words) = r.resets_in_words() {
+        let _ = writeln!(out, "{who}: {words}");
     }
     if r.peer_restarts > 0 {
         let _ = writeln!(
@@ -242,7 +245,7 @@ fn notes(out: &mut String, r: &DestinationRow) {
             r.failures_after_goodbye
         );
     }
-    if r.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
+    if r.path.lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
         let _ = writeln!(
             out,
             "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"

@@ -1,9 +1,14 @@
 // tlstool: the TLS peers of the wire-truth tests, on Go's net/http (a pool
 // that always keeps a reader, and that closes idle connections with a TLS
-// close_notify). Built by the tests with `GO111MODULE=off go build`.
+// close_notify). Built by the tests with `GO111MODULE=off go build`, with
+// Debian's golang-golang-x-net-dev on the GOPATH (/usr/share/gocode).
 //
 //	tlstool cert DIR                      write DIR/cert.pem and DIR/key.pem
 //	tlstool server ADDR IDLE              HTTPS server closing idle conns after IDLE
+//	tlstool h2c-server ADDR IDLE          cleartext HTTP/2 (prior knowledge) on
+//	                                      x/net/http2: an idle connection gets a
+//	                                      GOAWAY after IDLE and its FIN a second
+//	                                      later (goAwayTimeout), no close_notify
 //	tlstool client URL IDLE_CONN WAIT [again]
 //	                                      one GET, then keep the pool WAIT long
 //	                                      (and GET again)
@@ -35,6 +40,9 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
 )
 
 func selfSigned() (certPEM, keyPEM []byte) {
@@ -89,6 +97,15 @@ func main() {
 		must(err)
 		fmt.Println("ready")
 		must(srv.ServeTLS(ln, "", ""))
+	case "h2c-server":
+		ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Write([]byte("ok\n"))
+		})
+		srv := &http.Server{Handler: h2c.NewHandler(ok, &http2.Server{IdleTimeout: dur(os.Args[3])})}
+		ln, err := net.Listen("tcp", os.Args[2])
+		must(err)
+		fmt.Println("ready")
+		must(srv.Serve(ln))
 	case "defaults":
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}

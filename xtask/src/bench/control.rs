@@ -27,8 +27,39 @@ pub(crate) struct Observer {
     pub(crate) _data: PathBuf,
 }
 
-pub(crate) fn observer_bin() -> PathBuf {
+/// The shipped build of the daemon (no benchmark harness): the soak and
+/// the fleet run it.
+pub(crate) fn shipped_bin() -> PathBuf {
     crate::workspace_root().join("target/release/observer")
+}
+
+/// The benchmark's build of the daemon (`--features bench`: the empty
+/// programs and the SIGUSR1 toggle), copied aside by [`build_bench_daemon`]
+/// so the next plain build cannot replace it under a run.
+pub(crate) fn observer_bin() -> PathBuf {
+    crate::workspace_root().join("target/bench/observer")
+}
+
+/// Build the daemon with the `bench` feature and copy it to
+/// [`observer_bin`]; the shipped build (`target/release/observer`) has
+/// none of the harness, and the next plain build makes it again.
+pub(crate) fn build_bench_daemon(toolchain: &str) -> Result<PathBuf> {
+    crate::status(
+        crate::cargo()
+            .args(["build", "--release", "-p", "observer", "--features", "bench"])
+            .env("OBSERVER_EBPF_TOOLCHAIN", toolchain),
+    )?;
+    let built = shipped_bin();
+    let bin = observer_bin();
+    if let Some(dir) = bin.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    // Copy beside, then rename: a daemon still running from the old copy
+    // keeps its file.
+    let part = bin.with_extension("part");
+    std::fs::copy(&built, &part).with_context(|| format!("copying {} aside", built.display()))?;
+    std::fs::rename(&part, &bin).with_context(|| format!("placing {}", bin.display()))?;
+    Ok(bin)
 }
 
 impl Observer {
@@ -47,7 +78,7 @@ impl Observer {
         Self::spawn(bin, extra, data)
     }
 
-    fn spawn(bin: &Path, extra: &[&str], data: &Path) -> Result<Self> {
+    pub(crate) fn spawn(bin: &Path, extra: &[&str], data: &Path) -> Result<Self> {
         let mut child = Command::new(bin)
             .args(["run", "--metrics-addr", "127.0.0.1:0", "--data-dir"])
             .arg(data)

@@ -16,11 +16,12 @@ use serde_json::{json, Value};
 
 mod control;
 mod load;
+mod otlp;
 mod phases;
 mod report;
 mod state_cost;
 
-pub(crate) use control::{http_get, metric_sum, observer_bin, Observer};
+pub(crate) use control::{build_bench_daemon, http_get, metric_sum, shipped_bin, Observer};
 pub(crate) use load::hold;
 pub(crate) use phases::{
     churn_phase, hot_path, hot_path_interleaved, kernel_cost, memory_phase, names_phase, pipeline_phase, ringbuf_phase,
@@ -132,9 +133,10 @@ pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)], desig
         "hot_cost" => hot_cost(&plan, baseline)?,
         "names" => names_phase(&plan)?,
         "ring_buffer" => ringbuf_phase(&plan)?,
+        "otlp" => otlp::otlp_phase(&plan)?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, hot_cost, names, ring_buffer, memory and startup"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, hot_cost, names, ring_buffer, otlp, memory and startup"
             )
         }
     };
@@ -223,6 +225,7 @@ pub fn run(smoke: bool, design: &Design) -> Result<()> {
         "names": names_phase(&plan)?,
         "pipeline": pipeline_phase(&plan)?,
         "ring_buffer": ringbuf_phase(&plan)?,
+        "otlp": otlp::otlp_phase(&plan)?,
         "memory": memory_phase(&plan)?,
         "startup": startup_phase(&plan)?,
         "seconds": started.elapsed().as_secs_f64(),

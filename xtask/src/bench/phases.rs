@@ -375,7 +375,7 @@ pub(crate) fn ringbuf_phase(plan: &Plan) -> Result<Value> {
         .filter(|l| l["ring_buffer_lost"].as_f64() == Some(0.0))
         .filter_map(|l| l["events_per_second"].as_f64())
         .fold(0.0, f64::max);
-    Ok(json!({"ring_buffer_bytes": 1_048_576, "levels": levels, "max_zero_loss_events_per_second": best}))
+    Ok(json!({"ring_buffer_bytes": 4_194_304, "levels": levels, "max_zero_loss_events_per_second": best}))
 }
 
 #[allow(clippy::cast_precision_loss, reason = "sizes")]

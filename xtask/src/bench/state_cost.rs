@@ -182,9 +182,14 @@ pub fn baseline_binary(b: &Path, toolchain: &str) -> Result<(String, PathBuf)> {
             )?;
         }
         println!("bench: building {short} for the comparison");
+        // Since the harness left the shipped build, a revision's empty
+        // programs come with its `bench` feature; before, with every build.
+        let manifest = std::fs::read_to_string(tree.join("observer/Cargo.toml")).unwrap_or_default();
+        let features: &[&str] = if manifest.contains("\nbench = [") { &["--features", "bench"] } else { &[] };
         crate::status(
             crate::cargo()
                 .args(["build", "--release", "-p", "observer"])
+                .args(features)
                 .current_dir(&tree)
                 .env("CARGO_TARGET_DIR", tree.join("target"))
                 .env("OBSERVER_EBPF_TOOLCHAIN", toolchain),

@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use super::state::{interval_of, DestState};
+use super::state::DestState;
 use crate::{
     diagnosis::estimate,
-    diagnosis::evidence::IDLE_BUCKETS,
+    diagnosis::evidence::{ResetBy, ResetCounts, IDLE_BUCKETS},
     diagnosis::key::DestKey,
-    diagnosis::probed::{self, Merged, ProbeEvidence},
-    diagnosis::table::{Bucket, DestinationRow, FailureMode, LowerBasis, PathShare, Verdict},
+    diagnosis::probed::{Merged, ProbeEvidence},
+    diagnosis::table::{Bucket, DestinationRow, FailureMode, PathEstimate, PathShare, ResetShare, ResetSources},
     diagnosis::verdict::{self, ClientFindings, Judgement, ServerFindings},
     kernel::event::Role,
     kernel::first_bytes::Protocol,
@@ -22,24 +22,35 @@ use crate::{
 pub(crate) fn row(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Protocol>) -> DestinationRow {
     let mut r = counted(key, st, now_ns, protocols);
     let judgement = if key.role == Role::Server { server_side(&mut r, st) } else { client_side(&mut r, st) };
-    r.verdict = judgement.verdict;
-    r.evidence = judgement.evidence;
-    r.recommended_pool_idle_timeout_seconds = judgement.recommended_pool_idle_timeout_seconds;
-    r.recommended_max_lifetime_seconds = judgement.recommended_max_lifetime_seconds;
-    r.recommended_server_idle_timeout_seconds = judgement.recommended_server_idle_timeout_seconds;
-    r.safe_retry_rule = judgement.safe_retry_rule;
-    r.recommendation = judgement.recommendation;
+    r.judgement = judgement;
     if key.role == Role::Client {
+        reset_sources(&mut r, &st.ev.counts().resets);
         let runtimes: Vec<ClientRuntime> = st.runtimes.keys().cloned().collect();
         r.fix_settings = crate::diagnosis::clients::fix_settings(
             &runtimes,
             st.unknown_runtime,
             &r.protocols,
-            r.path_idle_timeout_seconds.or(r.path_idle_timeout_upper_seconds),
-            r.recommended_pool_idle_timeout_seconds,
+            r.path.idle_timeout_seconds.or(r.path.upper_seconds),
+            r.judgement.recommended_pool_idle_timeout_seconds,
         );
     }
     r
+}
+
+/// Who sent the row's resets: every source with its count, and the most
+/// common one that was told (never an untold one).
+fn reset_sources(r: &mut DestinationRow, counts: &ResetCounts) {
+    let sources = counts.sources();
+    if let Some(&(by, _)) = sources.iter().find(|(by, _)| *by != ResetBy::Untold) {
+        (r.resets.from, r.resets.hops_closer) = by.shown();
+    }
+    r.resets.sources = sources
+        .into_iter()
+        .map(|(by, resets)| {
+            let (from, hops_closer) = by.shown();
+            ResetShare { from, hops_closer, resets }
+        })
+        .collect();
 }
 
 /// The row's identity and counts, every estimate still unknown.
@@ -58,27 +69,11 @@ fn counted(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Protocol>) 
     DestinationRow {
         id: key.id(),
         failure_mode: FailureMode::None,
-        path_idle_timeout_seconds: None,
-        path_idle_timeout_lower_seconds: 0.0,
-        path_idle_timeout_upper_seconds: None,
-        path_lower_evidence: 0,
-        path_upper_evidence: 0,
-        path_point_evidence: 0,
-        path_outliers: 0,
-        path_lower_basis: None,
-        probe: st.probe.clone(),
-        probe_used: false,
-        path_idle_timeout_spread_seconds: None,
-        mixed_paths: Vec::new(),
+        path: PathEstimate { probe: st.probe.clone(), ..PathEstimate::default() },
+        resets: ResetSources::default(),
         pool_idle_timeout_seconds: None,
         pool_max_reuse_idle_seconds: None,
-        verdict: Verdict::Unknown,
-        evidence: None,
-        recommended_pool_idle_timeout_seconds: None,
-        recommended_max_lifetime_seconds: None,
-        recommended_server_idle_timeout_seconds: None,
-        safe_retry_rule: false,
-        recommendation: String::new(),
+        judgement: Judgement::unknown(),
         reuses,
         failures,
         reuses_window: counts.reuses,
@@ -118,6 +113,7 @@ fn counted(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Protocol>) 
         server_names: Vec::new(),
         server_names_dropped: 0,
         protocols,
+        tls_versions: Vec::new(),
         fix_settings: Vec::new(),
     }
 }
@@ -142,28 +138,8 @@ fn server_side(r: &mut DestinationRow, st: &DestState) -> Judgement {
 fn client_side(r: &mut DestinationRow, st: &DestState) -> Judgement {
     let ev = &st.ev;
     let peer_clusters = st.point();
-    let (mut interval, mut basis) = interval_of(ev);
-    // Silent survivals that were all pings: only where the connections
-    // speak HTTP/2 is a small answered exchange a PING frame; elsewhere
-    // it is a small request (a Redis PING, a memcached get).
-    if let (Some(LowerBasis::Silent), Some(lower)) = (basis, interval.lower) {
-        if r.protocols.contains(&Protocol::H2) && ev.max_unpinged_alive().is_none_or(|m| m < lower) {
-            basis = Some(LowerBasis::Pings);
-        }
-    }
-    if interval.spread.is_none() && peer_clusters.len() > 1 {
-        // Mixed paths: every estimate is the smallest path's.
-        let alive = ev.alive(basis == Some(LowerBasis::Keepalive));
-        let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
-        interval = estimate::smallest_path_interval(&alive, &dead, peer_clusters[0].value);
-    }
-    // What `observer probe` measured narrows the interval where the
-    // passive evidence agrees with it.
-    let merged = st.probe.as_ref().map(|p| probed::merge(&mut interval, p));
-    if merged == Some(Merged::RaisedLower) {
-        basis = Some(LowerBasis::Probe);
-    }
-    r.probe_used = merged.is_some_and(Merged::used);
+    let (interval, basis, merged) = st.shown_interval(r.protocols.contains(&Protocol::H2));
+    r.path.probe_used = merged.is_some_and(Merged::used);
     // Failure mode: the most common among dead evidence of this epoch.
     let mut modes: BTreeMap<&'static str, (usize, FailureMode)> = BTreeMap::new();
     for d in ev.dead() {
@@ -180,27 +156,52 @@ fn client_side(r: &mut DestinationRow, st: &DestState) -> Judgement {
         ping_every: ev.ping_every(),
         point: point.map(|c| c.value),
         point_evidence: point.map_or(0, |c| c.count),
-        paths: if interval.spread.is_some() { 1 } else { peer_clusters.len() },
+        paths: if interval.spread.is_some() {
+            1
+        } else if interval.paths.is_some() {
+            peer_clusters.len().max(2)
+        } else {
+            peer_clusters.len()
+        },
+        earliest_failed_reuse: ev.dead().filter(|d| d.reuse).map(|d| d.idle).reduce(f64::min),
         pool: estimate::cluster(&ev.local_closes()).map(|c| c.value),
         consistent_failures: interval.upper.map_or(0, |u| ev.dead().filter(|d| d.reuse && d.idle >= u).count()),
         failure_mode: mode,
-        probe: st.probe.as_ref().filter(|_| r.probe_used).map(ProbeEvidence::summary),
+        probe: st.probe.as_ref().filter(|_| r.path.probe_used).map(ProbeEvidence::summary),
     };
     r.failure_mode = mode.unwrap_or(FailureMode::None);
-    r.path_idle_timeout_seconds = f.point;
-    r.path_idle_timeout_lower_seconds = interval.lower.unwrap_or(0.0);
-    r.path_idle_timeout_upper_seconds = interval.upper;
-    r.path_lower_evidence = interval.lower_evidence;
-    r.path_upper_evidence = interval.upper_evidence;
-    r.path_point_evidence = f.point_evidence;
-    r.path_outliers = interval.outliers;
-    r.path_lower_basis = basis;
-    r.path_idle_timeout_spread_seconds = interval.spread.map(|b| [b.earliest, b.latest]);
+    r.path.idle_timeout_seconds = f.point;
+    r.path.lower_seconds = interval.lower.unwrap_or(0.0);
+    r.path.upper_seconds = interval.upper;
+    r.path.lower_evidence = interval.lower_evidence;
+    r.path.upper_evidence = interval.upper_evidence;
+    r.path.point_evidence = f.point_evidence;
+    r.path.outliers = interval.outliers;
+    r.path.lower_basis = basis;
+    r.path.spread_seconds = interval.spread.map(|b| [b.earliest, b.latest]);
     if peer_clusters.len() > 1 && interval.spread.is_none() {
         #[allow(clippy::cast_precision_loss, reason = "counts far below 2^52")]
         let share = |n: usize| (n as f64 / total_peer.max(1) as f64 * 1000.0).round() / 1000.0;
-        r.mixed_paths =
-            peer_clusters.iter().map(|c| PathShare { idle_timeout_seconds: c.value, share: share(c.count) }).collect();
+        r.path.mixed_paths = peer_clusters
+            .iter()
+            .map(|c| PathShare {
+                idle_timeout_seconds: c.value,
+                share: share(c.count),
+                lower_seconds: None,
+                upper_seconds: None,
+            })
+            .collect();
+    } else if let Some(p) = interval.paths.filter(|_| peer_clusters.len() <= 1) {
+        let silent = |lower: Option<f64>, upper: Option<f64>, share: f64| PathShare {
+            idle_timeout_seconds: upper.or(lower).unwrap_or_default(),
+            share,
+            lower_seconds: lower,
+            upper_seconds: upper,
+        };
+        r.path.mixed_paths = vec![
+            silent(p.short_lower, Some(p.short_upper), p.short_share),
+            silent(p.long_lower, p.long_upper, ((1.0 - p.short_share) * 1000.0).round() / 1000.0),
+        ];
     }
     r.pool_idle_timeout_seconds = f.pool;
     r.pool_max_reuse_idle_seconds = ev.max_reuse_idle();

@@ -15,7 +15,7 @@ use crate::{
     diagnosis::key::DestKey,
     diagnosis::table::ServerName,
     kernel::event::{FirstBytes, SockEvent},
-    kernel::first_bytes::Protocol,
+    kernel::first_bytes::{Protocol, TlsVersion},
 };
 
 /// Distinct names kept per destination.
@@ -30,6 +30,8 @@ pub(crate) struct Names {
     pub(crate) dropped: u64,
     /// Protocol -> (connections, last seen ns); two values at most.
     pub(crate) protocols: BTreeMap<Protocol, (u64, u64)>,
+    /// TLS version -> (connections, last seen ns); four values at most.
+    pub(crate) tls: BTreeMap<TlsVersion, (u64, u64)>,
     pub(crate) last_ns: u64,
 }
 
@@ -67,6 +69,12 @@ impl Aggregator {
             *count += 1;
             *last = now;
         }
+        if let Some(v) = said.tls_version {
+            let (count, last) = names.tls.entry(v).or_insert((0, now));
+            fresh |= *count == 0;
+            *count += 1;
+            *last = now;
+        }
         let Some(name) = said.server_name.as_deref() else { return fresh };
         if let Some((count, last)) = names.seen.get_mut(name) {
             *count += 1;
@@ -87,7 +95,8 @@ impl Aggregator {
         self.names.retain(|_, n| {
             n.seen.retain(|_, &mut (_, last)| now.saturating_sub(last) <= window);
             n.protocols.retain(|_, &mut (_, last)| now.saturating_sub(last) <= window);
-            !n.seen.is_empty() || !n.protocols.is_empty()
+            n.tls.retain(|_, &mut (_, last)| now.saturating_sub(last) <= window);
+            !n.seen.is_empty() || !n.protocols.is_empty() || !n.tls.is_empty()
         });
     }
 
@@ -97,6 +106,11 @@ impl Aggregator {
         let mut v: Vec<(Protocol, u64)> = n.protocols.iter().map(|(p, &(c, _))| (*p, c)).collect();
         v.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         v.into_iter().map(|(p, _)| p).collect()
+    }
+
+    /// The TLS versions a row's connections negotiated, newest first.
+    pub(crate) fn tls_of(&self, key: &DestKey) -> Vec<TlsVersion> {
+        self.names.get(key).map_or_else(Vec::new, |n| n.tls.keys().rev().copied().collect())
     }
 
     /// The names of a row's destination, most used first.

@@ -9,7 +9,7 @@ use crate::{
     diagnosis::estimate::{self, Interval},
     diagnosis::evidence::{Evidence, Observation, Observed},
     diagnosis::key::DestKey,
-    diagnosis::probed::ProbeEvidence,
+    diagnosis::probed::{self, Merged, ProbeEvidence},
     diagnosis::table::{Change, LowerBasis, ProcessOwner, Restart},
     kernel::runtime::ClientRuntime,
 };
@@ -62,19 +62,44 @@ pub(crate) fn interval_of(ev: &Evidence) -> (Interval, Option<LowerBasis>) {
     let silent_alive = ev.alive(false);
     let plain = estimate::interval_weighted(&silent_alive, &dead);
     let band = estimate::spread_below(&closes, plain.upper);
-    let interval = |alive: &[(f64, u64)]| match band {
+    let interval = |alive: &[(f64, u64)], refreshed: bool| match band {
         Some(b) => estimate::spread_interval(alive, &dead, b),
-        None => estimate::interval_weighted(alive, &dead),
+        None => one_or_two_paths(ev, alive, &dead, refreshed),
     };
-    let silent = if band.is_some() { interval(&silent_alive) } else { plain };
+    let silent = interval(&silent_alive, false);
     if silent.lower.is_some() {
         return (silent, Some(LowerBasis::Silent));
     }
-    let all = interval(&ev.alive(true));
+    let all = interval(&ev.alive(true), true);
     if all.lower.is_some() {
         (all, Some(LowerBasis::Keepalive))
     } else {
         (silent, None)
+    }
+}
+
+/// The one-step interval, or the shorter path's where more than a stray
+/// few failures lie below its cut (see `estimate::two_paths`) and
+/// survivals (silent ones: `refreshed` off) went on at the ages where
+/// failures began. Where they
+/// stopped, the failures are a change of timeout in progress: time
+/// tells the two apart where ages alone cannot.
+fn one_or_two_paths(ev: &Evidence, alive: &[(f64, u64)], dead: &[f64], refreshed: bool) -> Interval {
+    let one = estimate::interval_weighted(alive, dead);
+    // Survivals that keep-alive probes kept fresh lie past a NAT's timeout
+    // on the one path: beside the failures of unrefreshed flows they would
+    // pass for a second, longer path. Two paths are told from silent
+    // evidence only.
+    if refreshed || one.outliers < estimate::CLUSTER_MIN {
+        return one;
+    }
+    let Some(two) = estimate::two_paths(alive, dead) else { return one };
+    let Some(p) = two.paths else { return one };
+    let hi = p.long_upper.unwrap_or(f64::INFINITY);
+    let first_failure = ev.dead().filter(|d| d.idle >= p.short_upper && d.idle < hi).map(|d| d.ts_ns).min();
+    match first_failure {
+        Some(ts) if ev.survived_after(ts, p.short_upper, hi, refreshed) => two,
+        _ => one,
     }
 }
 
@@ -116,6 +141,34 @@ impl DestState {
         }
     }
 
+    /// The interval a client row shows, and the at-risk view judges by:
+    /// the evidence's ([`interval_of`]), the smallest path's where peer
+    /// closes cluster at several timeouts, narrowed by what `observer
+    /// probe` measured where the two agree. The basis says what its lower
+    /// bound rests on: pings only where the connections speak HTTP/2
+    /// (`h2`: elsewhere a small answered exchange is a small request, a
+    /// Redis PING, a memcached get).
+    pub(crate) fn shown_interval(&self, h2: bool) -> (Interval, Option<LowerBasis>, Option<Merged>) {
+        let ev = &self.ev;
+        let (mut interval, mut basis) = interval_of(ev);
+        if let (Some(LowerBasis::Silent), Some(lower)) = (basis, interval.lower) {
+            if h2 && ev.max_unpinged_alive().is_none_or(|m| m < lower) {
+                basis = Some(LowerBasis::Pings);
+            }
+        }
+        let peer_clusters = self.point();
+        if interval.spread.is_none() && peer_clusters.len() > 1 {
+            let alive = ev.alive(basis == Some(LowerBasis::Keepalive));
+            let dead: Vec<f64> = ev.dead().map(|d| d.idle).collect();
+            interval = estimate::smallest_path_interval(&alive, &dead, peer_clusters[0].value);
+        }
+        let merged = self.probe.as_ref().map(|p| probed::merge(&mut interval, p));
+        if merged == Some(Merged::RaisedLower) {
+            basis = Some(LowerBasis::Probe);
+        }
+        (interval, basis, merged)
+    }
+
     pub(crate) fn point(&self) -> Vec<estimate::Cluster> {
         let peer: Vec<f64> = self.ev.dead().filter(|d| d.close).map(|d| d.idle).collect();
         estimate::clusters(&peer)
@@ -152,9 +205,9 @@ impl DestState {
         if !self.change_due() {
             return None;
         }
-        if self.is_spread() {
-            // The "new" timeout is the same band's other edge: a sweep's
-            // jitter, not a change.
+        if self.is_spread_or_mixed() {
+            // The "new" timeout is the same band's other edge (a sweep's
+            // jitter) or the other of two paths: not a change.
             self.contradictions.clear();
             self.cached = None;
             return None;
@@ -202,8 +255,8 @@ impl DestState {
             _ => return,
         };
         // Inside a spread timeout's band, evidence either way is the sweep's
-        // jitter.
-        let jitter = before.spread.is_some_and(|b| b.holds(idle));
+        // jitter; inside the mix of two paths, evidence either way is the mix.
+        let jitter = before.spread.is_some_and(|b| b.holds(idle)) || before.paths.is_some_and(|p| p.mixes(idle));
         let contradiction = if jitter {
             None
         } else if dead {
@@ -236,9 +289,10 @@ impl DestState {
     }
 
     /// The epoch's peer closes, the contradicting ones included, fill one
-    /// band: a spread timeout.
-    pub(crate) fn is_spread(&self) -> bool {
-        interval_of(&self.ev).0.spread.is_some()
+    /// band (a spread timeout), or its evidence shows two paths.
+    pub(crate) fn is_spread_or_mixed(&self) -> bool {
+        let i = interval_of(&self.ev).0;
+        i.spread.is_some() || i.paths.is_some()
     }
 
     pub(crate) fn change_due(&self) -> bool {

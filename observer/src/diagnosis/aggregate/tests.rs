@@ -15,8 +15,7 @@ const S: u64 = 1_000_000_000;
 fn ev(ts_s: f64, kind: EventKind, remote: &str, idle: f64) -> SockEvent {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test times are small and positive")]
     let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
-    let mut e =
-        SockEvent::new(ts, kind, Role::Client, "10.0.0.1:40000".parse().unwrap(), remote.parse().unwrap(), idle);
+    let mut e = SockEvent::client_test(ts, kind, remote, idle);
     e.pid = 7;
     e.comm = "client".into();
     e.sock_id = SOCK.fetch_add(1, Ordering::Relaxed);
@@ -62,12 +61,12 @@ fn mismatch_with_recommendation() {
     feed(&mut agg, &mut ts, "10.0.0.2:443", 60.0, &gaps, Outcome::Reset);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
     assert_eq!(r.failure_mode, FailureMode::Rst);
-    assert_eq!(r.path_idle_timeout_lower_seconds, 57.0);
-    assert_eq!(r.path_idle_timeout_upper_seconds, Some(60.0));
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(45.6));
-    assert!(r.safe_retry_rule);
+    assert_eq!(r.path.lower_seconds, 57.0);
+    assert_eq!(r.path.upper_seconds, Some(60.0));
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(45.6));
+    assert!(r.judgement.safe_retry_rule);
     assert_eq!((r.reuses, r.failures), (20, 10));
     assert_eq!(r.processes, vec!["client".to_owned()]);
     let b60 = r.idle_buckets.iter().find(|b| b.le == Some(60.0)).unwrap();
@@ -86,13 +85,13 @@ fn peer_close_cluster_gives_point_and_fin_mode() {
     let r = row(&rows, "[fd00::1]:80");
     // The closes' median is 60.03, but the close at 59.98 proves the
     // timeout at most that: the point is printed inside its interval.
-    assert_eq!(r.path_idle_timeout_seconds, Some(59.98));
-    assert_eq!(r.path_point_evidence, 4);
+    assert_eq!(r.path.idle_timeout_seconds, Some(59.98));
+    assert_eq!(r.path.point_evidence, 4);
     assert_eq!(r.failure_mode, FailureMode::Fin);
-    assert_eq!(r.path_idle_timeout_upper_seconds, Some(59.98));
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(47.984));
+    assert_eq!(r.path.upper_seconds, Some(59.98));
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(47.984));
     assert_eq!(
-        (r.verdict, r.evidence),
+        (r.judgement.verdict, r.judgement.evidence),
         (Verdict::Mismatch, Some(VerdictEvidence::PeerCloses)),
         "the pool kept those sockets idle past the path's timeout: diagnosed before any reuse failed"
     );
@@ -105,7 +104,7 @@ fn no_failures_is_never_mismatch() {
     let mut ts = 0.0;
     feed(&mut agg, &mut ts, "10.0.0.3:5432", f64::INFINITY, &[1.0, 5.0, 10.0], Outcome::Reset);
     let rows = table(&mut agg);
-    assert_eq!(row(&rows, "10.0.0.3:5432").verdict, Verdict::Unknown);
+    assert_eq!(row(&rows, "10.0.0.3:5432").judgement.verdict, Verdict::Unknown);
     // The pool's own idle closes at 8 s, below the 10 s proven alive: ok.
     for k in 0..3 {
         let e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
@@ -114,7 +113,7 @@ fn no_failures_is_never_mismatch() {
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.3:5432");
     assert_eq!(r.pool_idle_timeout_seconds, Some(8.01));
-    assert_eq!(r.verdict, Verdict::Ok);
+    assert_eq!(r.judgement.verdict, Verdict::Ok);
 }
 
 #[test]
@@ -126,8 +125,8 @@ fn one_stray_reset_is_an_outlier() {
     agg.ingest(&reuse(ts + 10.0, "10.0.0.2:443", 4.0, Outcome::Reset));
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (57.0, Some(60.0)));
-    assert_eq!(r.path_outliers, 1);
+    assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (57.0, Some(60.0)));
+    assert_eq!(r.path.outliers, 1);
     assert!(r.last_change.is_none());
 }
 
@@ -146,8 +145,8 @@ fn a_timeout_change_is_followed_within_a_few_failures() {
     assert_eq!(changes[0].before_upper_seconds, Some(60.0));
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert_eq!(r.path_idle_timeout_upper_seconds, Some(42.0));
-    assert_eq!(r.path_idle_timeout_lower_seconds, 38.0);
+    assert_eq!(r.path.upper_seconds, Some(42.0));
+    assert_eq!(r.path.lower_seconds, 38.0);
     assert!(r.last_change.is_some());
 }
 
@@ -179,7 +178,7 @@ fn one_early_survival_is_no_timeout_to_change_from() {
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert!(r.last_change.is_none());
-    assert_eq!(r.path_outliers, 1, "the survival at 2.38 s is the outlier: {r:#?}");
+    assert_eq!(r.path.outliers, 1, "the survival at 2.38 s is the outlier: {r:#?}");
     // The same three deaths against three survivals past them are a change.
     assert_eq!(run(&[1.0, 1.3, 1.6, 2.3, 2.35, 2.38]).take_changes().len(), 1);
 }
@@ -287,23 +286,23 @@ fn a_failure_burst_survives_ten_thousand_successes() {
     let mut ts = 0.0;
     feed(&mut agg, &mut ts, d, 3.0, &[1.0, 2.0, 2.5, 2.9, 3.1, 3.5, 4.0, 5.0, 3.2, 3.3, 6.0, 2.8], Outcome::Eof);
     let before = table(&mut agg).remove(0);
-    assert_eq!(before.verdict, Verdict::Mismatch);
+    assert_eq!(before.judgement.verdict, Verdict::Mismatch);
     for k in 0..10_000 {
         ts += 0.01;
         agg.ingest(&reuse(ts, d, 1.0 + f64::from(k % 10) * 0.1, Outcome::Ok));
     }
     let after = table(&mut agg).remove(0);
     assert_eq!(
-        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds),
-        (before.path_idle_timeout_lower_seconds, before.path_idle_timeout_upper_seconds)
+        (after.path.lower_seconds, after.path.upper_seconds),
+        (before.path.lower_seconds, before.path.upper_seconds)
     );
-    assert_eq!((after.verdict, after.failures_window), (Verdict::Mismatch, 7));
+    assert_eq!((after.judgement.verdict, after.failures_window), (Verdict::Mismatch, 7));
     assert_eq!(after.reuses_window, 10_012);
     assert!(after.evidence_bytes <= crate::diagnosis::evidence::MAX_BYTES, "{}", after.evidence_bytes);
 }
 
 #[test]
-fn a_stray_reset_keeps_an_ok_verdict() {
+fn a_stray_reset_is_an_outlier_and_withholds_ok_below_the_pool_timeout() {
     let mut agg = Aggregator::new(Config::default());
     let d = "10.0.0.6:5432";
     let mut ts = 0.0;
@@ -312,11 +311,17 @@ fn a_stray_reset_keeps_an_ok_verdict() {
         let e = ev(100.0 + f64::from(k), EventKind::LocalClose, d, 15.0 + f64::from(k) * 0.01);
         agg.ingest(&e);
     }
-    assert_eq!(row(&table(&mut agg), d).verdict, Verdict::Ok);
+    assert_eq!(row(&table(&mut agg), d).judgement.verdict, Verdict::Ok);
+    // A stray reset at 16 s idle (past the pool's 15 s) leaves `ok`.
+    agg.ingest(&reuse(150.0, d, 16.0, Outcome::Reset));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.judgement.verdict, r.path.outliers, r.failures_window), (Verdict::Ok, 1, 1));
+    // One at 2 s idle (below it) is no mismatch, but no `ok` either.
     agg.ingest(&reuse(200.0, d, 2.0, Outcome::Reset));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!((r.verdict, r.path_outliers, r.failures_window), (Verdict::Ok, 1, 1));
+    assert_eq!((r.judgement.verdict, r.path.outliers, r.failures_window), (Verdict::Unknown, 2, 2));
 }
 
 #[test]
@@ -346,12 +351,15 @@ fn a_peer_restart_is_no_timeout_evidence() {
     assert!(agg.take_changes().is_empty(), "a restart is no change of timeout");
     assert_eq!(after.peer_restarts, 1);
     assert_eq!(after.restart_failures, 5);
-    assert_eq!(after.path_idle_timeout_seconds, None, "no point estimate from a restart");
+    assert_eq!(after.path.idle_timeout_seconds, None, "no point estimate from a restart");
     assert_eq!(
-        (after.path_idle_timeout_lower_seconds, after.path_idle_timeout_upper_seconds),
-        (before.path_idle_timeout_lower_seconds, before.path_idle_timeout_upper_seconds)
+        (after.path.lower_seconds, after.path.upper_seconds),
+        (before.path.lower_seconds, before.path.upper_seconds)
     );
-    assert_eq!(after.recommended_pool_idle_timeout_seconds, before.recommended_pool_idle_timeout_seconds);
+    assert_eq!(
+        after.judgement.recommended_pool_idle_timeout_seconds,
+        before.judgement.recommended_pool_idle_timeout_seconds
+    );
 }
 
 /// Events held upstream while their owner is looked for: a tick in the
@@ -399,7 +407,7 @@ fn a_shared_idle_timeout_is_no_restart() {
     }
     let rows = table(&mut agg);
     assert!(agg.take_restarts().is_empty());
-    assert_eq!(row(&rows, d).path_point_evidence, 8);
+    assert_eq!(row(&rows, d).path.point_evidence, 8);
 }
 
 #[test]
@@ -458,10 +466,13 @@ fn the_server_view() {
     assert_eq!(r.server_idle_timeout_seconds, Some(2.0015));
     assert_eq!(r.late_reuses, 1);
     assert_eq!(r.client_max_reuse_idle_seconds, Some(3.0));
-    assert_eq!((r.verdict, r.evidence), (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses)));
+    assert_eq!(
+        (r.judgement.verdict, r.judgement.evidence),
+        (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses))
+    );
     assert_eq!(r.pool_idle_timeout_seconds, None, "our idle closes are no pool timeout");
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(1.601));
-    assert_eq!(r.recommended_server_idle_timeout_seconds, Some(3.75));
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(1.601));
+    assert_eq!(r.judgement.recommended_server_idle_timeout_seconds, Some(3.75));
 }
 
 #[test]
@@ -493,11 +504,11 @@ fn mixed_paths_recommend_from_the_smallest() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    let paths: Vec<f64> = r.mixed_paths.iter().map(|p| (p.idle_timeout_seconds * 10.0).round() / 10.0).collect();
+    let paths: Vec<f64> = r.path.mixed_paths.iter().map(|p| (p.idle_timeout_seconds * 10.0).round() / 10.0).collect();
     assert_eq!(paths, vec![2.0, 5.0]);
-    assert_eq!(r.mixed_paths[0].share, 0.5);
-    assert_eq!(r.recommended_pool_idle_timeout_seconds.map(|x| (x * 10.0).round() / 10.0), Some(1.6));
-    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.path.mixed_paths[0].share, 0.5);
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds.map(|x| (x * 10.0).round() / 10.0), Some(1.6));
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
 }
 
 #[test]
@@ -525,11 +536,11 @@ fn survivals_on_a_longer_backend_do_not_lift_the_smallest_path() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!(r.mixed_paths.len(), 2, "{:?}", r.mixed_paths);
-    assert!(r.path_idle_timeout_seconds.is_some_and(|p| (p - 2.0).abs() < 0.01), "{r:?}");
-    assert_eq!(r.path_idle_timeout_lower_seconds, 1.8, "survivals past 2.1 s came from the long backend");
-    assert!(r.recommended_pool_idle_timeout_seconds.is_some_and(|x| x <= 1.6), "{r:?}");
-    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.path.mixed_paths.len(), 2, "{:?}", r.path.mixed_paths);
+    assert!(r.path.idle_timeout_seconds.is_some_and(|p| (p - 2.0).abs() < 0.01), "{r:?}");
+    assert_eq!(r.path.lower_seconds, 1.8, "survivals past 2.1 s came from the long backend");
+    assert!(r.judgement.recommended_pool_idle_timeout_seconds.is_some_and(|x| x <= 1.6), "{r:?}");
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
 }
 
 /// Reuses to `d` with these idle ages, 10 s apart from `start` s.
@@ -554,10 +565,10 @@ fn failures_after_a_stall_count_but_are_no_evidence() {
     let r = row(&rows, d);
     assert_eq!((r.reuses, r.failures), (7, 4), "every failed call is counted");
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
-    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (2.5, Some(4.0)));
-    assert_eq!(r.path_upper_evidence, 1, "later failures' idle ages (0.5 s) are no evidence");
-    assert_eq!(r.path_outliers, 0);
-    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (2.5, Some(4.0)));
+    assert_eq!(r.path.upper_evidence, 1, "later failures' idle ages (0.5 s) are no evidence");
+    assert_eq!(r.path.outliers, 0);
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
 }
 
 #[test]
@@ -572,8 +583,8 @@ fn failures_written_past_a_goodbye_are_counted_apart_and_are_evidence() {
     let r = row(&rows, d);
     assert_eq!((r.reuses, r.failures, r.failures_after_goodbye), (6, 3, 3));
     assert_eq!(r.failure_mode, FailureMode::Fin);
-    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (1.2, Some(2.4)));
-    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (1.2, Some(2.4)));
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
 }
 
 #[test]
@@ -593,18 +604,45 @@ fn keepalive_survivals_are_kept_apart() {
     e.keepalive = true;
     other.ingest(&e);
     let rows = table(&mut other);
-    assert_eq!(row(&rows, d).path_lower_basis, Some(LowerBasis::Keepalive));
+    assert_eq!(row(&rows, d).path.lower_basis, Some(LowerBasis::Keepalive));
     let rows = table(&mut agg);
     let r = row(&rows, d);
     // Each socket's first probe was answered after 10 s without a packet:
     // that much holds for every hop; the 400 s only for proxies.
-    assert_eq!((r.path_lower_basis, r.path_idle_timeout_lower_seconds), (Some(LowerBasis::Silent), 10.0));
+    assert_eq!((r.path.lower_basis, r.path.lower_seconds), (Some(LowerBasis::Silent), 10.0));
     assert_eq!(r.keepalive_evidence, 5);
     // A silent survival at 30 s becomes the bound the table rests on.
     agg.ingest(&reuse(3000.0, d, 30.0, Outcome::Ok));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!((r.path_lower_basis, r.path_idle_timeout_lower_seconds), (Some(LowerBasis::Silent), 30.0));
+    assert_eq!((r.path.lower_basis, r.path.lower_seconds), (Some(LowerBasis::Silent), 30.0));
+}
+
+/// Survivals keep-alive probes kept fresh past a NAT's 2 s, beside
+/// unrefreshed flows failing past it, are one path, not two: two paths are
+/// told from silent evidence only.
+#[test]
+fn keepalive_kept_flows_are_no_second_path() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.14:5432";
+    let mut ts = 0.0;
+    for k in 0..40 {
+        let age = 1.0 + 2.5 * ((f64::from(k) * 0.618_034) % 1.0);
+        ts += age;
+        let mut e = if k % 4 == 0 && age >= 2.0 {
+            reuse(ts, d, age, Outcome::TimedOut)
+        } else {
+            reuse(ts, d, age, Outcome::Ok)
+        };
+        // The survivals' probes ran (their time unknown: no silent age).
+        e.keepalive = e.reuse_mut().outcome == Outcome::Ok;
+        agg.ingest(&e);
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!(r.path.lower_basis, Some(LowerBasis::Keepalive), "{r:#?}");
+    assert!(r.failures_window >= 3, "{r:#?}");
+    assert!(r.path.mixed_paths.is_empty(), "{r:#?}");
 }
 
 mod properties {
@@ -623,7 +661,7 @@ mod properties {
             let mut ts = 0.0;
             feed(&mut agg, &mut ts, "10.9.0.1:80", f64::INFINITY, &gaps, Outcome::Reset);
             let rows = table(&mut agg);
-            prop_assert_ne!(rows[0].verdict, Verdict::Mismatch);
+            prop_assert_ne!(rows[0].judgement.verdict, Verdict::Mismatch);
             prop_assert_eq!(rows[0].failures_window, 0);
         }
 
@@ -644,19 +682,19 @@ mod properties {
             }
             let rows = table(&mut agg);
             let r = &rows[0];
-            if let Some(rec) = r.recommended_pool_idle_timeout_seconds {
+            if let Some(rec) = r.judgement.recommended_pool_idle_timeout_seconds {
                 prop_assert!(rec <= 0.8 * t + 1e-6, "recommended {} for a {} s path", rec, t);
             }
             if gaps.iter().any(|&g| g >= t) {
-                prop_assert_eq!(r.verdict, Verdict::Mismatch);
+                prop_assert_eq!(r.judgement.verdict, Verdict::Mismatch);
                 // A stray failure below every success-free failure cannot
                 // be told apart from the timeout; without one the upper
                 // bound holds the truth.
                 if stray.is_none() {
-                    prop_assert!(r.path_idle_timeout_upper_seconds.is_some_and(|u| u >= t));
+                    prop_assert!(r.path.upper_seconds.is_some_and(|u| u >= t));
                 }
             }
-            prop_assert!(r.path_idle_timeout_lower_seconds < t);
+            prop_assert!(r.path.lower_seconds < t);
         }
     }
 }
@@ -673,7 +711,7 @@ fn a_storm_of_peer_closes_is_judged_early_and_stays_bounded() {
     assert!(held <= MAX_PENDING, "{held} closes held");
     let rows = table(&mut agg);
     assert!(agg.take_restarts().len() >= 2, "each full span of spread-out closes is a restart");
-    assert_eq!(row(&rows, d).path_point_evidence, 0, "none of it is timeout evidence");
+    assert_eq!(row(&rows, d).path.point_evidence, 0, "none of it is timeout evidence");
 }
 
 #[test]
@@ -715,6 +753,7 @@ fn one_address_in_two_namespaces_is_two_rows() {
 
 fn dead_view(remote: &str, netns: u32, comm: &str) -> (DoomedView, ProcessOwner) {
     let d = DoomedView {
+        sock_id: 0,
         local: "10.0.0.1:40002".parse().unwrap(),
         remote: remote.parse().unwrap(),
         how: How::Rst,
@@ -757,8 +796,8 @@ fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
     assert_eq!((r.failures_window, r.reuses_window), (4, 8), "{r:#?}");
     assert_eq!(r.discarded_dead, 3);
     assert_eq!(r.failure_mode, FailureMode::Rst, "{r:#?}");
-    assert_eq!(r.path_idle_timeout_seconds, Some(2.0), "the idle resets measure the timeout: {r:#?}");
-    assert!(r.verdict.is_mismatch(), "{r:#?}");
+    assert_eq!(r.path.idle_timeout_seconds, Some(2.0), "the idle resets measure the timeout: {r:#?}");
+    assert!(r.judgement.verdict.is_mismatch(), "{r:#?}");
 }
 
 /// A timed-out socket's failed reuse reads as a silent drop.
@@ -772,7 +811,7 @@ fn timed_out_reuse_is_a_silent_drop() {
     let r = row(&rows, "10.0.0.3:80");
     assert_eq!(r.failures_window, 1);
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
-    assert_eq!(r.path_idle_timeout_upper_seconds, Some(8.0));
+    assert_eq!(r.path.upper_seconds, Some(8.0));
 }
 
 /// The doomed view replaces itself: counted into its own row (by
@@ -816,8 +855,8 @@ fn keepalive_deaths_bound_the_timeout_but_make_no_point() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!(r.path_idle_timeout_upper_seconds, Some(2.0), "{r:#?}");
-    assert_eq!(r.path_idle_timeout_seconds, None, "no point from deaths found by probes: {r:#?}");
+    assert_eq!(r.path.upper_seconds, Some(2.0), "{r:#?}");
+    assert_eq!(r.path.idle_timeout_seconds, None, "no point from deaths found by probes: {r:#?}");
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
     assert_eq!(r.failures_window, 0, "a death is no failed reuse");
 }
@@ -843,10 +882,10 @@ fn a_sweeps_phase_cluster_is_no_point_outside_the_interval() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert!(r.path_idle_timeout_spread_seconds.is_some(), "{r:#?}");
-    let p = r.path_idle_timeout_seconds.expect("the band's start");
-    let upper = r.path_idle_timeout_upper_seconds.expect("upper");
-    assert!(p >= r.path_idle_timeout_lower_seconds && p <= upper, "point {p} outside the interval: {r:#?}");
+    assert!(r.path.spread_seconds.is_some(), "{r:#?}");
+    let p = r.path.idle_timeout_seconds.expect("the band's start");
+    let upper = r.path.upper_seconds.expect("upper");
+    assert!(p >= r.path.lower_seconds && p <= upper, "point {p} outside the interval: {r:#?}");
     assert!(r.last_change.is_none());
 }
 
@@ -867,6 +906,7 @@ fn held_contradictions_are_capped_and_counted() {
             sock_id: 7,
             keepalive: false,
             keepalive_idle: 0.0,
+            reset: None,
             what: Observation::Reuse {
                 idle: 2.0,
                 failed: Some(FailureMode::Fin),
@@ -963,7 +1003,8 @@ fn protocols_name_the_row_and_pick_the_fix() {
     assert!(agg.take_fresh_name(), "a protocol new to its row is stored");
     agg.ingest(&hello);
     assert!(!agg.take_fresh_name(), "and only the first time");
-    let grpcio = ClientRuntime { runtime: "python".into(), libraries: vec!["grpcio".into()] };
+    let grpcio =
+        ClientRuntime { runtime: "python".into(), libraries: vec!["grpcio".into()], ..ClientRuntime::default() };
     let mut ts = 1.0;
     for (idle, outcome) in [(1.0, Outcome::Ok), (2.0, Outcome::Ok), (4.0, Outcome::Stall), (4.5, Outcome::Stall)] {
         let mut e = reuse(ts, d, idle, outcome);
@@ -974,7 +1015,7 @@ fn protocols_name_the_row_and_pick_the_fix() {
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert_eq!(r.protocols, vec![Protocol::H2]);
-    assert_eq!(r.verdict, Verdict::Mismatch);
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
     let clients: Vec<&str> = r.fix_settings.iter().map(|f| f.client.as_str()).collect();
     assert_eq!(clients, vec!["gRPC Python (grpcio)"], "{:?}", r.fix_settings);
 }
@@ -1005,29 +1046,35 @@ fn a_connection_kept_by_pings_says_so_and_gives_no_number() {
         }
     }
     let rows = table(&mut agg);
-    assert_eq!(row(&rows, plain).path_lower_basis, Some(LowerBasis::Silent), "a small request is no ping");
+    assert_eq!(row(&rows, plain).path.lower_basis, Some(LowerBasis::Silent), "a small request is no ping");
     let r = row(&rows, d);
-    assert_eq!(r.path_lower_basis, Some(LowerBasis::Pings), "{r:#?}");
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, None);
+    assert_eq!(r.path.lower_basis, Some(LowerBasis::Pings), "{r:#?}");
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, None);
     assert!(
-        r.recommendation.contains("reuses survived up to 1.002 s idle while pinged about every 1.0 s"),
+        r.judgement.recommendation.contains("reuses survived up to 1.002 s idle while pinged about every 1.0 s"),
         "{}",
-        r.recommendation
+        r.judgement.recommendation
     );
     // A call that survived longer than any ping: the bound is the call's.
     ts += 2.5;
     agg.ingest(&sized(ts, d, 2.5, 180));
     let rows = table(&mut agg);
-    assert_eq!(row(&rows, d).path_lower_basis, Some(LowerBasis::Silent));
+    assert_eq!(row(&rows, d).path.lower_basis, Some(LowerBasis::Silent));
     // Without a measured size (old recordings, busy exchanges) nothing is
     // taken for a ping.
     let e = "10.0.0.10:50051";
     let mut agg = Aggregator::new(Config::default());
     agg.ingest(&sized(1.0, e, 1.0, 0));
-    assert_eq!(row(&table(&mut agg), e).path_lower_basis, Some(LowerBasis::Silent));
+    assert_eq!(row(&table(&mut agg), e).path.lower_basis, Some(LowerBasis::Silent));
 }
 
-fn probed(ts_s: f64, d: &str, how: crate::diagnosis::probed::How, lower: f64, upper: Option<f64>) -> ProbeEvidence {
+fn probed(
+    ts_s: f64,
+    d: &str,
+    how: crate::diagnosis::table::FailureMode,
+    lower: f64,
+    upper: Option<f64>,
+) -> ProbeEvidence {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "test times are small and positive")]
     let ts = (ts_s * 1e9) as u64 + 1_700_000_000 * S;
     ProbeEvidence {
@@ -1036,7 +1083,7 @@ fn probed(ts_s: f64, d: &str, how: crate::diagnosis::probed::How, lower: f64, up
         target: "api.partner.example:443".to_owned(),
         first_exchange: "tls".to_owned(),
         how,
-        idle_timeout_seconds: matches!(how, crate::diagnosis::probed::How::Fin).then_some(lower),
+        idle_timeout_seconds: matches!(how, crate::diagnosis::table::FailureMode::Fin).then_some(lower),
         lower_seconds: lower,
         upper_seconds: upper,
         settled: true,
@@ -1048,27 +1095,31 @@ fn probed(ts_s: f64, d: &str, how: crate::diagnosis::probed::How, lower: f64, up
 
 #[test]
 fn a_probe_alone_makes_a_row_with_its_bracket_but_no_verdict_of_its_own() {
-    use crate::diagnosis::probed::How as ProbeHow;
+    use crate::diagnosis::table::FailureMode as ProbeHow;
     let mut agg = Aggregator::new(Config::default());
     agg.add_probe(&probed(10.0, "10.0.0.9:443", ProbeHow::Fin, 2.0, Some(2.002)));
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.9:443");
-    assert!(r.probe_used);
-    assert_eq!(r.probe.as_ref().map(|p| p.how), Some(ProbeHow::Fin));
-    assert_eq!(r.path_lower_basis, Some(LowerBasis::Probe));
-    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (2.0, Some(2.002)));
+    assert!(r.path.probe_used);
+    assert_eq!(r.path.probe.as_ref().map(|p| p.how), Some(ProbeHow::Fin));
+    assert_eq!(r.path.lower_basis, Some(LowerBasis::Probe));
+    assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (2.0, Some(2.002)));
     // The probe held its connections idle itself: no pool evidence, no
     // peer-close verdict, and no reuse of any application.
-    assert_eq!(r.path_idle_timeout_seconds, None);
-    assert_eq!(r.verdict, Verdict::Unknown);
+    assert_eq!(r.path.idle_timeout_seconds, None);
+    assert_eq!(r.judgement.verdict, Verdict::Unknown);
     assert_eq!((r.reuses, r.failures, r.peer_closes_window), (0, 0, 0));
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(1.6));
-    assert!(r.recommendation.contains("measured by observer probe: FIN at 2.000 s"), "{}", r.recommendation);
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(1.6));
+    assert!(
+        r.judgement.recommendation.contains("measured by observer probe: FIN at 2.000 s"),
+        "{}",
+        r.judgement.recommendation
+    );
 }
 
 #[test]
 fn a_pool_idler_than_the_probed_path_is_a_mismatch_on_its_idle_timeout() {
-    use crate::diagnosis::probed::How as ProbeHow;
+    use crate::diagnosis::table::FailureMode as ProbeHow;
     let mut agg = Aggregator::new(Config::default());
     for k in 0..5 {
         let e = ev(100.0 + f64::from(k), EventKind::LocalClose, "10.0.0.3:5432", 8.0 + f64::from(k) * 0.01);
@@ -1078,37 +1129,53 @@ fn a_pool_idler_than_the_probed_path_is_a_mismatch_on_its_idle_timeout() {
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.3:5432");
     assert!(r.pool_idle_timeout_seconds.is_some_and(|p| (8.0..8.05).contains(&p)), "{r:?}");
-    assert_eq!(r.verdict, Verdict::Mismatch);
-    assert_eq!(r.evidence, Some(VerdictEvidence::PoolIdleTimeout));
-    assert_eq!(r.recommended_pool_idle_timeout_seconds, Some(2.32));
-    assert!(r.recommendation.contains("a silent drop in [2.900, 3.100] s"), "{}", r.recommendation);
+    assert_eq!(r.judgement.verdict, Verdict::Mismatch);
+    assert_eq!(r.judgement.evidence, Some(VerdictEvidence::PoolIdleTimeout));
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(2.32));
+    assert!(r.judgement.recommendation.contains("a silent drop in [2.900, 3.100] s"), "{}", r.judgement.recommendation);
+}
+
+/// The at-risk view judges by the interval the row shows: a probe's
+/// bracket counts a socket idle past it before any reuse failed.
+#[test]
+fn the_at_risk_view_takes_the_probes_bracket() {
+    use crate::diagnosis::table::FailureMode as ProbeHow;
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.3:5432";
+    let mut ts = 0.0;
+    feed(&mut agg, &mut ts, d, f64::INFINITY, &[1.0, 2.0], Outcome::Reset);
+    agg.set_sockets(&[view(10.0, d)]);
+    assert_eq!(row(&table(&mut agg), d).at_risk_idle_sockets, 0, "no timeout known yet");
+    agg.add_probe(&probed(ts, d, ProbeHow::SilentDrop, 2.9, Some(3.1)));
+    agg.set_sockets(&[view(10.0, d), view(2.5, d)]);
+    assert_eq!(row(&table(&mut agg), d).at_risk_idle_sockets, 1, "idle past the probe's 2.9 s");
 }
 
 #[test]
 fn a_probe_the_passive_evidence_contradicts_is_shown_not_used() {
-    use crate::diagnosis::probed::How as ProbeHow;
+    use crate::diagnosis::table::FailureMode as ProbeHow;
     let mut agg = Aggregator::new(Config::default());
     let mut ts = 0.0;
     feed(&mut agg, &mut ts, "10.0.0.2:443", 100.0, &[50.0, 60.0, 70.0], Outcome::Reset);
     agg.add_probe(&probed(ts, "10.0.0.2:443", ProbeHow::Fin, 30.0, Some(30.0)));
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert!(r.probe.is_some());
-    assert!(!r.probe_used);
-    assert_eq!(r.path_idle_timeout_lower_seconds, 70.0);
-    assert_ne!(r.path_lower_basis, Some(LowerBasis::Probe));
+    assert!(r.path.probe.is_some());
+    assert!(!r.path.probe_used);
+    assert_eq!(r.path.lower_seconds, 70.0);
+    assert_ne!(r.path.lower_basis, Some(LowerBasis::Probe));
 }
 
 #[test]
 fn a_probe_leaves_with_the_window_and_an_older_one_never_replaces_a_newer() {
-    use crate::diagnosis::probed::How as ProbeHow;
+    use crate::diagnosis::table::FailureMode as ProbeHow;
     let config = Config { window_ns: 60 * S, ..Config::default() };
     let mut agg = Aggregator::new(config);
     agg.add_probe(&probed(10.0, "10.0.0.9:443", ProbeHow::Fin, 2.0, Some(2.0)));
     agg.add_probe(&probed(5.0, "10.0.0.9:443", ProbeHow::Fin, 9.0, Some(9.0)));
     let now = agg.latest_ns();
     let rows = agg.rows(now);
-    assert_eq!(row(&rows, "10.0.0.9:443").probe.as_ref().map(|p| p.lower_seconds), Some(2.0));
+    assert_eq!(row(&rows, "10.0.0.9:443").path.probe.as_ref().map(|p| p.lower_seconds), Some(2.0));
     assert!(agg.rows(now + 61 * S).is_empty(), "a probe-only row goes with its probe");
     // One older than the window is not taken at all.
     agg.ingest(&reuse(200.0, "10.0.0.1:80", 1.0, Outcome::Ok));
@@ -1140,4 +1207,116 @@ fn feed_hands_on_the_evidence_and_the_restart_once() {
     let mut e = ev(111.0, EventKind::Established, d, 0.0);
     e.role = Role::Unknown;
     assert_eq!(agg.feed(&e), Fed::default());
+}
+
+/// Two paths that forget idle flows silently at 2 s and 4 s, a quarter of
+/// the flows on the shorter one, reuses interleaved in time at ages over
+/// [1, 5.5] s, and a pool whose own idle timeout (3 s) lies between them:
+/// both paths in `mixed_paths`, the recommendation from the shorter, the
+/// verdict `mismatch` (never `ok`), and no change of timeout.
+#[test]
+fn two_silent_paths_recommend_for_the_shorter() {
+    let d = "10.0.0.8:7400";
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    for k in 0..160 {
+        let age = 1.0 + 4.5 * ((f64::from(k) * 0.618_034) % 1.0);
+        let timeout = if k % 4 == 0 { 2.0 } else { 4.0 };
+        ts += age;
+        agg.ingest(&reuse(ts, d, age, if age < timeout { Outcome::Ok } else { Outcome::TimedOut }));
+    }
+    for k in 0..3 {
+        agg.ingest(&ev(ts + 1.0 + f64::from(k), EventKind::LocalClose, d, 3.0 + f64::from(k) * 0.01));
+    }
+    assert!(agg.take_changes().is_empty(), "the mix is no change of timeout");
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.judgement.verdict, r.failure_mode), (Verdict::Mismatch, FailureMode::SilentDrop), "{r:#?}");
+    let upper = r.path.upper_seconds.unwrap();
+    assert!(r.path.lower_seconds < 2.0 && (2.0..2.3).contains(&upper), "{r:#?}");
+    let rec = r.judgement.recommended_pool_idle_timeout_seconds.unwrap();
+    assert!(rec <= 0.8 * 2.0, "recommended {rec}");
+    assert_eq!(r.path.mixed_paths.len(), 2, "{r:#?}");
+    let (short, long) = (&r.path.mixed_paths[0], &r.path.mixed_paths[1]);
+    assert!((short.share - 0.25).abs() < 0.15 && (short.share + long.share - 1.0).abs() < 1e-9, "{r:#?}");
+    assert!(long.upper_seconds.is_some_and(|u| (u - 4.0).abs() < 0.2), "{r:#?}");
+    assert!(r.judgement.recommendation.contains("shorter of two paths"), "{}", r.judgement.recommendation);
+    // A change of timeout looks the same by ages alone: survivals up to
+    // 3.9 s, then (after they stopped) failures from 2.1 s. It is a change.
+    let d2 = "10.0.0.9:7400";
+    let mut ts = 0.0;
+    for k in 0..40 {
+        let age = 1.0 + 2.9 * f64::from(k % 20) / 19.0;
+        ts += age;
+        agg.ingest(&reuse(ts, d2, age, Outcome::Ok));
+    }
+    for age in [2.5, 3.0, 2.1, 3.5, 2.2, 1.5] {
+        ts += age;
+        agg.ingest(&reuse(ts, d2, age, if age < 2.0 { Outcome::Ok } else { Outcome::TimedOut }));
+    }
+    assert_eq!(agg.take_changes().len(), 1);
+    let rows = table(&mut agg);
+    assert!(row(&rows, d2).path.mixed_paths.is_empty(), "{:#?}", row(&rows, d2));
+}
+
+/// A failed reuse reset by a source read from the wire (`None`: not told).
+fn reset_by(ts: f64, remote: &str, idle: f64, ttls: Option<(u8, u8, u8)>) -> SockEvent {
+    let mut e = reuse(ts, remote, idle, Outcome::Reset);
+    e.reset = ttls.and_then(|(reset, peer, flags)| {
+        crate::kernel::event::ResetArrival::of_wire(reset, peer, flags | observer_common::ttl::RESET_SEEN)
+    });
+    e
+}
+
+#[test]
+fn resets_are_told_by_who_sent_them_with_the_split() {
+    use crate::{diagnosis::table::ResetShare, kernel::event::ResetFrom};
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:443";
+    // Three from a firewall one hop before the server (TTL 64 against the
+    // server's 63), one from the server, one that could not be told.
+    for (k, ttls) in
+        [Some((64, 63, 0)), Some((63, 63, 0)), Some((64, 63, 0)), None, Some((64, 63, 0))].into_iter().enumerate()
+    {
+        #[allow(clippy::cast_precision_loss, reason = "small")]
+        let ts = 10.0 * (k as f64 + 1.0);
+        agg.ingest(&reset_by(ts, d, 5.0, ttls));
+    }
+    // An ok reuse and a FIN-ended idle close: no reset, no source.
+    agg.ingest(&reuse(60.0, d, 1.0, Outcome::Ok));
+    agg.ingest(&peer_close(70.0, d, 4.0));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.resets.from, r.resets.hops_closer), (Some(ResetFrom::Path), Some(1)));
+    let share = |from, hops_closer, resets| ResetShare { from, hops_closer, resets };
+    assert_eq!(
+        r.resets.sources,
+        vec![share(Some(ResetFrom::Path), Some(1), 3), share(Some(ResetFrom::Peer), Some(0), 1), share(None, None, 1)]
+    );
+    let json = serde_json::to_value(r).unwrap();
+    assert_eq!(json["reset_from"], "path");
+    assert_eq!(json["reset_hops_closer"], 1);
+    let words = r.resets_in_words().unwrap();
+    assert_eq!(
+        words,
+        "the resets come from a device 1 hop closer than the server (a firewall, NAT or load balancer on the path), not from the server (3 of 5); also from the server itself (1), a source that could not be told (1)"
+    );
+}
+
+#[test]
+fn resets_never_told_give_no_source() {
+    let mut agg = Aggregator::new(Config::default());
+    let d = "10.0.0.2:443";
+    agg.ingest(&reset_by(10.0, d, 5.0, None));
+    agg.ingest(&reset_by(20.0, d, 5.0, Some((60, 62, 0))));
+    agg.ingest(&reuse(30.0, "10.0.0.3:443", 5.0, Outcome::Ok));
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.resets.from, r.resets.hops_closer), (None, None));
+    assert_eq!(r.resets.sources.len(), 1);
+    assert_eq!(r.resets.sources[0].resets, 2);
+    assert!(r.resets_in_words().unwrap().starts_with("2 reset(s); who sent them could not be told"));
+    let quiet = row(&rows, "10.0.0.3:443");
+    assert!(quiet.resets.from.is_none() && quiet.resets.sources.is_empty(), "{quiet:?}");
+    assert_eq!(quiet.resets_in_words(), None);
 }

@@ -206,3 +206,170 @@ fn a_point_never_lies_outside_its_interval() {
     let below = Interval { lower: Some(3.0), upper: None, ..Interval::default() };
     assert_eq!(point_of(&below, &[near]), None, "nor one below a proven survival");
 }
+
+/// Reuses at idle ages spread over [1, 5.5] s, each flow hashed (by a
+/// deterministic sequence) onto a path that forgets idle flows at 2 s or
+/// one that forgets them at 4 s, `short_every` of 4 flows on the short one.
+fn two_silent_paths(n: usize, short_every: usize) -> (Vec<(f64, u64)>, Vec<f64>) {
+    let (mut alive, mut dead) = (Vec::new(), Vec::new());
+    for k in 0..n {
+        // A low-discrepancy walk over the ages, so both paths see them all.
+        let age = 1.0 + 4.5 * ((k as f64 * 0.618_034) % 1.0);
+        let timeout = if k % 4 < short_every { 2.0 } else { 4.0 };
+        if age < timeout {
+            alive.push((age, 1));
+        } else {
+            dead.push(age);
+        }
+    }
+    (alive, dead)
+}
+
+#[test]
+fn two_silent_paths_give_the_shorter_ones_interval() {
+    for short_every in [1, 2, 3] {
+        let (alive, dead) = two_silent_paths(80, short_every);
+        let one = interval_weighted(&alive, &dead);
+        let i = two_paths(&alive, &dead).expect("two paths");
+        let p = i.paths.expect("paths");
+        // A quarter of 80 flows is too few to bound the short path below
+        // with confidence (no lower bound then: open below, still right).
+        assert!(short_every == 1 || i.lower.is_some(), "{short_every}/4: {i:?}");
+        assert!(
+            i.lower.is_none_or(|l| l < 2.0) && 2.0 <= i.upper.unwrap(),
+            "{short_every}/4: {i:?} (one step: {one:?})"
+        );
+        assert!(i.upper.unwrap() < 2.3, "{i:?}");
+        // The longer path's bracket: its first failure past the mix may be
+        // a short-path flow's, so it lies within a spacing of 4 s.
+        assert!((p.long_upper.unwrap() - 4.0).abs() < 0.2 && p.long_lower.unwrap() < 4.0, "{p:?}");
+        let share = short_every as f64 / 4.0;
+        assert!((p.short_share - share).abs() < 0.15, "share {} for {share}", p.short_share);
+        assert!(p.mixes(3.0) && !p.mixes(1.5) && !p.mixes(5.0));
+        // The recommendation stands on the short path's lower bound.
+        assert!(i.lower.is_none_or(|l| recommended_pool_idle(l) < 0.8 * 2.0));
+    }
+}
+
+/// Few observations between the steps, most of them failures: the share
+/// estimate (6 of 8 between the steps the fit finds) is far above the
+/// truth, and with it the lower bound would step back over 4 survivals
+/// only, all of the longer path's
+/// (2.05 to 2.3 s, past the shorter path's 2 s). Taken as at most half, it
+/// steps back over 7 and stays below 2 s.
+#[test]
+fn an_overestimated_share_does_not_lift_the_lower_bound_past_the_timeout() {
+    let mut alive: Vec<(f64, u64)> = (0..10).map(|k| (1.0 + f64::from(k) * 0.1, 1)).collect();
+    alive.extend([2.05, 2.12, 2.18, 2.3, 2.7, 3.3].map(|t| (t, 1)));
+    let dead = [2.43, 2.5, 2.6, 2.75, 2.9, 3.2, 3.5, 3.8, 4.1, 4.5];
+    let i = two_paths(&alive, &dead).expect("two paths");
+    let p = i.paths.unwrap();
+    assert!(p.short_share >= 0.7, "{p:?}");
+    assert!(i.lower.unwrap() < 2.0 && i.upper == Some(2.43), "{i:?}");
+}
+
+/// What CI's daemon saw of two paths forgetting flows at 2 s and 4 s (84
+/// reuses, the recording's idle ages): the shorter path's one failure
+/// below 2.8 s came at 2.276 s, and 12 longer-path survivals followed it
+/// before its next. That failure is the shorter path's first, not a stray:
+/// the bracket holds 2 s.
+#[test]
+fn a_lone_early_failure_of_the_shorter_path_is_its_first() {
+    let alive: Vec<(f64, u64)> = [
+        1.001, 1.059, 1.119, 1.156, 1.214, 1.274, 1.311, 1.37, 1.406, 1.465, 1.524, 1.562, 1.621, 1.716, 1.775, 1.812,
+        1.873, 1.93, 1.967, 2.026, 2.062, 2.122, 2.181, 2.217, 2.336, 2.372, 2.431, 2.468, 2.527, 2.586, 2.623, 2.683,
+        2.779, 2.874, 2.933, 3.125, 3.243, 3.28, 3.339, 3.494, 3.53, 3.685, 3.745, 3.779, 3.841, 3.936, 3.995,
+    ]
+    .map(|t| (t, 1))
+    .to_vec();
+    let dead = [
+        2.276, 2.837, 2.992, 3.029, 3.088, 3.186, 3.435, 3.591, 3.649, 3.9, 4.055, 4.091, 4.15, 4.186, 4.247, 4.305,
+        4.342, 4.404, 4.498, 4.556, 4.594, 4.652, 4.712, 4.749, 4.807, 4.843, 4.903, 4.962, 4.998, 5.058, 5.154, 5.213,
+        5.249, 5.309, 5.369, 5.405, 5.463,
+    ];
+    let i = two_paths(&alive, &dead).expect("two paths");
+    assert!(i.lower.unwrap() < 2.0 && i.upper == Some(2.276), "{i:?}");
+}
+
+#[test]
+fn strays_are_no_second_path() {
+    // One stray reset below many survivals (the one-step test above).
+    let alive = [10.0, 20.0, 30.0, 45.0, 55.0, 59.0].map(|t| (t, 1));
+    assert_eq!(two_paths(&alive, &[5.0, 61.0, 70.0, 90.0]), None);
+    // Three failures scattered among 300 survivals: 1 %, a stray rate.
+    let alive: Vec<(f64, u64)> = (0..300).map(|k| (1.0 + f64::from(k) * 0.1, 1)).collect();
+    assert_eq!(two_paths(&alive, &[3.05, 12.05, 25.05, 31.0, 32.0, 33.0]), None);
+    // A clean single path.
+    assert_eq!(two_paths(&[(1.0, 5), (1.9, 5)], &[2.1, 2.5, 3.0]), None);
+}
+
+proptest! {
+    /// Whatever the mix (a quarter to three quarters on the short path),
+    /// with 60+ reuses the interval shown brackets the shorter timeout.
+    #[test]
+    fn the_shorter_path_is_bracketed(n in 60usize..300, short_every in 1usize..4) {
+        let (alive, dead) = two_silent_paths(n, short_every);
+        let i = two_paths(&alive, &dead);
+        prop_assert!(i.is_some());
+        let i = i.unwrap();
+        // No lower bound is claimed where too few survivals lie below the
+        // first failure to be sure one took the shorter path.
+        prop_assert!(i.lower.is_none_or(|l| l < 2.0) && 2.0 <= i.upper.unwrap(), "{:?}", i);
+        prop_assert!(n < 150 || i.lower.is_some(), "{:?}", i);
+    }
+}
+
+/// Reuses at `n` random idle ages over [1, 5.5] s (a seeded generator),
+/// each flow on the 2 s path with chance `share`, else on the 4 s path: the
+/// live test's topology (two nftables sets split by a port bit) without
+/// its clocks.
+fn random_two_paths(n: usize, share: f64, seed: u64) -> (Vec<(f64, u64)>, Vec<f64>) {
+    let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+    let mut next = || {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let (mut alive, mut dead) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let age = 1.0 + 4.5 * next();
+        let timeout = if next() < share { 2.0 } else { 4.0 };
+        if age < timeout {
+            alive.push((age, 1));
+        } else {
+            dead.push(age);
+        }
+    }
+    (alive, dead)
+}
+
+/// Random mixes of 84 reuses (the live test's size), a quarter to 0.7 of
+/// the flows on the 2 s path, 2,000 each: the interval shown misses 2 s in
+/// at most 1 % of them (the run length's chance, `LONG_RUN_CHANCE`; with
+/// the fitted share itself it missed in 4.6 % at a quarter), and at half
+/// the median lower bound stays above 1.5 s (the recommendation keeps its
+/// use). The figures in `docs/how-it-observes.md` are this test's.
+#[test]
+fn random_mixes_of_two_paths_miss_the_shorter_timeout_rarely() {
+    for share in [0.25, 0.3, 0.5, 0.7] {
+        let (mut missed, mut lowers) = (0, Vec::new());
+        for seed in 0..2000 {
+            let (alive, dead) = random_two_paths(84, share, seed);
+            let Some(i) = two_paths(&alive, &dead) else { continue };
+            if i.lower.is_none_or(|l| l < 2.0) && 2.0 <= i.upper.unwrap() {
+                lowers.extend(i.lower);
+            } else {
+                missed += 1;
+            }
+        }
+        lowers.sort_by(f64::total_cmp);
+        let median = lowers.get(lowers.len() / 2).copied();
+        eprintln!(
+            "MEASURED share {share}: 2 s outside the interval in {missed} of 2000; {} lower bounds, median {median:?}",
+            lowers.len()
+        );
+        assert!(missed <= 20, "share {share}: 2 s outside the interval in {missed} of 2000");
+        if share == 0.5 {
+            assert!(median.is_some_and(|m| m > 1.5), "median lower bound {median:?}");
+        }
+    }
+}

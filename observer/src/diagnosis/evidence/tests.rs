@@ -3,7 +3,14 @@ use super::*;
 const S: u64 = 1_000_000_000;
 
 fn at(ts_s: u64, sock: u64, obs: Observation) -> Observed {
-    Observed { ts_ns: 1_700_000_000 * S + ts_s * S, sock_id: sock, keepalive: false, keepalive_idle: 0.0, what: obs }
+    Observed {
+        ts_ns: 1_700_000_000 * S + ts_s * S,
+        sock_id: sock,
+        keepalive: false,
+        keepalive_idle: 0.0,
+        what: obs,
+        reset: None,
+    }
 }
 
 fn ok(idle: f64) -> Observation {
@@ -123,5 +130,7 @@ fn restart_failures_are_counted_not_kept() {
     assert_eq!((e.counts().failures, e.counts().restart_failures), (2, 2));
 }
 
-/// The README states the bound (64 KiB); keep it honest.
-const _: () = assert!(MAX_BYTES < 64 * 1024);
+/// The bound per destination stays under 72 KiB (64 KiB until survivals
+/// carried the time of their bin's last one, which tells two paths from
+/// a change of timeout).
+const _: () = assert!(MAX_BYTES < 72 * 1024);

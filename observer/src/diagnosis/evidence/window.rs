@@ -5,8 +5,8 @@
 use std::collections::VecDeque;
 
 use super::{
-    secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE, MAX_DEAD, MAX_SLICES, MAX_TIMED, MINUTE_NS,
-    N_BUCKETS, SLICES,
+    resets::ResetCounts, secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE, MAX_DEAD, MAX_SLICES,
+    MAX_TIMED, MINUTE_NS, N_BUCKETS, SLICES,
 };
 use crate::diagnosis::table::FailureMode;
 
@@ -39,6 +39,10 @@ pub(crate) struct Bin {
     pub(crate) count: u32,
     pub(crate) min: f64,
     pub(crate) max: f64,
+    /// When the bin last took a survival: whether survivals went on
+    /// after failures began at the same ages (two paths) or stopped (a
+    /// change of timeout).
+    pub(crate) last_ns: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -64,6 +68,8 @@ pub struct Counts {
     pub timeouts: u64,
     /// Dead sockets the pool discarded without writing on them.
     pub discarded_dead: u64,
+    /// Resets that ended this row's connections, by who sent them.
+    pub resets: ResetCounts,
 }
 
 impl Counts {
@@ -79,6 +85,7 @@ impl Counts {
         self.aborted += o.aborted;
         self.timeouts += o.timeouts;
         self.discarded_dead += o.discarded_dead;
+        self.resets.add(&o.resets);
     }
 }
 
@@ -118,8 +125,8 @@ impl Slice {
         }
     }
 
-    pub(crate) fn add_alive(&mut self, idle: f64, refreshed: bool) {
-        self.absorb(Bin { key: bin_key(idle), refreshed, count: 1, min: idle, max: idle });
+    pub(crate) fn add_alive(&mut self, idle: f64, refreshed: bool, ts_ns: u64) {
+        self.absorb(Bin { key: bin_key(idle), refreshed, count: 1, min: idle, max: idle, last_ns: ts_ns });
     }
 
     /// Take in a bin: the same bin grows; a new one is added while there is
@@ -154,6 +161,7 @@ impl Slice {
         b.count = b.count.saturating_add(bin.count);
         b.min = b.min.min(bin.min);
         b.max = b.max.max(bin.max);
+        b.last_ns = b.last_ns.max(bin.last_ns);
     }
 
     pub(crate) fn merge(&mut self, other: &Self) {
@@ -282,6 +290,9 @@ impl Evidence {
             s.counts.keepalive += 1;
             s.min_keepalive_idle = min_positive(s.min_keepalive_idle, o.keepalive_idle);
         }
+        if let Some(by) = o.reset {
+            s.counts.resets.count(by);
+        }
         match o.what {
             Observation::Reuse { idle, failed, refreshed, after_stall, after_goodbye, ping } => {
                 s.counts.reuses += 1;
@@ -296,7 +307,7 @@ impl Evidence {
                     }
                     s.counts.after_goodbye += u64::from(after_goodbye);
                 } else {
-                    s.add_alive(idle, refreshed);
+                    s.add_alive(idle, refreshed, o.ts_ns);
                     if ping && !refreshed {
                         s.pings = (s.pings.0.saturating_add(1), s.pings.1 + idle);
                     } else if !refreshed {
@@ -307,7 +318,7 @@ impl Evidence {
                     // for every hop (silent evidence).
                     let probe = f64::from(o.keepalive_idle);
                     if refreshed && probe > 0.0 && probe < idle {
-                        s.add_alive(probe, false);
+                        s.add_alive(probe, false, o.ts_ns);
                         s.max_unpinged_alive = max_opt(s.max_unpinged_alive, Some(probe));
                     }
                 }
@@ -434,6 +445,16 @@ impl Evidence {
             }
         }
         out
+    }
+
+    /// Did a reuse survive at an idle age in `[lo, hi)` after `ts_ns`
+    /// (current epoch; keep-alive refreshed ones only with `refreshed`)?
+    /// Survivals are binned, so a bin counts when its ages overlap.
+    #[must_use]
+    pub fn survived_after(&self, ts_ns: u64, lo: f64, hi: f64, refreshed: bool) -> bool {
+        self.slices.iter().filter(|s| s.epoch == self.epoch && s.end_ns > ts_ns).any(|s| {
+            s.bins.iter().any(|b| (refreshed || !b.refreshed) && b.last_ns > ts_ns && b.max >= lo && b.min < hi)
+        })
     }
 
     /// Dead evidence of the current epoch.

@@ -1,7 +1,7 @@
 use super::*;
 
 fn interval(lower: Option<f64>, upper: Option<f64>) -> Interval {
-    Interval { lower, upper, lower_evidence: 1, upper_evidence: 1, outliers: 0, spread: None }
+    Interval { lower, upper, lower_evidence: 1, upper_evidence: 1, outliers: 0, spread: None, paths: None }
 }
 
 #[test]
@@ -40,6 +40,7 @@ fn an_outlier_failure_keeps_ok() {
             upper_evidence: 0,
             outliers: 1,
             spread: None,
+            paths: None,
         },
         lower_basis: Some(LowerBasis::Silent),
         pool: Some(20.0),
@@ -135,4 +136,19 @@ fn clients_closing_first_is_ok() {
         client_pool_idle_timeout: Some(30.0),
     });
     assert_eq!(j.verdict, Verdict::Ok);
+}
+
+#[test]
+fn never_ok_while_reuses_fail_below_the_pool_timeout() {
+    // Survivals up to 3 s prove a pool of 2.5 s below the path's cut, but
+    // a reuse failed at 2 s idle: the pool does not close first there.
+    let f = ClientFindings {
+        interval: interval(Some(3.0), Some(4.0)),
+        pool: Some(2.5),
+        earliest_failed_reuse: Some(2.0),
+        ..ClientFindings::default()
+    };
+    assert_eq!(judge_client(&f).verdict, Verdict::Unknown);
+    let f = ClientFindings { earliest_failed_reuse: Some(3.5), ..f };
+    assert_eq!(judge_client(&f).verdict, Verdict::Ok);
 }

@@ -15,6 +15,8 @@ pub enum HookKind {
     BtfTracePoint,
     /// `fentry` on a kernel function (5.5+, where the kernel allows it).
     FEntry,
+    /// `fexit` on a kernel function (as `fentry`).
+    FExit,
     /// BPF iterator (`iter/tcp`, 5.9+), run on demand.
     Iter,
 }
@@ -65,6 +67,14 @@ pub(crate) const RESET_FENTRY: &[Hook] = &[
     Hook { program: program::FENTRY_TCP_V6_SEND_RESET, kind: HookKind::FEntry, name: "tcp_v6_send_reset" },
 ];
 
+/// How a received RST and the peer's SYN-ACK arrived (who sent a reset),
+/// every set where the kernel allows `fentry`/`fexit`: optional, a
+/// refusal leaves every reset's source unknown.
+pub(crate) const ARRIVAL: &[Hook] = &[
+    Hook { program: program::FENTRY_TCP_RESET, kind: HookKind::FEntry, name: "tcp_reset" },
+    Hook { program: program::FEXIT_TCP_FINISH_CONNECT, kind: HookKind::FExit, name: "tcp_finish_connect" },
+];
+
 /// The socket table, every set: `iter/tcp`.
 pub(crate) const ITER: Hook = Hook { program: program::ITER_TCP, kind: HookKind::Iter, name: "tcp" };
 
@@ -83,7 +93,8 @@ pub(crate) enum HotLink {
     FEntry(FEntryLinkId),
 }
 
-/// Empty programs for benchmarks (`--bench-empty-probes`).
+/// Empty programs for benchmarks (`--bench-empty-probes`, the `bench` build).
+#[cfg(feature = "bench")]
 pub(crate) const BENCH_EMPTY: &[Hook] = &[
     Hook { program: program::BENCH_EMPTY_SEND, kind: HookKind::BtfTracePoint, name: "tcp_sendmsg_locked" },
     Hook { program: program::BENCH_EMPTY_RECV, kind: HookKind::BtfTracePoint, name: "tcp_rcv_space_adjust" },

@@ -36,6 +36,27 @@ pub fn link_create(prog: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     bpf(BPF_LINK_CREATE, &mut attr)
 }
 
+/// Attach a task iterator program to one process only (`pid`, 6.1+:
+/// `bpf_iter_link_info.task`): its iterators visit that process's tasks
+/// instead of every task on the host. `EINVAL` on older kernels.
+pub fn link_create_for_process(prog: BorrowedFd<'_>, pid: u32) -> io::Result<OwnedFd> {
+    // `union bpf_iter_link_info`: `task.tid`, `task.pid`, `task.pid_fd`,
+    // padded to the union's 16 bytes.
+    let info: [u32; 4] = [0, pid, 0, 0];
+    let ptr = info.as_ptr() as u64;
+    let mut attr = [0u32; 16];
+    attr[0] = u32::try_from(prog.as_raw_fd()).map_err(io::Error::other)?;
+    attr[2] = BPF_TRACE_ITER;
+    // `iter_info` (an aligned u64 at byte 16) and `iter_info_len`.
+    #[allow(clippy::cast_possible_truncation, reason = "the pointer split into its two 32-bit halves")]
+    {
+        attr[4] = ptr as u32;
+        attr[5] = (ptr >> 32) as u32;
+    }
+    attr[6] = u32::try_from(std::mem::size_of_val(&info)).map_err(io::Error::other)?;
+    bpf(BPF_LINK_CREATE, &mut attr)
+}
+
 /// An iterator over the calling thread's network namespace (fixed
 /// when the iterator is created, not when it is read).
 pub fn create(link: &OwnedFd) -> io::Result<File> {

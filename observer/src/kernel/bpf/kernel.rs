@@ -7,7 +7,7 @@ use std::io;
 use aya::maps::{Array, MapData};
 use observer_common::{kfunc, maps, Offsets};
 
-use super::{BpfError, ProbeSet, OBJECT};
+use super::{load::OBJECT, BpfError, ProbeSet};
 use crate::{
     kernel::btf::{Btf, BtfError},
     kernel::event::clock_ns,
@@ -17,7 +17,7 @@ use crate::{
 pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
     let skc = |f| btf.offset("sock_common", f);
     let shutdown = btf.field("sock", "sk_shutdown")?;
-    Ok(Offsets {
+    let o = Offsets {
         skc_daddr: skc("skc_daddr")?,
         skc_rcv_saddr: skc("skc_rcv_saddr")?,
         skc_dport: skc("skc_dport")?,
@@ -53,14 +53,102 @@ pub fn resolve_offsets(btf: &Btf) -> Result<Offsets, BtfError> {
         app_limited: btf.offset("tcp_sock", "app_limited")?,
         lsndtime: btf.offset("tcp_sock", "lsndtime")?,
         lrcvtime: btf.offset_path("inet_connection_sock", &["icsk_ack", "lrcvtime"])?,
-        ..iov_iter(btf).unwrap_or_default()
+        ..Offsets::default()
+    };
+    // Optional groups, each whole or left 0 (its feature off): the first
+    // bytes' names; the connecting executable, and on it the mapped files.
+    let o = iov_iter(btf, &o).unwrap_or(o);
+    let o = segment_arrival(btf, &o).unwrap_or(o);
+    Ok(own_process(btf, &o).map_or(o, |o| process_files(btf, &o).unwrap_or(o)))
+}
+
+/// The `sk_buff` fields that tell how a received segment arrived (its
+/// IP header, so its TTL; its interface), for who sent a reset. `None`
+/// on a layout it does not know: then every reset's source is unknown.
+fn segment_arrival(btf: &Btf, base: &Offsets) -> Option<Offsets> {
+    Some(Offsets {
+        skb_head: btf.offset("sk_buff", "head").ok()?,
+        skb_network_header: btf.offset("sk_buff", "network_header").ok()?,
+        skb_iif: btf.offset("sk_buff", "skb_iif").ok()?,
+        ..*base
     })
+}
+
+/// The fields that tell a connecting process's executable, and this
+/// daemon's process, whose connection at start shows the probes which
+/// executable is observer's (see [`super::Probes::load`]). `None` when the
+/// kernel's layout is not known: then no connection is taken for
+/// observer's own by the kernel, and the probe's connections count like
+/// any process's unless `/proc` shows them (never the other way round).
+fn own_process(btf: &Btf, base: &Offsets) -> Option<Offsets> {
+    Some(Offsets {
+        task_mm: btf.offset("task_struct", "mm").ok()?,
+        mm_exe_file: btf.offset("mm_struct", "exe_file").ok()?,
+        file_inode: btf.offset("file", "f_inode").ok()?,
+        own_tgid: u64::from(std::process::id()),
+        ..*base
+    })
+}
+
+/// The fields the `iter/task_vma` program reads to list a process's
+/// mapped files ([`super::ProcessFiles`]). `None` when the kernel's layout
+/// is not known: the program is then not loaded, and another user's
+/// process is told only as far as its `/proc` allows.
+fn process_files(btf: &Btf, base: &Offsets) -> Option<Offsets> {
+    let f_path = btf.offset("file", "f_path").ok()?;
+    Some(Offsets {
+        task_tgid: btf.offset("task_struct", "tgid").ok()?,
+        vma_vm_file: btf.offset("vm_area_struct", "vm_file").ok()?,
+        inode_ino: btf.offset("inode", "i_ino").ok()?,
+        inode_sb: btf.offset("inode", "i_sb").ok()?,
+        sb_dev: btf.offset("super_block", "s_dev").ok()?,
+        file_dentry: f_path + btf.offset("path", "dentry").ok()?,
+        file_mnt: f_path + btf.offset("path", "mnt").ok()?,
+        dentry_parent: btf.offset("dentry", "d_parent").ok()?,
+        dentry_name: btf.offset_path("dentry", &["d_name", "name"]).ok()?,
+        vfsmount_root: btf.offset("vfsmount", "mnt_root").ok()?,
+        mount_mnt: btf.offset("mount", "mnt").ok()?,
+        mount_parent: btf.offset("mount", "mnt_parent").ok()?,
+        mount_mountpoint: btf.offset("mount", "mnt_mountpoint").ok()?,
+        ..*base
+    })
+}
+
+/// Show the probes which executable is observer's: connect once from a
+/// thread named as the probe's to a loopback port nothing listens on (the
+/// kernel refuses it at once: no connection, no event), so the state hook
+/// records this process's executable in `OWN_EXE`. Logs how `observer
+/// probe`'s connections will be told; true when the kernel knows.
+pub(crate) fn show_own_executable(own_exe: &Array<MapData, u64>) -> bool {
+    // A port just freed: nothing listens there.
+    let target = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
+    let known = match target {
+        Ok(addr) => {
+            // Refused, as it should be: only the attempt matters.
+            if let Ok(t) = std::thread::Builder::new()
+                .name(observer_common::PROBE_THREAD.to_owned())
+                .spawn(move || drop(std::net::TcpStream::connect(addr)))
+            {
+                let _ = t.join();
+            }
+            own_exe.get(&0, 0).is_ok_and(|inode| inode != 0)
+        }
+        Err(_) => false,
+    };
+    if known {
+        log::info!("observer probe's connections are told by their executable, as the kernel knows it");
+    } else {
+        log::warn!(
+            "observer probe's connections are told only where /proc/PID/exe is readable (as root): this kernel did not show the daemon's executable; a probe run beside an unprivileged daemon counts as an application"
+        );
+    }
+    known
 }
 
 /// Where the send probe finds a write's bytes, for the name a client used
 /// ([`crate::kernel::first_bytes`]). `None` (names off) on a layout it does not
 /// know: then `msg_iter` stays 0 and the probe never reads user memory.
-fn iov_iter(btf: &Btf) -> Option<Offsets> {
+fn iov_iter(btf: &Btf, base: &Offsets) -> Option<Offsets> {
     let ptr = ["ubuf", "__iov", "iov"].iter().find_map(|f| btf.offset("iov_iter", f).ok())?;
     let value = |v| btf.enum_value("iter_type", v).ok().and_then(|v| u64::try_from(v).ok());
     // The reader takes `iter_type` as one byte (5.14+; older kernels packed
@@ -74,7 +162,7 @@ fn iov_iter(btf: &Btf) -> Option<Offsets> {
         iter_ptr: ptr,
         iter_ubuf: value("ITER_UBUF").unwrap_or(u64::MAX),
         iter_iovec: value("ITER_IOVEC")?,
-        ..Offsets::default()
+        ..*base
     })
 }
 
@@ -199,4 +287,51 @@ pub(crate) fn object_for(cast: Option<KfuncIds>) -> (Vec<u8>, u64) {
         None => 0,
     };
     (object, tcp_sock)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{resolve_offsets, tick_ns};
+    use crate::kernel::btf::Btf;
+
+    /// The coarse clocks' resolution is the kernel's `TICK_NSEC`.
+    #[test]
+    fn tick_is_the_kernels_jiffy() {
+        let tick = tick_ns();
+        assert!((1_000_000..=10_000_000).contains(&tick), "no jiffy length: {tick}");
+        if let Some(hz) = crate::kernel::event::clock::kernel_hz() {
+            let hz = u64::from(hz);
+            assert_eq!(tick, (1_000_000_000 + hz / 2) / hz, "CONFIG_HZ={hz}");
+        }
+    }
+
+    /// On the running kernel: every required field resolved, and each
+    /// optional group whole (all its fields) or wholly 0; the mapped-files
+    /// group only on top of the connecting-executable one.
+    #[test]
+    fn optional_offset_groups_are_whole_or_off() {
+        let Ok(btf) = Btf::from_sys_fs() else {
+            eprintln!("no readable /sys/kernel/btf/vmlinux here: nothing to resolve");
+            return;
+        };
+        let o = resolve_offsets(&btf).expect("this kernel's required fields");
+        assert!(o.write_seq != 0 && o.rcv_nxt != 0 && o.skc_dport != 0);
+        let whole = |group: &[u64]| group.iter().all(|&f| f != 0) || group.iter().all(|&f| f == 0);
+        assert!(whole(&[o.msg_iter, o.iter_count, o.iter_ptr, o.iter_iovec]), "{o:?}");
+        assert!(whole(&[o.task_mm, o.mm_exe_file, o.file_inode, o.own_tgid]), "{o:?}");
+        let files = [o.task_tgid, o.vma_vm_file, o.inode_sb, o.file_dentry, o.dentry_parent, o.mount_parent];
+        assert!(whole(&files), "{o:?}");
+        assert!(o.vma_vm_file == 0 || o.task_mm != 0, "mapped files need the executable's fields: {o:?}");
+        // `network_header` is a u16 inside `struct_group(headers)` on 5.17+
+        // (an anonymous union): found through the anonymous members.
+        assert!(o.skb_head != 0 && o.skb_network_header != 0 && o.skb_iif != 0, "{o:?}");
+        // This machine's kernel (6.18) has all four.
+        eprintln!(
+            "names {}, executable {}, mapped files {}, segment arrival {}",
+            o.msg_iter != 0,
+            o.task_mm != 0,
+            o.vma_vm_file != 0,
+            o.skb_head != 0
+        );
+    }
 }

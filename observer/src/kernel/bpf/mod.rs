@@ -4,8 +4,11 @@
 //! counters and the socket table. Dropping [`Probes`] detaches and unloads
 //! everything (nothing is pinned).
 //!
-//! [`hooks`] (what attaches where, the probe set), [`kernel`] (inspecting
-//! the running kernel), [`iter`] (the socket iterator aya does not expose).
+//! [`load`] (bringing the probes up: the object, the probe set, the
+//! benchmarks' toggle), [`hooks`] (what attaches where, the probe set),
+//! [`kernel`] (inspecting the running kernel), [`iter`] (the iterators aya
+//! does not expose), [`files`] (a process's mapped files, listed by the
+//! kernel). This file reads what the loaded probes give.
 
 use std::{
     io,
@@ -15,61 +18,30 @@ use std::{
 
 use aya::{
     maps::{Array, HashMap, MapData, PerCpuArray, RingBuf},
-    programs::{BtfTracePoint, FEntry, Iter},
-    Btf as AyaBtf, Ebpf, EbpfLoader,
+    Ebpf,
 };
-use observer_common::{counter, globals, maps, DoomedRecord, SockRecord};
+use observer_common::{counter, maps, DoomedRecord, SockRecord};
 
 use crate::{
     kernel::btf::BtfError,
     kernel::event::{decode_bytes, Clock, DecodeError, FirstBytes, SockEvent},
 };
 
+mod files;
 mod hooks;
 mod iter;
 mod kernel;
+mod load;
 mod losses;
 mod netns;
 mod watch;
 
+pub use files::ProcessFiles;
+use hooks::HotLink;
 pub use hooks::{Hook, HookKind, ProbeSet};
-use hooks::{HotLink, BENCH_EMPTY, HOT_HOOKS, RECV, RECV_CAST};
+use kernel::set_clock_offset;
 pub use kernel::{check_capabilities, raise_memlock, refused_by_seccomp, resolve_offsets};
-use kernel::{inspect_kernel, object_for, set_clock_offset, tick_ns};
-
-/// Take map `name` out of the loaded object as its typed handle.
-fn take_map<T: TryFrom<aya::maps::Map, Error = aya::maps::MapError>>(
-    ebpf: &mut Ebpf,
-    name: &'static str,
-) -> Result<T, BpfError> {
-    T::try_from(ebpf.take_map(name).ok_or(BpfError::MissingMap(name))?).map_err(|source| BpfError::Map { name, source })
-}
-
-/// Load `object` with the load-time globals set from `config` and the
-/// running kernel's offsets.
-fn load_with_globals(
-    config: &ProbeConfig,
-    set: ProbeSet,
-    offsets: &observer_common::Offsets,
-    tcp_sock_btf_id: u64,
-    object: &[u8],
-) -> Result<Ebpf, BpfError> {
-    Ok(EbpfLoader::new()
-        .override_global(globals::MIN_IDLE_NS, &config.min_idle_ns, true)
-        .override_global(globals::STALL_AFTER_NS, &config.stall_after_ns, true)
-        .override_global(globals::ANSWER_WITHIN_NS, &config.answer_within_ns, true)
-        .override_global(globals::OFFSETS, offsets, true)
-        .override_global(globals::EMIT_CLOSED, &u64::from(config.emit_closed), true)
-        .override_global(globals::TICK_NS, &tick_ns(), true)
-        .override_global(globals::TCP_SOCK_BTF_ID, &tcp_sock_btf_id, true)
-        .override_global(globals::RING_BYTES, &u64::from(config.ring_buffer_bytes), true)
-        .override_global(globals::FAILED_WRITE_HOOK, &u64::from(set.on_demand().is_some()), true)
-        .map_max_entries(maps::EVENTS, config.ring_buffer_bytes)
-        .load(object)?)
-}
-
-/// The eBPF object built by `build.rs` (empty when built with `AYA_BUILD_SKIP=1`).
-static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/observer"));
+pub use load::ProbeConfig;
 
 /// What can go wrong bringing the probes up.
 #[derive(Debug, thiserror::Error)]
@@ -105,45 +77,6 @@ pub enum BpfError {
     Iter(io::Error),
     #[error("invalid setting: {0}")]
     Setting(String),
-}
-
-/// Load-time settings for the probes.
-#[derive(Debug, Clone)]
-#[allow(clippy::struct_excessive_bools, reason = "independent switches, each one command-line flag")]
-pub struct ProbeConfig {
-    /// Minimum idle time before a write counts as a reuse.
-    pub min_idle_ns: u64,
-    /// How long a retransmitted reuse may stay unacknowledged before it is a stall.
-    pub stall_after_ns: u64,
-    /// A request unanswered this long is dropped as unresolved.
-    pub answer_within_ns: u64,
-    /// Ring buffer size in bytes (a power of two, multiple of the page size).
-    pub ring_buffer_bytes: u32,
-    /// Emit `closed` events (they are only printed, with `--connections`).
-    pub emit_closed: bool,
-    /// Also attach empty programs on the hot-path hooks (benchmarks).
-    pub bench_empty: bool,
-    /// Let [`Probes::toggle_hot_path`] detach and re-attach the send and
-    /// receive probes (benchmarks).
-    pub bench_toggle: bool,
-    /// Read a client connection's first bytes for the name it used (SNI,
-    /// `Host`); `--no-names` turns it off and no user memory is read.
-    pub names: bool,
-}
-
-impl Default for ProbeConfig {
-    fn default() -> Self {
-        Self {
-            min_idle_ns: 1_000_000_000,
-            stall_after_ns: 1_000_000_000,
-            answer_within_ns: 300_000_000_000,
-            ring_buffer_bytes: 1 << 20,
-            emit_closed: true,
-            bench_empty: false,
-            bench_toggle: false,
-            names: true,
-        }
-    }
 }
 
 /// Kernel-side loss and bookkeeping counters (summed over CPUs).
@@ -198,6 +131,8 @@ pub struct Probes {
     ebpf: Ebpf,
     /// The failed-write hook, attached on demand (`tp_btf` set).
     failed_writes: Option<watch::FailedWriteWatch>,
+    /// Whether the fields the task-VMA iterator reads are known.
+    files_known: bool,
     /// The send and receive probes' links, kept only for
     /// [`Probes::toggle_hot_path`]; `None` while detached.
     hot: Vec<(&'static str, HookKind, Option<HotLink>)>,
@@ -211,152 +146,6 @@ pub struct Probes {
 }
 
 impl Probes {
-    /// Load the embedded object with `config` and attach the probe set.
-    pub fn load(config: &ProbeConfig) -> Result<Self, BpfError> {
-        Self::load_object(config).map_err(|e| {
-            if refused_by_seccomp(&e) {
-                BpfError::SeccompRefused(Box::new(e))
-            } else {
-                e
-            }
-        })
-    }
-
-    fn load_object(config: &ProbeConfig) -> Result<Self, BpfError> {
-        if OBJECT.is_empty() {
-            return Err(BpfError::NoObject);
-        }
-        check_capabilities()?;
-        if !config.ring_buffer_bytes.is_power_of_two() || config.ring_buffer_bytes < 4096 {
-            return Err(BpfError::Setting(format!(
-                "ring buffer size {} must be a power of two and at least 4096 bytes",
-                config.ring_buffer_bytes
-            )));
-        }
-        let (set, offsets, cast) = inspect_kernel(config.names)?;
-        let (object, tcp_sock_btf_id) = object_for(cast);
-        // `EbpfLoader::new` parses the kernel's BTF for itself; the programs'
-        // loads below need a copy of their own, parsed once the loader's is
-        // gone.
-        let mut ebpf = load_with_globals(config, set, &offsets, tcp_sock_btf_id, &object)?;
-        drop(object);
-        let kernel_btf = AyaBtf::from_sys_fs().map_err(|e| BpfError::MissingHook(format!("readable BTF ({e})")))?;
-        // Before any probe runs: receive times are `CLOCK_MONOTONIC` plus
-        // this offset.
-        let mut clock_offset: Array<MapData, u64> = take_map(&mut ebpf, maps::CLOCK_OFFSET)?;
-        set_clock_offset(&mut clock_offset)?;
-        let mut attached = Vec::new();
-        let mut hot = Vec::new();
-        let mut iter_link = None;
-        let empty: &[Hook] = if config.bench_empty { BENCH_EMPTY } else { &[] };
-        // The kfunc variant only once its call is patched.
-        let cast = tcp_sock_btf_id != 0;
-        let hooks = set.hooks().into_iter().map(|h| if cast && h.program == RECV.program { RECV_CAST } else { h });
-        for hook in hooks.chain(empty.iter().copied()) {
-            let hook = &hook;
-            // The real send and receive probes, not the empty ones beside them.
-            let toggled = config.bench_toggle
-                && HOT_HOOKS.contains(&hook.name)
-                && !empty.iter().any(|e| e.program == hook.program);
-            let err = |source| BpfError::Program { name: hook.program, source };
-            let prog = ebpf.program_mut(hook.program).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
-            let prog_id = match hook.kind {
-                HookKind::BtfTracePoint => {
-                    let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
-                    prog.load(hook.name, &kernel_btf).map_err(err)?;
-                    let link = prog.attach().map_err(err)?;
-                    if toggled {
-                        hot.push((hook.program, hook.kind, Some(HotLink::Tp(link))));
-                    }
-                    prog.info().map_err(err)?.id()
-                }
-                HookKind::FEntry => {
-                    let refused = |e| fentry_refused(hook.name, &e);
-                    let prog: &mut FEntry = prog.try_into().map_err(err)?;
-                    prog.load(hook.name, &kernel_btf).map_err(refused)?;
-                    let link = prog.attach().map_err(refused)?;
-                    if toggled {
-                        hot.push((hook.program, hook.kind, Some(HotLink::FEntry(link))));
-                    }
-                    prog.info().map_err(err)?.id()
-                }
-                HookKind::Iter => {
-                    let prog: &mut Iter = prog.try_into().map_err(err)?;
-                    prog.load(hook.name, &kernel_btf).map_err(err)?;
-                    iter_link = Some(iter::link_create(prog.fd().map_err(err)?.as_fd()).map_err(BpfError::Iter)?);
-                    prog.info().map_err(err)?.id()
-                }
-            };
-            attached.push(Attached { hook: *hook, prog_id, on_demand: false });
-        }
-        let on_demand =
-            set.on_demand().map(|h| watch::FailedWriteWatch::load(&mut ebpf, h, &kernel_btf)).transpose()?;
-        let failed_writes = on_demand.map(|(watch, loaded)| {
-            attached.push(loaded);
-            watch
-        });
-        let iter_link =
-            iter_link.ok_or(BpfError::Program { name: "iter_tcp", source: aya::programs::ProgramError::NotLoaded })?;
-        let doomed = take_map(&mut ebpf, maps::DOOMED)?;
-        let walked = netns::Walked::new(take_map(&mut ebpf, maps::WALKED_NETNS)?);
-        let closed_idle = take_map(&mut ebpf, maps::CLOSED_IDLE)?;
-        let ring = take_map(&mut ebpf, maps::EVENTS)?;
-        let counters = take_map(&mut ebpf, maps::COUNTERS)?;
-        Ok(Self {
-            iter_link,
-            doomed,
-            walked,
-            evictions: std::sync::Mutex::new(losses::Evictions::new(closed_idle)),
-            ebpf,
-            failed_writes,
-            hot,
-            ring,
-            counters,
-            clock_offset,
-            attached,
-            set,
-            clock: Clock::now(),
-            clock_sampled: Instant::now(),
-        })
-    }
-
-    /// Detach the send and receive probes if they are attached, attach
-    /// them again if not (`--bench-toggle`: a benchmark compares round
-    /// trips with and without them inside one run). Returns whether they
-    /// are attached now. While they are detached the state of busy sockets
-    /// goes stale, so a few writes after re-attaching take the slow path.
-    pub fn toggle_hot_path(&mut self) -> Result<bool, BpfError> {
-        if self.hot.is_empty() {
-            return Err(BpfError::Setting("the hot-path probes can be toggled only with --bench-toggle".into()));
-        }
-        let attach = self.hot.iter().all(|(_, _, link)| link.is_none());
-        for (name, kind, link) in &mut self.hot {
-            let name: &'static str = name;
-            let err = |source| BpfError::Program { name, source };
-            let prog = self.ebpf.program_mut(name).ok_or(err(aya::programs::ProgramError::NotLoaded))?;
-            match (link.take(), attach) {
-                (Some(HotLink::Tp(id)), false) => {
-                    let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
-                    prog.detach(id).map_err(err)?;
-                }
-                (Some(HotLink::FEntry(id)), false) => {
-                    let prog: &mut FEntry = prog.try_into().map_err(err)?;
-                    prog.detach(id).map_err(err)?;
-                }
-                (None, true) if *kind == HookKind::FEntry => {
-                    let prog: &mut FEntry = prog.try_into().map_err(err)?;
-                    *link = Some(HotLink::FEntry(prog.attach().map_err(err)?));
-                }
-                (None, true) => {
-                    let prog: &mut BtfTracePoint = prog.try_into().map_err(err)?;
-                    *link = Some(HotLink::Tp(prog.attach().map_err(err)?));
-                }
-                (kept, _) => *link = kept,
-            }
-        }
-        Ok(attach)
-    }
-
     /// The probes attached, in attach order.
     #[must_use]
     pub fn attached(&self) -> &[Attached] {
@@ -515,48 +304,5 @@ impl Probes {
     #[must_use]
     pub const fn clock(&self) -> Clock {
         self.clock
-    }
-}
-
-/// `fentry` refused: kernels without BPF trampolines on kernel functions,
-/// such as arm64 before 6.4 (no ftrace direct calls; seen on Debian 12's
-/// arm64 6.1) and some hardened builds.
-fn fentry_refused(function: &'static str, e: &dyn std::fmt::Display) -> BpfError {
-    let hint = if cfg!(target_arch = "aarch64") {
-        ": on arm64, fentry on a kernel function needs Linux 6.4 or newer (ftrace direct calls); \
-         run a 6.4+ kernel, such as Debian 13's 6.12 or Ubuntu 24.04's 6.8"
-    } else {
-        " (Linux 5.15 or newer with BPF trampolines)"
-    };
-    BpfError::NoSendHook { function, reason: e.to_string(), hint }
-}
-
-#[cfg(test)]
-mod tests {
-    /// The object holds exactly the programs `observer_common::program`
-    /// names, so the loader's names and the probes' functions cannot drift.
-    #[test]
-    fn the_object_holds_the_programs_named_in_common() {
-        if super::OBJECT.is_empty() {
-            eprintln!("built with AYA_BUILD_SKIP=1: no eBPF object to check");
-            return;
-        }
-        let obj = aya_obj::Object::parse(super::OBJECT).expect("the embedded object parses");
-        let mut found: Vec<&str> = obj.programs.keys().map(String::as_str).collect();
-        let mut named: Vec<&str> = observer_common::program::ALL.to_vec();
-        found.sort_unstable();
-        named.sort_unstable();
-        assert_eq!(found, named);
-    }
-
-    /// The coarse clocks' resolution is the kernel's `TICK_NSEC`.
-    #[test]
-    fn tick_is_the_kernels_jiffy() {
-        let tick = super::tick_ns();
-        assert!((1_000_000..=10_000_000).contains(&tick), "no jiffy length: {tick}");
-        if let Some(hz) = crate::kernel::event::clock::kernel_hz() {
-            let hz = u64::from(hz);
-            assert_eq!(tick, (1_000_000_000 + hz / 2) / hz, "CONFIG_HZ={hz}");
-        }
     }
 }

@@ -18,7 +18,7 @@ use aya::{
 };
 use observer_common::maps;
 
-use super::{take_map, Attached, BpfError, Hook};
+use super::{load::take_map, Attached, BpfError, Hook};
 
 /// How long the count must stay 0 before the hook is detached: a host
 /// whose sockets keep dying idle keeps it, instead of paying an attach

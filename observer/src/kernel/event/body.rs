@@ -15,7 +15,10 @@ use observer_common::{flags, Event};
 use serde::{Deserialize, Serialize};
 
 use super::{secs, DecodeError, EventKind, How, Outcome};
-use crate::kernel::{first_bytes::Protocol, runtime::ClientRuntime};
+use crate::kernel::{
+    first_bytes::{Protocol, TlsVersion},
+    runtime::ClientRuntime,
+};
 
 /// An event's kind and what only that kind says.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,6 +185,10 @@ pub struct FirstBytes {
     /// The application protocol (`http1`, `h2`), where the bytes tell it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Protocol>,
+    /// The TLS version negotiated (a record of its own, from the client's
+    /// second flight).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_version: Option<TlsVersion>,
 }
 
 impl Body {
@@ -242,16 +249,20 @@ impl Body {
             EventKind::DiscardedDead => {
                 Self::DiscardedDead(Discarded { how, elapsed_seconds: (raw.elapsed_ns != 0).then_some(elapsed) })
             }
-            EventKind::ServerName => Self::ServerName(FirstBytes::default()),
+            EventKind::ServerName => Self::ServerName(FirstBytes {
+                tls_version: TlsVersion::of_wire(raw.tls_version),
+                ..FirstBytes::default()
+            }),
         })
     }
 }
 
 impl FirstBytes {
-    /// The first bytes told neither a name nor a protocol: no event.
+    /// The first bytes told neither a name nor a protocol, nor a TLS
+    /// version: no event.
     #[must_use]
     pub const fn tells_nothing(&self) -> bool {
-        self.server_name.is_none() && self.protocol.is_none()
+        self.server_name.is_none() && self.protocol.is_none() && self.tls_version.is_none()
     }
 }
 

@@ -99,8 +99,11 @@ fn json_round_trips_with_stable_names() {
     let mut rich = ev.clone();
     rich.owner =
         Some(crate::kernel::owner::Owner { cgroup: "/x".into(), runtime: Some("docker".into()), ..Default::default() });
-    rich.reuse_mut().client_runtime =
-        Some(crate::kernel::runtime::ClientRuntime { runtime: "go".into(), libraries: vec!["net/http".into()] });
+    rich.reuse_mut().client_runtime = Some(crate::kernel::runtime::ClientRuntime {
+        runtime: "go".into(),
+        libraries: vec!["net/http".into()],
+        ..Default::default()
+    });
     let line = rich.to_json_line();
     let back: SockEvent = serde_json::from_str(&line).unwrap();
     assert_eq!(back, rich, "{line}");

@@ -55,6 +55,8 @@ pub fn view_of(rec: &SockRecord, now_ns: u64) -> Option<SocketView> {
 /// outstanding, and nothing was written since): it fails on first use.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DoomedView {
+    /// Per-boot socket number (never a kernel address).
+    pub sock_id: u64,
     pub local: SocketAddr,
     pub remote: SocketAddr,
     /// How it died: `fin`, `rst` or `timeout`; `stalled`: a reuse on it
@@ -80,6 +82,7 @@ pub fn doomed_of(rec: &DoomedRecord, now_ns: u64) -> Option<DoomedView> {
     };
     let comm_len = rec.comm.iter().position(|&b| b == 0).unwrap_or(rec.comm.len());
     Some(DoomedView {
+        sock_id: rec.id,
         local: addr(rec.family, rec.saddr, rec.sport).ok()?,
         remote: addr(rec.family, rec.daddr, rec.dport).ok()?,
         how,

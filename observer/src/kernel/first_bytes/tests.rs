@@ -148,8 +148,10 @@ fn the_protocol_from_the_preface_the_request_line_or_alpn() {
     assert_eq!(server_name(&grpc), Some(named("api.example", NameSource::Sni)));
     let h1 = client_hello(&[alpn_ext(&[b"http/1.1"])]);
     assert_eq!(protocol(&h1), Some(Protocol::Http1));
-    // Go's net/http offers both: the server chooses, so nothing is told.
-    assert_eq!(protocol(&client_hello(&[alpn_ext(&[b"h2", b"http/1.1"])])), None);
+    // Go's net/http offers both: HTTP, its version the server's pick.
+    assert_eq!(protocol(&client_hello(&[alpn_ext(&[b"h2", b"http/1.1"])])), Some(Protocol::Http));
+    // Anything else offered beside them tells nothing.
+    assert_eq!(protocol(&client_hello(&[alpn_ext(&[b"h2", b"spdy/3"])])), None);
     assert_eq!(protocol(&client_hello(&[sni_ext(b"a.example")])), None, "no ALPN");
     let cut = &grpc[..grpc.len() - 2];
     assert_eq!(protocol(cut), None, "an ALPN extension cut by the capture tells nothing");

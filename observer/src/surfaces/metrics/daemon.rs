@@ -1,12 +1,9 @@
 //! The daemon's own series: what it received and lost, what it runs on,
 //! and what `observer probe` beside it did.
 
-use prometheus_client::{
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
-    registry::Registry,
-};
+use prometheus_client::metrics::{counter::Counter, family::Family, gauge::Gauge};
 
-use super::{reason, register, BuildLabels, KindLabels, ReasonLabels};
+use super::{reason, register, BuildLabels, KindLabels, ReasonLabels, Registrar, SignalLabels};
 
 /// The daemon's own series: what it received, lost and runs on.
 pub(super) struct DaemonFamilies {
@@ -23,10 +20,11 @@ pub(super) struct DaemonFamilies {
     pub(super) store_records_lost: Family<ReasonLabels, Counter>,
     pub(super) probe_events: Counter,
     pub(super) probe_results: Counter,
+    pub(super) otlp_failures: Family<SignalLabels, Counter>,
 }
 
 impl DaemonFamilies {
-    pub(super) fn register(r: &mut Registry) -> Self {
+    pub(super) fn register(r: &mut Registrar) -> Self {
         let f = Self {
             evicted: register(
                 r,
@@ -89,7 +87,7 @@ impl DaemonFamilies {
             probe_events: register(
                 r,
                 "observer_probe_connection_events",
-                "Events of observer probe's own connections (thread observer-probe), left out of every row",
+                "Events of observer probe's own connections (connected by a process running the daemon's executable), left out of every row",
                 None,
                 Counter::default(),
             ),
@@ -107,7 +105,17 @@ impl DaemonFamilies {
                 None,
                 Gauge::default(),
             ),
+            otlp_failures: register(
+                r,
+                "observer_otlp_export_failures",
+                "OTLP exports the collector did not take after the exporter's retries, by signal (metrics, logs); 0 without an OTLP endpoint",
+                None,
+                Family::default(),
+            ),
         };
+        for signal in ["metrics", "logs"] {
+            let _ = f.otlp_failures.get_or_create(&SignalLabels { signal: signal.to_owned() });
+        }
         // Every loss reason is exported from the start, at 0.
         for reason in reason::ALL {
             let _ = f.lost.get_or_create(&ReasonLabels { reason: (*reason).to_owned() });

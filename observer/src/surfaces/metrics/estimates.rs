@@ -3,10 +3,10 @@
 
 use prometheus_client::{
     metrics::{family::Family, gauge::Gauge},
-    registry::{Registry, Unit},
+    registry::Unit,
 };
 
-use super::{register, BoundLabels, FGauge, MismatchLabels, NameLabels, RowGauge, RowLabels};
+use super::{register, BoundLabels, FGauge, MismatchLabels, NameLabels, Registrar, RowGauge, RowLabels};
 use crate::diagnosis::aggregate::{DestinationRow, Verdict};
 
 /// Gauges rebuilt from the table at each scrape, per row: a gauge without
@@ -28,7 +28,7 @@ pub(super) struct EstimateFamilies {
 
 impl EstimateFamilies {
     #[allow(clippy::too_many_lines, reason = "one registration per family")]
-    pub(super) fn register(r: &mut Registry) -> Self {
+    pub(super) fn register(r: &mut Registrar) -> Self {
         let s = Some(Unit::Seconds);
         Self {
             path_timeout: register(
@@ -140,18 +140,18 @@ impl EstimateFamilies {
     pub(super) fn set(&self, r: &DestinationRow) {
         let row = RowLabels::from(&r.id);
         let bound = |b: &str| BoundLabels { row: row.clone(), bound: b.to_owned() };
-        if r.path_lower_evidence > 0 {
-            self.path_timeout.get_or_create(&bound("lower")).set(r.path_idle_timeout_lower_seconds);
+        if r.path.lower_evidence > 0 {
+            self.path_timeout.get_or_create(&bound("lower")).set(r.path.lower_seconds);
         }
-        if let Some(u) = r.path_idle_timeout_upper_seconds {
+        if let Some(u) = r.path.upper_seconds {
             self.path_timeout.get_or_create(&bound("upper")).set(u);
         }
-        if let Some(p) = r.path_idle_timeout_seconds {
+        if let Some(p) = r.path.idle_timeout_seconds {
             self.path_timeout.get_or_create(&bound("point")).set(p);
         }
         let gauges = [
             (&self.pool_timeout, r.pool_idle_timeout_seconds),
-            (&self.recommended, r.recommended_pool_idle_timeout_seconds),
+            (&self.recommended, r.judgement.recommended_pool_idle_timeout_seconds),
             (&self.peer_deadline, r.peer_request_deadline_seconds),
             (&self.our_timeout, r.request_timeout_seconds),
             (&self.server_timeout, r.server_idle_timeout_seconds),
@@ -163,15 +163,15 @@ impl EstimateFamilies {
             }
         }
         let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        if r.mixed_paths.len() > 1 {
-            self.mixed_paths.get_or_create(&row).set(i64::try_from(r.mixed_paths.len()).unwrap_or(i64::MAX));
+        if r.path.mixed_paths.len() > 1 {
+            self.mixed_paths.get_or_create(&row).set(i64::try_from(r.path.mixed_paths.len()).unwrap_or(i64::MAX));
         }
-        if r.verdict != Verdict::Unknown {
+        if r.judgement.verdict != Verdict::Unknown {
             self.mismatch
                 .get_or_create(&MismatchLabels { row: row.clone(), failure_mode: r.failure_mode.as_str().to_owned() })
-                .set(i64::from(r.verdict.is_mismatch()));
+                .set(i64::from(r.judgement.verdict.is_mismatch()));
         }
-        if r.path_idle_timeout_upper_seconds.is_some() {
+        if r.path.upper_seconds.is_some() {
             self.at_risk.get_or_create(&row).set(count(r.at_risk_idle_sockets));
         }
         if r.id.role == crate::kernel::event::Role::Client {

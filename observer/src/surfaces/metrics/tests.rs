@@ -5,27 +5,11 @@ use crate::{
 };
 
 fn ev(kind: EventKind, idle: f64, outcome: Option<Outcome>, remote: &str) -> SockEvent {
-    let mut e = SockEvent::new(
-        1_700_000_000_000_000_000,
-        kind,
-        Role::Client,
-        "10.0.0.1:40000".parse().unwrap(),
-        remote.parse().unwrap(),
-        idle,
-    );
-    e.comm = "curl".into();
-    if let Some(o) = outcome {
-        e.reuse_mut().outcome = o;
-        e.set_elapsed(0.001);
-    }
-    if kind == EventKind::PeerCloseWhileIdle {
-        e.set_how(Some(How::Fin));
-    }
-    e
+    SockEvent::client_test(1_700_000_000_000_000_000, kind, remote, idle).shaped("curl", outcome)
 }
 
 fn feed(m: &Metrics, agg: &mut Aggregator, e: &SockEvent) {
-    let ingested = agg.ingest(e);
+    let ingested = agg.feed(e).ingested;
     m.observe(e, ingested.as_ref());
 }
 
@@ -56,8 +40,8 @@ fn exposition_lines_for_known_events() {
         r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
         r#"observer_reuse_idle_seconds_bucket{le="30.0",destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
         r#"observer_reuse_idle_seconds_bucket{le="15.0",destination="10.0.0.2:443",role="client",outcome="ok"} 0"#,
-        r#"observer_reuse_idle_seconds_bucket{le="75.0",destination="10.0.0.2:443",role="client",outcome="reset"} 1"#,
-        r#"observer_reuse_idle_seconds_bucket{le="60.0",destination="10.0.0.2:443",role="client",outcome="reset"} 0"#,
+        r#"observer_reuse_idle_seconds_bucket{le="75.0",destination="10.0.0.2:443",role="client",outcome="reset",reset_from="unknown"} 1"#,
+        r#"observer_reuse_idle_seconds_bucket{le="60.0",destination="10.0.0.2:443",role="client",outcome="reset",reset_from="unknown"} 0"#,
         r#"observer_peer_idle_close_seconds_count{destination="10.0.0.2:443",role="client",how="fin"} 3"#,
         r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="lower"} 30.0"#,
         r#"observer_path_idle_timeout_seconds{destination="10.0.0.2:443",role="client",bound="upper"} 59.9"#,
@@ -220,6 +204,7 @@ fn doomed_and_discarded_dead_are_exported_per_client_row() {
     failed.reuse_mut().failed_before_send = true;
     feed(&m, &mut agg, &failed);
     let doomed = crate::kernel::event::DoomedView {
+        sock_id: 0,
         local: "10.0.0.1:40001".parse().unwrap(),
         remote: d.parse().unwrap(),
         how: How::Fin,
@@ -277,7 +262,7 @@ fn lean_by_default_histograms_on_request() {
     for line in [
         "# TYPE observer_reuses_total counter",
         r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#,
-        r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="reset"} 1"#,
+        r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="reset",reset_from="unknown"} 1"#,
         r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="eof"} 1"#,
         "# TYPE observer_peer_idle_closes_total counter",
         r#"observer_peer_idle_closes_total{destination="10.0.0.2:443",role="client",how="fin"} 3"#,
@@ -288,7 +273,7 @@ fn lean_by_default_histograms_on_request() {
     assert!((8..=12).contains(&n), "{n} series for one client row:\n{lean}");
     let full = events(&Metrics::new(true), &mut Aggregator::new(Config::default()));
     assert!(full
-        .contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="reset"} 1"#));
+        .contains(r#"observer_reuse_idle_seconds_count{destination="10.0.0.2:443",role="client",outcome="reset",reset_from="unknown"} 1"#));
     assert!(full.contains(r#"observer_local_idle_close_seconds_count{destination="10.0.0.2:443",role="client"} 1"#));
     assert!(full.contains(r#"observer_reuses_total{destination="10.0.0.2:443",role="client",outcome="ok"} 1"#));
     // Three outcomes, one peer-close kind and the local closes: 5 histograms of 23 series.
@@ -304,8 +289,8 @@ fn exposition_of_a_recording_matches_its_table() {
     let events = crate::surfaces::status::read_recording(std::fs::File::open(path).unwrap()).unwrap();
     let rows = crate::surfaces::status::analyze(&events, Config::default());
     let text = exposition_of(&events, Config::default(), false);
-    let r = rows.iter().find(|r| r.path_idle_timeout_upper_seconds.is_some()).expect("a row with a failure");
-    let upper = r.path_idle_timeout_upper_seconds.unwrap();
+    let r = rows.iter().find(|r| r.path.upper_seconds.is_some()).expect("a row with a failure");
+    let upper = r.path.upper_seconds.unwrap();
     // The recorded clients ran in a network namespace of their own.
     let netns = r.id.netns.inode().expect("the recording's client namespace");
     let want = format!(

@@ -93,6 +93,7 @@ fn section(level: u8, id: Option<&'static str>, title: &'static str, blocks: Vec
 #[must_use]
 pub(super) fn document(r: &Report) -> Document {
     let mut sections = vec![summary(r)];
+    sections.extend(partner_card(r));
     sections.extend(our_side(r));
     sections.push(plots(r));
     sections.push(samples(r));
@@ -159,6 +160,7 @@ fn summary(r: &Report) -> Section {
             s.failures_before_send.to_string(),
         ),
         fact("Dead sockets the pool discarded unwritten", s.discarded_dead.to_string()),
+        fact("Who sent the resets", s.reset_text.clone().unwrap_or_else(|| "no reset seen".to_owned())),
         fact("First failure", opt_time(s.first_failure_unix_ns)),
         fact("Last failure", opt_time(s.last_failure_unix_ns)),
     ];
@@ -295,6 +297,59 @@ fn samples(r: &Report) -> Section {
             Block::Table(table),
         ],
     )
+}
+
+/// The partner's card: only what was measured, and what to ask.
+fn partner_card(r: &Report) -> Option<Section> {
+    let c = r.partner_card.as_ref()?;
+    let or_none = |v: Option<String>| v.unwrap_or_else(|| "not measured".to_owned());
+    let [lower, upper] = c.idle_timeout_interval_seconds;
+    let facts = vec![
+        fact("Name", or_none(c.name.clone())),
+        fact(
+            "Idle timeout",
+            format!(
+                "{} (interval [{}, {}])",
+                or_none(c.idle_timeout_seconds.map(fmt_secs)),
+                lower.map_or_else(|| "?".to_owned(), fmt_secs),
+                upper.map_or_else(|| "?".to_owned(), fmt_secs)
+            ),
+        ),
+        fact("How an idle connection ends", or_none(c.idle_close.map(|m| m.as_str().to_owned()))),
+        fact(
+            "Who sends the resets",
+            c.reset_from.map_or_else(
+                || if r.summary.resets.sources.is_empty() { "no reset seen" } else { "not told" }.to_owned(),
+                |f| match c.reset_hops_closer {
+                    Some(h) if h > 0 => format!("{} ({h} hops closer than the server)", f.as_str()),
+                    _ => f.as_str().to_owned(),
+                },
+            ),
+        ),
+        fact(
+            "Request deadline",
+            c.request_deadline_seconds.map_or_else(|| "not seen (no request of ours was cut off)".to_owned(), fmt_secs),
+        ),
+        fact(
+            "TLS versions",
+            if c.tls_versions.is_empty() { "not measured".to_owned() } else { c.tls_versions.join(", ") },
+        ),
+        fact("Their addresses", c.their_addresses.join(", ")),
+        fact("Our source addresses", c.our_addresses.join(", ")),
+    ];
+    Some(section(
+        2,
+        Some("partner-card"),
+        "Partner card",
+        vec![
+            Block::Para(
+                "What we measured of their side, for the integration notes; nothing here is a guess.".to_owned(),
+            ),
+            Block::Facts(facts),
+            Block::Para("To ask them (TCP cannot show it):".to_owned()),
+            Block::List(c.ask.clone()),
+        ],
+    ))
 }
 
 fn questions(r: &Report) -> Section {

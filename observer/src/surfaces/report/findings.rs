@@ -5,15 +5,14 @@
 use super::{utc, Question};
 use crate::{
     diagnosis::aggregate::{DestinationRow, FailureMode},
+    kernel::event::ResetFrom,
     units::fmt_secs,
 };
 
 pub(super) fn failure_text(mode: FailureMode, row: &DestinationRow) -> String {
-    let (t, about) = match (row.path_idle_timeout_seconds, row.path_idle_timeout_upper_seconds) {
+    let (t, about) = match (row.path.idle_timeout_seconds, row.path.upper_seconds) {
         (Some(p), _) => (fmt_secs(p), "about "),
-        (None, Some(u)) => {
-            (format!("between {} and {}", fmt_secs(row.path_idle_timeout_lower_seconds), fmt_secs(u)), "")
-        }
+        (None, Some(u)) => (format!("between {} and {}", fmt_secs(row.path.lower_seconds), fmt_secs(u)), ""),
         (None, None) => ("an unknown time".to_owned(), ""),
     };
     match mode {
@@ -32,16 +31,16 @@ pub(super) fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
         question: question.to_owned(),
         what_we_measured: measured,
     };
-    vec![
+    let mut asked = vec![
         q(
             "idle timeout",
             "What is the idle timeout of every hop on your side (load balancer, proxies, NAT, firewall, servers), and does it close with FIN, RST or silently?",
             format!(
                 "{text}; interval [{}, {}] from {} surviving and {} failing reuses",
-                fmt_secs(row.path_idle_timeout_lower_seconds),
-                row.path_idle_timeout_upper_seconds.map_or_else(|| "?".into(), fmt_secs),
-                row.path_lower_evidence,
-                row.path_upper_evidence
+                fmt_secs(row.path.lower_seconds),
+                row.path.upper_seconds.map_or_else(|| "?".into(), fmt_secs),
+                row.path.lower_evidence,
+                row.path.upper_evidence
             ),
         ),
         q(
@@ -59,23 +58,38 @@ pub(super) fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
         q("maximum body size", "What is the largest request and response body you accept?", "not measured".into()),
         q("TLS versions", "Which TLS versions and cipher suites do you accept, and when will that change?", "not measured".into()),
         q("source address ranges", "Which source address ranges do you allow, and which addresses do you connect from?", format!("we connect to {}", row.id.destination)),
-    ]
+    ];
+    // Who to ask follows from who sent the resets.
+    if let Some(words) = row.resets_in_words() {
+        let question = match row.resets.from {
+            Some(ResetFrom::Path) => Some(
+                "Which device sits in front of your servers (firewall, NAT, load balancer), what is its idle timeout for TCP flows, and does it answer a forgotten flow with RST?",
+            ),
+            Some(ResetFrom::Peer) => Some("What closes idle connections on your servers (keep-alive or idle timeout), and why with RST rather than FIN?"),
+            // This host's own stack: a question for us, not the partner.
+            Some(ResetFrom::Local) | None => None,
+        };
+        if let Some(question) = question {
+            asked.insert(1, q("who resets", question, words));
+        }
+    }
+    asked
 }
 
 /// The row's findings beyond the interval, as report lines.
 pub(super) fn findings(row: &DestinationRow) -> Vec<(String, String)> {
     let mut f = Vec::new();
     let mut add = |k: &str, v: String| f.push((k.to_owned(), v));
-    if let Some(e) = row.evidence {
+    if let Some(e) = row.judgement.evidence {
         add("The verdict rests on", e.as_str().to_owned());
     }
-    if row.path_lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
+    if row.path.lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {
         add(
             "Lower bound",
             "proven only by sockets whose TCP keep-alive probes ran while idle: it holds for proxies, not for NAT or conntrack".into(),
         );
     }
-    if let Some(p) = &row.probe {
+    if let Some(p) = &row.path.probe {
         add(
             "Measured by observer probe",
             format!(
@@ -86,7 +100,7 @@ pub(super) fn findings(row: &DestinationRow) -> Vec<(String, String)> {
                 p.connections,
                 fmt_secs(p.elapsed_seconds),
                 utc(p.ts_unix_ns),
-                if row.probe_used {
+                if row.path.probe_used {
                     "; the estimate above rests on it"
                 } else {
                     "; not used: the passive evidence proves as much, or contradicts it"
@@ -94,13 +108,30 @@ pub(super) fn findings(row: &DestinationRow) -> Vec<(String, String)> {
             ),
         );
     }
-    if row.mixed_paths.len() > 1 {
+    if row.path.mixed_paths.len() > 1 {
         let parts: Vec<String> = row
+            .path
             .mixed_paths
             .iter()
-            .map(|p| format!("{} ({:.0}% of peer idle closes)", fmt_secs(p.idle_timeout_seconds), p.share * 100.0))
+            .map(|p| {
+                if p.is_silent() {
+                    format!("a silent drop in {} ({:.0}% of the flows)", p.describe(" s"), p.share * 100.0)
+                } else {
+                    format!("{} ({:.0}% of peer idle closes)", fmt_secs(p.idle_timeout_seconds), p.share * 100.0)
+                }
+            })
             .collect();
         add("Several idle timeouts behind this address (mixed paths)", parts.join(", "));
+    }
+    if let Some(words) = row.resets_in_words() {
+        let timeout = row.path.idle_timeout_seconds.or(row.path.upper_seconds);
+        let forgets = match (row.resets.from, timeout) {
+            (Some(ResetFrom::Path), Some(t)) => {
+                format!(": it forgets idle flows at about {}", fmt_secs(t))
+            }
+            _ => String::new(),
+        };
+        add("Who sent the resets", format!("{words}{forgets}"));
     }
     if row.peer_restarts > 0 {
         add(
@@ -135,7 +166,7 @@ pub(super) fn findings(row: &DestinationRow) -> Vec<(String, String)> {
     if let Some(m) = row.client_max_reuse_idle_seconds {
         add("Longest idle age after which a client reused a connection", fmt_secs(m));
     }
-    if let Some(r) = row.recommended_server_idle_timeout_seconds {
+    if let Some(r) = row.judgement.recommended_server_idle_timeout_seconds {
         add("Or raise our idle timeout to at least", fmt_secs(r));
     }
     f

@@ -234,6 +234,7 @@ fn the_protocol_is_on_our_side() {
     hello.body = crate::kernel::event::Body::ServerName(crate::kernel::event::FirstBytes {
         server_name: None,
         protocol: Some(crate::kernel::first_bytes::Protocol::H2),
+        tls_version: None,
     });
     events.insert(0, hello);
     let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
@@ -252,7 +253,7 @@ fn probe_of(dest: &str, ts_unix_ns: u64, lower: f64, upper: f64) -> ProbeEvidenc
         },
         target: "partner.example:8080".to_owned(),
         first_exchange: "http".to_owned(),
-        how: crate::diagnosis::probed::How::Fin,
+        how: crate::diagnosis::table::FailureMode::Fin,
         idle_timeout_seconds: Some(lower),
         lower_seconds: lower,
         upper_seconds: Some(upper),
@@ -274,7 +275,7 @@ fn probe_evidence_is_shown_labelled_beside_the_passive_evidence() {
     input.probes = vec![probe];
     let r = build(&input).unwrap();
     let p = r.probe.as_ref().expect("the probe is in the report");
-    assert_eq!(p.how, crate::diagnosis::probed::How::Fin);
+    assert_eq!(p.how, crate::diagnosis::table::FailureMode::Fin);
     let line = r.findings.iter().find(|(k, _)| k == "Measured by observer probe").expect("a labelled line");
     assert!(
         line.1.starts_with("FIN at 2.000 s (partner.example:8080, first exchange http, 8 connections"),
@@ -342,4 +343,94 @@ fn markdown_and_html_say_the_same_things() {
         assert!(md.contains(t.as_str()), "Markdown lacks {t:?}");
         assert!(page.contains(&esc(t)), "HTML lacks {t:?}");
     }
+}
+
+/// The card of the FIN recording: nginx at 2 s over plain HTTP, reached
+/// at one address from one of ours; no reset, no TLS, no deadline seen.
+#[test]
+fn the_partner_card_holds_only_what_was_measured() {
+    let r = fin_report();
+    let c = r.partner_card.as_ref().expect("a client report has the card");
+    assert_eq!(c.name.as_deref(), Some("api.partner.example"));
+    let p = c.idle_timeout_seconds.expect("the point");
+    assert!((p - 2.0).abs() < 0.01, "{p}");
+    assert_eq!(c.idle_close, Some(FailureMode::Fin));
+    assert_eq!((c.reset_from, c.reset_hops_closer, c.request_deadline_seconds), (None, None, None));
+    assert!(c.tls_versions.is_empty(), "not measured, never guessed");
+    assert_eq!(c.their_addresses, vec!["10.201.1.1".to_owned()]);
+    assert_eq!(c.our_addresses, vec!["10.201.1.2".to_owned()]);
+    assert!(c.ask.iter().any(|q| q.starts_with("Maximum request and response body size")), "{:?}", c.ask);
+    assert!(c.ask.iter().any(|q| q.starts_with("TLS versions")), "{:?}", c.ask);
+    let v = serde_json::to_value(&r).unwrap();
+    for f in [
+        "name",
+        "idle_timeout_seconds",
+        "idle_close",
+        "reset_from",
+        "request_deadline_seconds",
+        "tls_versions",
+        "their_addresses",
+        "our_addresses",
+        "ask",
+    ] {
+        assert!(v["partner_card"].get(f).is_some(), "missing partner_card.{f}");
+    }
+    assert_eq!(v["partner_card"]["idle_close"], "fin");
+    let md = markdown(&r);
+    assert!(md.contains("## Partner card") && md.contains("| How an idle connection ends | fin |"), "{md}");
+    assert!(html(&r).contains("Partner card"));
+}
+
+/// A TLS connection's second-flight record: the card lists the version
+/// negotiated and no longer asks for it.
+#[test]
+fn the_card_lists_the_tls_version_negotiated() {
+    use crate::kernel::{event::FirstBytes, first_bytes::TlsVersion};
+    let mut events = read_recording(FIN_RECORDING.as_bytes()).unwrap();
+    let mut flight = events.iter().find(|e| e.remote.to_string() == DEST).unwrap().clone();
+    flight.body = crate::kernel::event::Body::ServerName(FirstBytes {
+        server_name: None,
+        protocol: None,
+        tls_version: TlsVersion::of_wire(4),
+    });
+    assert_eq!(serde_json::to_value(&flight).unwrap()["tls_version"], "TLSv1.3");
+    events.insert(0, flight);
+    let r = build(&input_from_recording(events, DEST.parse().unwrap(), 86_400 * 1_000_000_000)).unwrap();
+    let c = r.partner_card.as_ref().unwrap();
+    assert_eq!(c.tls_versions, vec!["TLSv1.3".to_owned()]);
+    assert!(c.ask[0].starts_with("Cipher suites you accept"), "{:?}", c.ask);
+    assert!(markdown(&r).contains("| TLS versions | TLSv1.3 |"));
+}
+
+/// One name reached at two addresses: the card of either lists both, its
+/// own first; another name's address is not listed.
+#[test]
+fn the_card_lists_every_address_of_the_name() {
+    use crate::kernel::event::FirstBytes;
+    let mut r = fin_report();
+    let named = |remote: &str, name: &str| {
+        let mut e = SockEvent::new(
+            1,
+            crate::kernel::event::EventKind::ServerName,
+            crate::kernel::event::Role::Client,
+            "10.201.1.2:40000".parse().unwrap(),
+            remote.parse().unwrap(),
+            0.0,
+        );
+        e.body = crate::kernel::event::Body::ServerName(FirstBytes {
+            server_name: Some(name.to_owned()),
+            protocol: None,
+            tls_version: None,
+        });
+        e
+    };
+    let others = [
+        named("10.201.1.9:443", "api.partner.example"),
+        named("10.201.1.3:8443", "api.partner.example"),
+        named("10.201.1.1:8080", "api.partner.example"),
+        named("10.201.1.7:443", "other.example"),
+    ];
+    add_name_addresses(&mut r, &others);
+    let c = r.partner_card.as_ref().unwrap();
+    assert_eq!(c.their_addresses, vec!["10.201.1.1", "10.201.1.3", "10.201.1.9"]);
 }

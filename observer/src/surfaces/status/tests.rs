@@ -14,8 +14,8 @@ fn analyze_a_recording() {
     assert_eq!(rows.len(), 1);
     let r = &rows[0];
     assert_eq!(r.id.destination, "10.0.0.2:80");
-    assert_eq!((r.path_idle_timeout_lower_seconds, r.path_idle_timeout_upper_seconds), (1.5, Some(2.0)));
-    assert_eq!(r.verdict.as_str(), "mismatch");
+    assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (1.5, Some(2.0)));
+    assert_eq!(r.judgement.verdict.as_str(), "mismatch");
     assert_eq!(r.failure_mode.as_str(), "fin");
     let table = render_table(&rows);
     assert!(table.contains("10.0.0.2:80"), "{table}");

@@ -5,7 +5,7 @@ use super::*;
 use crate::{
     diagnosis::aggregate::{Aggregator, Config},
     diagnosis::key::{Destination, Netns},
-    kernel::event::{clock_ns, Body, How, LocalClose, Outcome, Role},
+    kernel::event::{clock_ns, Body, LocalClose, Outcome, Role},
 };
 
 const S: u64 = 1_000_000_000;
@@ -22,23 +22,10 @@ fn evid(e: SockEvent) -> Record {
 }
 
 fn ev(ts: u64, kind: EventKind, idle: f64, outcome: Option<Outcome>) -> SockEvent {
-    let mut e = SockEvent::new(
-        ts,
-        kind,
-        Role::Client,
-        "10.0.0.1:40000".parse().unwrap(),
-        "10.0.0.2:443".parse().unwrap(),
-        idle,
-    );
-    e.comm = "java".into();
+    let mut e = SockEvent::client_test(ts, kind, "10.0.0.2:443", idle).shaped("java", outcome);
     if let Some(o) = outcome {
-        let r = e.reuse_mut();
-        r.outcome = o;
-        r.safe_to_retry = o == Outcome::Eof;
+        e.reuse_mut().safe_to_retry = o == Outcome::Eof;
         e.set_elapsed(0.002);
-    }
-    if kind == EventKind::PeerCloseWhileIdle {
-        e.set_how(Some(How::Fin));
     }
     e
 }
@@ -107,7 +94,7 @@ fn restart_keeps_evidence_and_rebuilds_the_same_estimates() {
     assert_eq!(events, classified, "the store holds what the feed took, in order");
     let mut rebuilt = Aggregator::new(Config::default());
     for e in &events {
-        rebuilt.ingest(e);
+        let _ = rebuilt.feed(e);
     }
     let now = live.latest_ns();
     // A name is stored once per row: a restart keeps the name, not how
@@ -619,7 +606,7 @@ fn probe_at(ts: u64, destination: &str) -> crate::diagnosis::probed::ProbeEviden
         },
         target: "api:443".to_owned(),
         first_exchange: "tls".to_owned(),
-        how: crate::diagnosis::probed::How::Fin,
+        how: crate::diagnosis::table::FailureMode::Fin,
         idle_timeout_seconds: Some(2.0),
         lower_seconds: 2.0,
         upper_seconds: Some(2.001),

@@ -1,4 +1,4 @@
-//! Root integration tests for the kernel probes: real servers and clients in
+//! Root integration tests for the kernel hooks (the eBPF probes): real servers and clients in
 //! network namespaces the tests create (and always remove), observed by the
 //! real `observer run` process. Each test prints what it measured.
 
@@ -17,7 +17,7 @@ use common::{
     client_records, matching, reuses_from, script, sh, start_server, Daemon, Netns, Topology, ECHO_SERVER,
     HTTP_RECONNECTING, RECONNECTING_CLIENT,
 };
-use observer::kernel::event::{EventKind, How, Outcome, Role, SockEvent};
+use observer::kernel::event::{EventKind, How, Outcome, ResetFrom, Role, SockEvent};
 
 #[test]
 #[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
@@ -144,15 +144,20 @@ fn fin_then_request_closed_before_the_reset_is_eof() -> Result<()> {
     for rec in &recs {
         let (ev, err) = matching(&events, rec)?;
         assert!(err < common::idle_precision(), "idle age {} vs client's {}", ev.idle_seconds, rec.idle);
-        if rec.gap < 2.0 {
-            assert_eq!(ev.outcome(), Some(Outcome::Ok), "gap {}: {ev:?}", rec.gap);
-        } else {
+        // By the idle age the client measured, not the gap it planned: a
+        // guest under TCG once slept 1.3 s and wrote at 2.33 s idle, past
+        // nginx's 2 s (a right EOF). Within the timers' slack of 2 s either
+        // outcome is right.
+        if rec.idle < 2.0 - 0.05 {
+            assert_eq!(ev.outcome(), Some(Outcome::Ok), "gap {} (idle {}): {ev:?}", rec.gap, rec.idle);
+        } else if rec.idle > 2.0 + common::tolerance(0.1) {
             assert_ne!(rec.result, "ok", "the client saw the failure too");
             assert_eq!(ev.outcome(), Some(Outcome::Eof), "gap {}: no RST reached the client: {ev:?}", rec.gap);
             assert!(ev.safe_to_retry(), "nginx's FIN came before the write: {ev:?}");
             failed.push((ev.idle_seconds * 1000.0).round() / 1000.0);
         }
     }
+    ensure!(!failed.is_empty(), "the reuses past nginx's 2 s failed: {recs:?}");
     let dropped = topo.ns.exec(topo.server, "nft list chain inet observer_test out")?;
     ensure!(!dropped.contains("packets 0 "), "no RST was dropped, so the order was not forced: {dropped}");
     eprintln!("MEASURED fin with a late reset: failed reuses at idle {failed:?} s, outcome eof, safe to retry");
@@ -645,5 +650,203 @@ fn evidence_behind_a_quiet_establish_is_read_at_once() -> Result<()> {
     // Delivered at the tick, six delays under 0.4 s would happen 0.4 % of
     // the time; read at once, each is one 50-ms poll of the test.
     ensure!(worst < 0.4, "a reuse waited {worst:.3} s to be read: the reader was not woken ({delays:.3?})");
+    Ok(())
+}
+
+/// `python3 RESET_CLIENT HOST PORT GAP PAYLOAD`: a few echo exchanges,
+/// then one more `PAYLOAD` after `GAP` s idle; prints its local address
+/// first (a reset socket has no peer name left) and then the result.
+const RESET_CLIENT: &str = r#"
+import json, socket, sys, time
+host, port, gap, payload = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4].encode()
+s = socket.create_connection((host, port), timeout=10)
+s.settimeout(5)
+for _ in range(5):
+    s.sendall(b"hello")
+    s.recv(100)
+local = s.getsockname()[:2]
+time.sleep(gap)
+try:
+    s.sendall(payload)
+    result = "ok" if s.recv(100) else "eof"
+except socket.timeout:
+    result = "timeout"
+except (ConnectionResetError, BrokenPipeError):
+    result = "reset"
+print(json.dumps({"local": local, "result": result}), flush=True)
+"#;
+
+/// The local address and result `RESET_CLIENT` printed.
+fn reset_client_result(stdout: &str) -> Result<(SocketAddr, String)> {
+    let line = stdout.lines().find(|l| l.starts_with('{')).with_context(|| format!("no result in {stdout:?}"))?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let ip: std::net::IpAddr = v["local"][0].as_str().context("local ip")?.parse()?;
+    let port = u16::try_from(v["local"][1].as_u64().context("local port")?)?;
+    Ok((SocketAddr::new(ip, port), v["result"].as_str().unwrap_or_default().to_owned()))
+}
+
+/// The reset sources the daemon's events name, per client socket, for the
+/// log and the checks: `(local, reset_from, hops_closer, reset_ttl,
+/// peer_ttl)` of every event that carries a received RST.
+fn reset_arrivals(events: &[SockEvent], local: SocketAddr) -> Vec<observer::kernel::event::ResetArrival> {
+    events.iter().filter(|e| e.local == local).filter_map(|e| e.reset).collect()
+}
+
+/// Whether the daemon attached the hooks that tell who sent a reset
+/// (`fentry`/`fexit`: refused on this development host's kernel; every
+/// guest's kernel allows them, and its runner says so with
+/// `OBSERVER_TEST_FENTRY`, so there they must load). Where refused, the
+/// daemon said so, and no event may carry a source: never a guess.
+fn tells_reset_source(daemon: &Daemon) -> Result<bool> {
+    let told = !daemon.stderr_lines().iter().any(|l| l.contains("who sent a reset is not told"));
+    ensure!(
+        told || std::env::var_os("OBSERVER_TEST_FENTRY").is_none(),
+        "this kernel allows fentry, yet the reset hooks did not load: {:?}",
+        daemon.stderr_lines().iter().filter(|l| l.contains("reset")).collect::<Vec<_>>()
+    );
+    Ok(told)
+}
+
+/// Who sent a reset (#48), IPv4 and IPv6 in one run: a router whose
+/// conntrack forgets flows idle 3 s and answers a stale flow's next packet
+/// with an RST (`reject with tcp reset`); behind it echo servers on two
+/// ports. A client reusing after 4 s on port 9000 is reset by the router:
+/// `path`, one hop closer than the server. A client that asks the server
+/// on 9001 to reset its connection after 1.5 s idle (the echo server
+/// aborts on `reset`, `SO_LINGER` 0) is reset by the server: `peer`, 0.
+/// The events and each destination's row say so.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_reset_is_told_from_the_router_or_the_server() -> Result<()> {
+    let topo = Topology::routed("who", 3, "reject with tcp reset")?;
+    let server = script(ECHO_SERVER)?;
+    let mut servers = Vec::new();
+    for ip in [&topo.server_v4, &topo.server_v6] {
+        for port in [9000, 9001] {
+            servers.push(start_server(&topo.ns, topo.server, &format!("python3 -u {} {ip} {port}", server.display()))?);
+        }
+    }
+    let daemon = Daemon::start(&[])?;
+    let client = script(RESET_CLIENT)?;
+    // Router: reuse after 4 s (its flow forgotten at 3 s). Server: asked
+    // to reset after 1.5 s (the router still holds the flow).
+    let cases = [
+        ("router v4", topo.server_v4.as_str(), "9000 4 ping"),
+        ("server v4", topo.server_v4.as_str(), "9001 1.5 reset"),
+        ("router v6", topo.server_v6.as_str(), "9000 4 ping"),
+        ("server v6", topo.server_v6.as_str(), "9001 1.5 reset"),
+    ];
+    let children = cases
+        .iter()
+        .map(|(_, ip, args)| topo.ns.spawn(topo.client, &format!("python3 {} {ip} {args}", client.display())))
+        .collect::<Result<Vec<_>>>()?;
+    let mut sockets = Vec::new();
+    for ((name, ..), child) in cases.iter().zip(children) {
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let (local, result) = reset_client_result(&stdout)
+            .with_context(|| format!("{name}: {}", String::from_utf8_lossy(&out.stderr)))?;
+        ensure!(result == "reset", "{name}: the client was reset: {stdout}");
+        sockets.push((*name, local));
+    }
+    let events = daemon.wait_for("each reset socket's events", Duration::from_secs(10), |evs| {
+        sockets.iter().all(|(_, local)| {
+            evs.iter().any(|e| e.local == *local && e.reset.is_some()) || !tells_reset_source(&daemon).unwrap_or(true)
+        })
+    })?;
+    let told = tells_reset_source(&daemon)?;
+    for (name, local) in &sockets {
+        let seen = reset_arrivals(&events, *local);
+        eprintln!("MEASURED who sent the reset, {name}: hooks {told}; {seen:?}");
+        if !told {
+            ensure!(seen.iter().all(|a| a.reset_from.is_none()), "{name}: no source without the hooks: {seen:?}");
+            continue;
+        }
+        ensure!(!seen.is_empty(), "{name}: the reset's arrival was read: {events:#?}");
+        let want = if name.starts_with("router") {
+            (Some(ResetFrom::Path), Some(1))
+        } else {
+            (Some(ResetFrom::Peer), Some(0))
+        };
+        for a in &seen {
+            ensure!((a.reset_from, a.reset_hops_closer) == want, "{name}: {a:?}, expected {want:?}");
+            ensure!(a.peer_ttl == Some(63), "{name}: the server's SYN-ACK came one routed hop: {a:?}");
+        }
+    }
+    // Each destination's row: one source, and the split says it alone.
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    for ((name, ip, args), _) in cases.iter().zip(&sockets) {
+        let port = args.split(' ').next().unwrap_or_default();
+        let dest: SocketAddr =
+            if ip.contains(':') { format!("[{ip}]:{port}") } else { format!("{ip}:{port}") }.parse()?;
+        let r = rows
+            .iter()
+            .find(|r| r.id.destination == dest.to_string() && r.id.role == Role::Client)
+            .with_context(|| format!("{name}: no client row for {dest}"))?;
+        let sources: Vec<_> = r.resets.sources.iter().map(|s| (s.from, s.hops_closer, s.resets)).collect();
+        eprintln!(
+            "MEASURED who sent the reset, {name} row: reset_from {:?}, hops {:?}, sources {sources:?}",
+            r.resets.from, r.resets.hops_closer
+        );
+        let want = match (told, name.starts_with("router")) {
+            (false, _) => (None, None),
+            (true, true) => (Some(ResetFrom::Path), Some(1)),
+            (true, false) => (Some(ResetFrom::Peer), Some(0)),
+        };
+        ensure!((r.resets.from, r.resets.hops_closer) == want, "{name}: row {r:#?}");
+        ensure!(sources.len() == 1 && sources[0].2 >= 1, "{name}: one source: {sources:?}");
+    }
+    Ok(())
+}
+
+/// A reset made by this host's own firewall: the client's namespace runs
+/// conntrack that forgets flows idle 3 s and rejects a stale flow's next
+/// packet with an RST on its way out (as kube-proxy's conntrack or IPVS
+/// on a node does); the server never sees it. The RST arrives by
+/// loopback: `local`. The daemon runs as the unit runs it (user 65534,
+/// `CAP_BPF` and `CAP_PERFMON`): the hooks load with those alone.
+#[test]
+#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
+fn a_reset_made_on_this_host_is_local() -> Result<()> {
+    let topo = Topology::pair("wholo")?;
+    topo.ns.exec(
+        topo.client,
+        "nft add table inet observer_test && \
+         nft add chain inet observer_test out \"{ type filter hook output priority 0; policy accept; }\" && \
+         nft add rule inet observer_test out 'tcp flags & rst == 0 ct state invalid reject with tcp reset' && \
+         sysctl -qw net.netfilter.nf_conntrack_tcp_timeout_established=3 net.netfilter.nf_conntrack_tcp_loose=0",
+    )?;
+    let server = script(ECHO_SERVER)?;
+    let _srv =
+        start_server(&topo.ns, topo.server, &format!("python3 -u {} {} 9000", server.display(), topo.server_v4))?;
+    let daemon = Daemon::start_as_unit(&[])?;
+    let client = script(RESET_CLIENT)?;
+    let out = topo.ns.exec(topo.client, &format!("python3 {} {} 9000 4 ping", client.display(), topo.server_v4))?;
+    let (local, result) = reset_client_result(&out)?;
+    ensure!(result == "reset", "the client's own firewall reset it: {out}");
+    let told = tells_reset_source(&daemon)?;
+    let events =
+        daemon.wait_for("the reset reuse", Duration::from_secs(10), |evs| !reuses_from(evs, local).is_empty())?;
+    let seen = reset_arrivals(&events, local);
+    eprintln!("MEASURED who sent the reset, this host's firewall: hooks {told}; {seen:?}");
+    if !told {
+        ensure!(seen.iter().all(|a| a.reset_from.is_none()), "no source without the hooks: {seen:?}");
+        return Ok(());
+    }
+    ensure!(!seen.is_empty(), "the reset's arrival was read: {events:#?}");
+    for a in &seen {
+        ensure!(a.reset_from == Some(ResetFrom::Local), "made by this host: {a:?}");
+        ensure!(a.peer_ttl == Some(64), "the server's SYN-ACK came unrouted: {a:?}");
+    }
+    daemon.caught_up(Duration::from_millis(1500), Duration::from_mins(1))?;
+    let rows = daemon.status()?;
+    let dest = format!("{}:9000", topo.server_v4);
+    let r = rows
+        .iter()
+        .find(|r| r.id.destination == dest && r.id.role == Role::Client)
+        .with_context(|| format!("no client row for {dest}"))?;
+    eprintln!("MEASURED who sent the reset, this host's firewall row: {:?} {:?}", r.resets.from, r.resets.sources);
+    ensure!(r.resets.from == Some(ResetFrom::Local), "the row says this host: {r:#?}");
     Ok(())
 }
