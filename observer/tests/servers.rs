@@ -18,11 +18,24 @@ use anyhow::{bail, ensure, Context as _, Result};
 use common::{client_records, script, sh, start_server, ClientReuse, Daemon, Topology, HTTP_RECONNECTING};
 use observer::kernel::event::{EventKind, How, Outcome, Role, SockEvent};
 
+/// What [`check_reuses`] found: the failed reuses' idle ages, and how
+/// many of them went out after the server's FIN (the rest went out after
+/// its goodbye message but before its FIN).
+struct Failed {
+    idle: Vec<f64>,
+    after_fin: usize,
+}
+
 /// Check each client record against observer's reuse event on the same
-/// socket: reuses within `timeout` are `ok`, later ones failed before any
-/// request byte reached a live peer. Returns the failed reuses' idle ages.
-fn check_reuses(events: &[SockEvent], recs: &[ClientReuse], timeout: f64) -> Result<Vec<f64>> {
-    let mut failed = Vec::new();
+/// socket: reuses within `timeout` are `ok`; later ones failed after the
+/// server had begun its close. Either its FIN had arrived (no request byte
+/// reached a live peer: safe to retry), or only its goodbye message (a
+/// PostgreSQL FATAL) waited unread and the FIN followed the query: on a
+/// slow machine a server process can take a second to exit after its
+/// goodbye (the 6.12 TCG guest, 1.5 s). The query's bytes reached the
+/// server's kernel then, so that failure is `after_goodbye`, never safe.
+fn check_reuses(events: &[SockEvent], recs: &[ClientReuse], timeout: f64) -> Result<Failed> {
+    let mut failed = Failed { idle: Vec::new(), after_fin: 0 };
     for rec in recs {
         let (ev, err) = common::matching(events, rec)?;
         assert!(err < common::idle_precision(), "idle age {} vs the client's {}", ev.idle_seconds, rec.idle);
@@ -33,8 +46,16 @@ fn check_reuses(events: &[SockEvent], recs: &[ClientReuse], timeout: f64) -> Res
         } else {
             assert_ne!(rec.result, "ok", "the client saw the failure too: {rec:?}");
             assert!(matches!(ev.outcome(), Some(Outcome::Eof | Outcome::Reset)), "gap {}: {ev:?}", rec.gap);
-            assert!(ev.safe_to_retry(), "the server had closed before the write: {ev:?}");
-            failed.push((ev.idle_seconds * 1000.0).round() / 1000.0);
+            if ev.safe_to_retry() {
+                failed.after_fin += 1;
+            } else {
+                assert_eq!(
+                    ev.how(),
+                    Some(How::AfterGoodbye),
+                    "the server had begun its close before the write: {ev:?}"
+                );
+            }
+            failed.idle.push((ev.idle_seconds * 1000.0).round() / 1000.0);
         }
     }
     Ok(failed)
@@ -183,7 +204,9 @@ EOF_ERRORS = (EOFError,)
 /// PostgreSQL ends a session idle for `idle_session_timeout` with a FATAL
 /// message and its FIN. A pool that reuses a session after that reads the
 /// FATAL, which arrived before its query, and then the EOF: a failed
-/// reuse, never a response. Reuses inside the timeout are `ok`.
+/// reuse, never a response (`safe_to_retry` when the FIN came before the
+/// query, `after_goodbye` when the exiting server's FIN came after it).
+/// Reuses inside the timeout are `ok`.
 #[test]
 #[ignore = "needs root, a 5.15+ kernel and PostgreSQL: run `cargo xtask test`"]
 fn postgres_idle_session_timeout_fails_late_reuses_only() -> Result<()> {
@@ -203,10 +226,14 @@ fn postgres_idle_session_timeout_fails_late_reuses_only() -> Result<()> {
     std::thread::sleep(Duration::from_millis(700));
     let events = daemon.events();
     let failed = check_reuses(&events, &recs, 2.0)?;
-    ensure!(failed.len() == 2, "{failed:?}");
-    let closes = check_peer_closes(&events, 5432, 2.0, 2)?;
+    ensure!(failed.idle.len() == 2, "{:?}", failed.idle);
+    // A socket whose FIN came only after the query was no idle close.
+    let closes = check_peer_closes(&events, 5432, 2.0, failed.after_fin)?;
     no_request_events(&events, 5432);
-    eprintln!("MEASURED postgres idle_session_timeout 2 s: peer closes at {closes:?} s, failed reuses at {failed:?} s");
+    eprintln!(
+        "MEASURED postgres idle_session_timeout 2 s: peer closes at {closes:?} s, failed reuses at {:?} s",
+        failed.idle
+    );
     Ok(())
 }
 
@@ -289,15 +316,21 @@ fn node_keep_alive_timeout_fails_a_readerless_pool_but_not_nodes_agent() -> Resu
         .collect();
     ensure!(server_closes.len() >= 2, "the server's idle closes: {server_closes:?}");
     let effective = server_closes.iter().copied().fold(f64::INFINITY, f64::min);
-    for c in &server_closes {
-        assert!((c - effective).abs() < common::tolerance(0.1), "{server_closes:?}");
-    }
     assert!(
         common::fired(effective, 2.0, 0.1) || common::fired(effective, 3.0, 0.1),
         "keepAliveTimeout 2000 ms (plus Node 20's 1 s): {effective}"
     );
+    // Every close is that timeout firing, never early; a timer on a
+    // loaded guest fires late (CI's 6.12 guest once closed at 3.03 and
+    // 3.77 s), so late is bounded loosely.
+    let configured = if common::fired(effective, 2.0, 0.1) { 2.0 } else { 3.0 };
+    for c in &server_closes {
+        assert!(common::fired(*c, configured, 1.0), "each close Node's {configured} s timer: {server_closes:?}");
+    }
     let failed = check_reuses(&events, &recs, effective)?;
-    ensure!(failed.len() == 2, "{failed:?}");
+    ensure!(failed.idle.len() == 2, "{:?}", failed.idle);
+    // Node sends no goodbye message before its FIN.
+    ensure!(failed.after_fin == 2, "{:?}", failed.idle);
     let closes = check_peer_closes(&events, 3000, effective, 2)?;
     let mine: Vec<&SockEvent> = events.iter().filter(|e| e.local == agent_sock).collect();
     assert!(
@@ -315,7 +348,8 @@ fn node_keep_alive_timeout_fails_a_readerless_pool_but_not_nodes_agent() -> Resu
     }
     no_request_events(&events, 3000);
     eprintln!(
-        "MEASURED node keepAliveTimeout 2000 ms: the server closes idle at {effective:.3} s; the readerless pool saw peer closes at {closes:?} s and failed reuses at {failed:?} s; Node's agent: {} at {:.3} s, no reuse",
+        "MEASURED node keepAliveTimeout 2000 ms: the server closes idle at {effective:.3} s; the readerless pool saw peer closes at {closes:?} s and failed reuses at {:?} s; Node's agent: {} at {:.3} s, no reuse",
+        failed.idle,
         agent_close.kind().as_str(),
         agent_close.idle_seconds
     );
