@@ -123,7 +123,10 @@ fn a_server_reset_at_idle_is_measured_as_rst() -> Result<()> {
     ensure!(out.status.code() == Some(0), "exit {:?}: {j:#}", out.status.code());
     ensure!(j["how"] == "rst" && j["first_exchange"] == "tcp", "{j:#}");
     let t = secs(&j, "idle_timeout_seconds")?;
-    ensure!((t - 2.0).abs() <= tolerance(0.1), "the server resets at 2 s: measured {t}");
+    // The server's 2 s start in its thread after Python's accept loop took
+    // the connection: 32 at once on a loaded host start it late (CI: every
+    // reset at 2.106 to 2.118 s), never early.
+    ensure!(common::fired(t, 2.0, 0.25), "the server resets at 2 s: measured {t}");
     eprintln!("MEASURED probe resetting server at 2 s: RST at {t:.3} s, {:.1} s", secs(&j, "elapsed_seconds")?);
     Ok(())
 }

@@ -19,6 +19,7 @@ use prereqs::{apt_install, check_kernel, setup, BENCH_PACKAGES};
 mod bench;
 mod cross;
 mod fleet;
+mod host;
 mod package;
 mod prereqs;
 mod soak;
@@ -88,7 +89,7 @@ enum Task {
         #[arg(long)]
         report_only: bool,
         /// Run one phase (`hot_path_interleaved`, `kernel_cost`, `state_cost`,
-        /// `hot_cost`, `names`, `ring_buffer`, `otlp`, `memory`, `startup`) and write target/bench/<phase>.json,
+        /// `hot_cost`, `names`, `ring_buffer`, `otlp`, `bulk`, `failed_write`, `memory`, `startup`) and write target/bench/<phase>.json,
         /// not the report (development); with --smoke, the smoke plan's sizes.
         #[arg(long, value_name = "PHASE")]
         only: Option<String>,
@@ -276,7 +277,7 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
                 }
             });
             let host_result = match &image {
-                Some(image) => host_suites(&toolchain, image, &daemon, args, started),
+                Some(image) => host::suites(&toolchain, image, &daemon, args, started),
                 None => Ok(()),
             };
             (host_result, guests.join().unwrap_or_else(|_| Err(anyhow::anyhow!("the guests' thread panicked"))))
@@ -297,23 +298,6 @@ fn test(kernel: &str, args: &[String]) -> Result<()> {
         bench::run(true, &bench::Design::default()).context("benchmark smoke run")?;
     }
     println!("test: all passed in {:.0}s", started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// The host's suites: unit tests and every root suite against this kernel.
-fn host_suites(toolchain: &str, image: &str, daemon: &Path, args: &[String], started: Instant) -> Result<()> {
-    // Root tests are #[ignore]d for plain `cargo test`; include them here.
-    // One test at a time: the scenarios measure timing and share the kernel.
-    // The suites drive the release daemon, the binary that ships.
-    status(
-        cargo()
-            .args(["test", "--workspace", "--all-targets", "--", "--include-ignored", "--test-threads=1"])
-            .args(args)
-            .env("OBSERVER_EBPF_TOOLCHAIN", toolchain)
-            .env("OBSERVER_TEST_IMAGE", image)
-            .env("OBSERVER_BIN", daemon),
-    )?;
-    println!("test: host suite passed in {:.0}s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
