@@ -4,7 +4,10 @@
 //! means the documented default is "no limit". Sources are the products'
 //! own documentation as of 2024-2025.
 
-use super::Limit::{self, Seconds, Unlimited};
+use super::{
+    Limit::{Seconds, Unlimited},
+    Limits,
+};
 
 /// What a hop is, for the rules that apply to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,33 +43,14 @@ pub struct Kind {
     pub id: &'static str,
     pub name: &'static str,
     pub category: Category,
-    /// How long it keeps an idle connection from the hop in front of it.
-    pub idle_timeout: Option<Limit>,
-    /// How long its own pool toward the hop behind it keeps idle connections.
-    pub upstream_idle_timeout: Option<Limit>,
-    /// How long it waits for the hop behind it.
-    pub deadline: Option<Limit>,
-    pub health_check_timeout: Option<Limit>,
-    /// Node.js `headersTimeout`.
-    pub headers_timeout: Option<Limit>,
-    pub max_lifetime: Option<Limit>,
+    /// Its documented defaults.
+    pub limits: Limits,
     /// Where the numbers come from.
     pub source: &'static str,
 }
 
 const fn k(id: &'static str, name: &'static str, category: Category, source: &'static str) -> Kind {
-    Kind {
-        id,
-        name,
-        category,
-        idle_timeout: None,
-        upstream_idle_timeout: None,
-        deadline: None,
-        health_check_timeout: None,
-        headers_timeout: None,
-        max_lifetime: None,
-        source,
-    }
+    Kind { id, name, category, limits: Limits::NONE, source }
 }
 
 /// The catalog.
@@ -75,10 +59,13 @@ pub const CATALOG: &[Kind] = &[
     // the client and target connections; target group health check timeout
     // default 5 s (HealthCheckTimeoutSeconds).
     Kind {
-        idle_timeout: Some(Seconds(60.0)),
-        upstream_idle_timeout: Some(Seconds(60.0)),
-        deadline: Some(Seconds(60.0)),
-        health_check_timeout: Some(Seconds(5.0)),
+        limits: Limits {
+            idle_timeout: Some(Seconds(60.0)),
+            upstream_idle_timeout: Some(Seconds(60.0)),
+            deadline: Some(Seconds(60.0)),
+            health_check_timeout: Some(Seconds(5.0)),
+            ..Limits::NONE
+        },
         ..k(
             "aws-alb",
             "AWS Application Load Balancer",
@@ -88,13 +75,13 @@ pub const CATALOG: &[Kind] = &[
     },
     // AWS NLB docs: TCP idle timeout 350 s (fixed until 2024, now settable).
     Kind {
-        idle_timeout: Some(Seconds(350.0)),
+        limits: Limits { idle_timeout: Some(Seconds(350.0)), ..Limits::NONE },
         ..k("aws-nlb", "AWS Network Load Balancer", Category::Network, "AWS NLB user guide: TCP idle timeout 350 s")
     },
     // AWS VPC docs, NAT gateways: "a connection that is idle for 350 seconds
     // or more times out".
     Kind {
-        idle_timeout: Some(Seconds(350.0)),
+        limits: Limits { idle_timeout: Some(Seconds(350.0)), ..Limits::NONE },
         ..k(
             "aws-nat-gateway",
             "AWS NAT Gateway",
@@ -104,20 +91,23 @@ pub const CATALOG: &[Kind] = &[
     },
     // Azure Load Balancer docs: TCP idle timeout default 4 minutes.
     Kind {
-        idle_timeout: Some(Seconds(240.0)),
+        limits: Limits { idle_timeout: Some(Seconds(240.0)), ..Limits::NONE },
         ..k("azure-lb", "Azure Load Balancer", Category::Network, "Azure Load Balancer docs: TCP idle timeout 4 min")
     },
     // GCP Cloud NAT docs: TCP established connection idle timeout 1200 s.
     Kind {
-        idle_timeout: Some(Seconds(1200.0)),
+        limits: Limits { idle_timeout: Some(Seconds(1200.0)), ..Limits::NONE },
         ..k("gcp-cloud-nat", "GCP Cloud NAT", Category::Network, "Cloud NAT docs: tcpEstablishedIdleTimeoutSec 1200 s")
     },
     // nginx docs: keepalive_timeout 75 s (client side), proxy_read_timeout
     // 60 s, upstream keepalive_timeout 60 s (ngx_http_upstream_module).
     Kind {
-        idle_timeout: Some(Seconds(75.0)),
-        upstream_idle_timeout: Some(Seconds(60.0)),
-        deadline: Some(Seconds(60.0)),
+        limits: Limits {
+            idle_timeout: Some(Seconds(75.0)),
+            upstream_idle_timeout: Some(Seconds(60.0)),
+            deadline: Some(Seconds(60.0)),
+            ..Limits::NONE
+        },
         ..k(
             "nginx",
             "nginx",
@@ -128,9 +118,12 @@ pub const CATALOG: &[Kind] = &[
     // HAProxy configuration manual: timeout client / server /
     // http-keep-alive have no default (HAProxy warns: infinite).
     Kind {
-        idle_timeout: Some(Unlimited),
-        upstream_idle_timeout: Some(Unlimited),
-        deadline: Some(Unlimited),
+        limits: Limits {
+            idle_timeout: Some(Unlimited),
+            upstream_idle_timeout: Some(Unlimited),
+            deadline: Some(Unlimited),
+            ..Limits::NONE
+        },
         ..k(
             "haproxy",
             "HAProxy",
@@ -141,9 +134,12 @@ pub const CATALOG: &[Kind] = &[
     // Node.js http docs: server.keepAliveTimeout 5000 ms, headersTimeout
     // 60000 ms, requestTimeout 300000 ms.
     Kind {
-        idle_timeout: Some(Seconds(5.0)),
-        deadline: Some(Seconds(300.0)),
-        headers_timeout: Some(Seconds(60.0)),
+        limits: Limits {
+            idle_timeout: Some(Seconds(5.0)),
+            deadline: Some(Seconds(300.0)),
+            headers_timeout: Some(Seconds(60.0)),
+            ..Limits::NONE
+        },
         ..k(
             "nodejs",
             "Node.js http server",
@@ -153,20 +149,17 @@ pub const CATALOG: &[Kind] = &[
     },
     // gunicorn settings docs: keepalive 2 s, timeout 30 s.
     Kind {
-        idle_timeout: Some(Seconds(2.0)),
-        deadline: Some(Seconds(30.0)),
+        limits: Limits { idle_timeout: Some(Seconds(2.0)), deadline: Some(Seconds(30.0)), ..Limits::NONE },
         ..k("gunicorn", "gunicorn", Category::Server, "gunicorn settings: keepalive 2 s, timeout 30 s")
     },
     // uvicorn settings docs: --timeout-keep-alive 5 s; no request timeout.
     Kind {
-        idle_timeout: Some(Seconds(5.0)),
-        deadline: Some(Unlimited),
+        limits: Limits { idle_timeout: Some(Seconds(5.0)), deadline: Some(Unlimited), ..Limits::NONE },
         ..k("uvicorn", "uvicorn", Category::Server, "uvicorn settings: timeout_keep_alive 5 s, no request timeout")
     },
     // PostgreSQL docs: statement_timeout 0 (disabled), idle_session_timeout 0.
     Kind {
-        idle_timeout: Some(Unlimited),
-        deadline: Some(Unlimited),
+        limits: Limits { idle_timeout: Some(Unlimited), deadline: Some(Unlimited), ..Limits::NONE },
         ..k(
             "postgresql",
             "PostgreSQL",
@@ -176,26 +169,26 @@ pub const CATALOG: &[Kind] = &[
     },
     // Go net/http: DefaultTransport IdleConnTimeout 90 s; Client.Timeout 0.
     Kind {
-        idle_timeout: Some(Seconds(90.0)),
+        limits: Limits { idle_timeout: Some(Seconds(90.0)), ..Limits::NONE },
         ..k("go-http", "Go net/http client", Category::ClientPool, "Go net/http: DefaultTransport.IdleConnTimeout 90 s")
     },
     // OkHttp ConnectionPool: 5 idle connections kept 5 minutes.
     Kind {
-        idle_timeout: Some(Seconds(300.0)),
+        limits: Limits { idle_timeout: Some(Seconds(300.0)), ..Limits::NONE },
         ..k("okhttp", "OkHttp", Category::ClientPool, "OkHttp ConnectionPool: keepAliveDuration 5 min")
     },
     // reqwest ClientBuilder::pool_idle_timeout 90 s (hyper-util legacy client).
     Kind {
-        idle_timeout: Some(Seconds(90.0)),
+        limits: Limits { idle_timeout: Some(Seconds(90.0)), ..Limits::NONE },
         ..k("reqwest", "reqwest", Category::ClientPool, "reqwest ClientBuilder: pool_idle_timeout 90 s")
     },
     Kind {
-        idle_timeout: Some(Seconds(90.0)),
+        limits: Limits { idle_timeout: Some(Seconds(90.0)), ..Limits::NONE },
         ..k("hyper", "hyper-util client", Category::ClientPool, "hyper-util legacy Client: pool_idle_timeout 90 s")
     },
     // .NET SocketsHttpHandler.PooledConnectionIdleTimeout 1 minute.
     Kind {
-        idle_timeout: Some(Seconds(60.0)),
+        limits: Limits { idle_timeout: Some(Seconds(60.0)), ..Limits::NONE },
         ..k(
             "dotnet",
             ".NET HttpClient",
@@ -205,7 +198,7 @@ pub const CATALOG: &[Kind] = &[
     },
     // JDK HttpClient: jdk.httpclient.keepalive.timeout 30 s (JDK 20+).
     Kind {
-        idle_timeout: Some(Seconds(30.0)),
+        limits: Limits { idle_timeout: Some(Seconds(30.0)), ..Limits::NONE },
         ..k(
             "jdk-httpclient",
             "JDK HttpClient",
@@ -215,13 +208,12 @@ pub const CATALOG: &[Kind] = &[
     },
     // urllib3 PoolManager keeps idle connections with no timeout.
     Kind {
-        idle_timeout: Some(Unlimited),
+        limits: Limits { idle_timeout: Some(Unlimited), ..Limits::NONE },
         ..k("urllib3", "urllib3 / requests", Category::ClientPool, "urllib3: pooled connections have no idle timeout")
     },
     // HikariCP: idleTimeout 600000 ms, maxLifetime 1800000 ms.
     Kind {
-        idle_timeout: Some(Seconds(600.0)),
-        max_lifetime: Some(Seconds(1800.0)),
+        limits: Limits { idle_timeout: Some(Seconds(600.0)), max_lifetime: Some(Seconds(1800.0)), ..Limits::NONE },
         ..k("hikaricp", "HikariCP", Category::ClientPool, "HikariCP: idleTimeout 10 min, maxLifetime 30 min")
     },
 ];

@@ -74,7 +74,7 @@ pub(crate) fn compare_deadlines(report: &mut Report, rows: &[DestinationRow], se
     for (i, hop) in report.hops.iter().enumerate() {
         let Some(addr) = &hop.address else { continue };
         let Ok((dest, row)) = pick_hop(addr, rows, select, host_netns) else { continue };
-        if let (Some(Limit::Seconds(d)), Some(m)) = (hop.deadline, row.peer_request_deadline_seconds) {
+        if let (Some(Limit::Seconds(d)), Some(m)) = (hop.limits.deadline, row.deadlines.peer_request_deadline_seconds) {
             if !close_enough(d, m) {
                 found.push(Violation {
                     rule: "observed_deadline",
@@ -93,7 +93,9 @@ pub(crate) fn compare_deadlines(report: &mut Report, rows: &[DestinationRow], se
                 });
             }
         }
-        if let (Some(ours), Some(peer)) = (row.request_timeout_seconds, row.peer_request_deadline_seconds) {
+        if let (Some(ours), Some(peer)) =
+            (row.deadlines.request_timeout_seconds, row.deadlines.peer_request_deadline_seconds)
+        {
             if ours < peer && !close_enough(ours, peer) {
                 let client = report.hops[..i].iter().rev().find(|h| h.client).map_or("our client", |h| h.name.as_str());
                 found.push(Violation {
@@ -148,7 +150,9 @@ pub(crate) fn compare_idle(report: &mut Report, rows: &[DestinationRow], select:
                 .hops
                 .iter()
                 .filter(|h| h.client && !flagged(&h.name))
-                .filter(|h| h.pool_idle().is_some_and(|p| p.secs().is_none_or(|p| p > bound * POOL_FRACTION + 1e-9)))
+                .filter(|h| {
+                    h.limits.pool_idle().is_some_and(|p| p.secs().is_none_or(|p| p > bound * POOL_FRACTION + 1e-9))
+                })
                 .collect();
             let safe = point.or((lower > 0.0).then_some(lower));
             for pool in late {
@@ -171,13 +175,13 @@ pub(crate) fn compare_idle(report: &mut Report, rows: &[DestinationRow], select:
                     message: format!(
                         "{} keeps idle connections {}, but the path to {dest} was measured at {measured}",
                         pool.name,
-                        cell(pool.pool_idle())
+                        cell(pool.limits.pool_idle())
                     ),
                     fix,
                 });
             }
         }
-        let Some(declared) = hop.idle_timeout else { continue };
+        let Some(declared) = hop.limits.idle_timeout else { continue };
         // 5% (at least 50 ms) of measurement and timer slack.
         let agrees = match declared {
             Limit::Seconds(d) => {

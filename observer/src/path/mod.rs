@@ -84,6 +84,72 @@ impl Serialize for Limit {
     }
 }
 
+/// A hop's six limits (each known or not): in a kind's defaults, in a
+/// path file's hop, and in the checks, one type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Limits {
+    /// How long it keeps an idle connection from the hop in front of it.
+    pub idle_timeout: Option<Limit>,
+    /// How long its own pool toward the hop behind it keeps idle connections.
+    pub upstream_idle_timeout: Option<Limit>,
+    /// How long it waits for the hop behind it.
+    pub deadline: Option<Limit>,
+    pub health_check_timeout: Option<Limit>,
+    /// Node.js `headersTimeout`.
+    pub headers_timeout: Option<Limit>,
+    pub max_lifetime: Option<Limit>,
+}
+
+impl Limits {
+    /// None known.
+    pub const NONE: Self = Self {
+        idle_timeout: None,
+        upstream_idle_timeout: None,
+        deadline: None,
+        health_check_timeout: None,
+        headers_timeout: None,
+        max_lifetime: None,
+    };
+
+    /// Each limit by its path-file key, in the file's order.
+    #[must_use]
+    pub const fn named(&self) -> [(&'static str, Option<Limit>); 6] {
+        [
+            ("idle_timeout", self.idle_timeout),
+            ("upstream_idle_timeout", self.upstream_idle_timeout),
+            ("deadline", self.deadline),
+            ("health_check_timeout", self.health_check_timeout),
+            ("headers_timeout", self.headers_timeout),
+            ("max_lifetime", self.max_lifetime),
+        ]
+    }
+
+    /// These (a file's) over a kind's `defaults`. A file that gives the
+    /// hop's `idle_timeout` but no `upstream_idle_timeout` means one idle
+    /// timeout for both sides: the kind's pool default does not apply.
+    #[must_use]
+    pub fn over(self, defaults: Self) -> Self {
+        Self {
+            idle_timeout: self.idle_timeout.or(defaults.idle_timeout),
+            upstream_idle_timeout: self.upstream_idle_timeout.or(if self.idle_timeout.is_some() {
+                None
+            } else {
+                defaults.upstream_idle_timeout
+            }),
+            deadline: self.deadline.or(defaults.deadline),
+            health_check_timeout: self.health_check_timeout.or(defaults.health_check_timeout),
+            headers_timeout: self.headers_timeout.or(defaults.headers_timeout),
+            max_lifetime: self.max_lifetime.or(defaults.max_lifetime),
+        }
+    }
+
+    /// How long the hop's pool toward the next hop keeps idle connections.
+    #[must_use]
+    pub fn pool_idle(&self) -> Option<Limit> {
+        self.upstream_idle_timeout.or(self.idle_timeout)
+    }
+}
+
 /// A path file could not be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum PathError {
@@ -126,12 +192,8 @@ pub struct Hop {
     pub client: bool,
     #[serde(skip)]
     pub category: Option<Category>,
-    pub idle_timeout: Option<Limit>,
-    pub upstream_idle_timeout: Option<Limit>,
-    pub deadline: Option<Limit>,
-    pub health_check_timeout: Option<Limit>,
-    pub headers_timeout: Option<Limit>,
-    pub max_lifetime: Option<Limit>,
+    #[serde(flatten)]
+    pub limits: Limits,
     pub address: Option<HopAddress>,
 }
 
@@ -171,13 +233,6 @@ impl std::str::FromStr for HopAddress {
         let port = port.parse::<u16>().map_err(|_| bad())?;
         let host = crate::kernel::first_bytes::host_name(host.as_bytes()).ok_or_else(bad)?;
         Ok(Self::Name { host, port })
-    }
-}
-
-impl Hop {
-    /// How long this hop's pool toward the next hop keeps idle connections.
-    fn pool_idle(&self) -> Option<Limit> {
-        self.upstream_idle_timeout.or(self.idle_timeout)
     }
 }
 
@@ -249,19 +304,15 @@ pub fn parse(src: &str) -> Result<Vec<Hop>, PathError> {
                 kind: kind.map(|k| k.id.to_owned()),
                 client: h.client.unwrap_or(kind.is_some_and(|k| k.category == Category::ClientPool)),
                 category: kind.map(|k| k.category),
-                idle_timeout: limit(&h.idle_timeout, "idle_timeout")?.or(kind.and_then(|k| k.idle_timeout)),
-                upstream_idle_timeout: limit(&h.upstream_idle_timeout, "upstream_idle_timeout")?.or_else(|| {
-                    if h.idle_timeout.is_some() {
-                        None
-                    } else {
-                        kind.and_then(|k| k.upstream_idle_timeout)
-                    }
-                }),
-                deadline: limit(&h.deadline, "deadline")?.or(kind.and_then(|k| k.deadline)),
-                health_check_timeout: limit(&h.health_check_timeout, "health_check_timeout")?
-                    .or(kind.and_then(|k| k.health_check_timeout)),
-                headers_timeout: limit(&h.headers_timeout, "headers_timeout")?.or(kind.and_then(|k| k.headers_timeout)),
-                max_lifetime: limit(&h.max_lifetime, "max_lifetime")?.or(kind.and_then(|k| k.max_lifetime)),
+                limits: Limits {
+                    idle_timeout: limit(&h.idle_timeout, "idle_timeout")?,
+                    upstream_idle_timeout: limit(&h.upstream_idle_timeout, "upstream_idle_timeout")?,
+                    deadline: limit(&h.deadline, "deadline")?,
+                    health_check_timeout: limit(&h.health_check_timeout, "health_check_timeout")?,
+                    headers_timeout: limit(&h.headers_timeout, "headers_timeout")?,
+                    max_lifetime: limit(&h.max_lifetime, "max_lifetime")?,
+                }
+                .over(kind.map_or(Limits::NONE, |k| k.limits)),
                 address,
             })
         })
@@ -300,9 +351,9 @@ pub fn check(hops: &[Hop]) -> Report {
     // Idle staircase: each hop against the nearest hop in front of it that
     // has an idle timeout for its pool.
     for (i, inner) in hops.iter().enumerate() {
-        let Some(inner_idle) = inner.idle_timeout else { continue };
-        let Some(outer) = hops[..i].iter().rev().find(|h| h.pool_idle().is_some()) else { continue };
-        let Some(outer_idle) = outer.pool_idle() else { continue };
+        let Some(inner_idle) = inner.limits.idle_timeout else { continue };
+        let Some(outer) = hops[..i].iter().rev().find(|h| h.limits.pool_idle().is_some()) else { continue };
+        let Some(outer_idle) = outer.limits.pool_idle() else { continue };
         let ok =
             inner_idle.longer_than(outer_idle) || (inner_idle == Limit::Unlimited && outer_idle == Limit::Unlimited);
         if !ok {
@@ -319,9 +370,11 @@ pub fn check(hops: &[Hop]) -> Report {
     }
     // Client pool margin: at most 0.8 x the smallest idle timeout behind it.
     for (i, pool) in hops.iter().enumerate().filter(|(_, h)| h.client) {
-        let Some(p) = pool.pool_idle() else { continue };
-        let smallest =
-            hops[i + 1..].iter().filter_map(|h| Some((h, h.idle_timeout?.secs()?))).min_by(|a, b| a.1.total_cmp(&b.1));
+        let Some(p) = pool.limits.pool_idle() else { continue };
+        let smallest = hops[i + 1..]
+            .iter()
+            .filter_map(|h| Some((h, h.limits.idle_timeout?.secs()?)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
         let Some((hop, s)) = smallest else { continue };
         let limit = s * POOL_FRACTION;
         if p.secs().is_none_or(|p| p > limit + 1e-9) {
@@ -345,9 +398,9 @@ pub fn check(hops: &[Hop]) -> Report {
     }
     // Deadline staircase.
     for (i, inner) in hops.iter().enumerate() {
-        let Some(d) = inner.deadline else { continue };
+        let Some(d) = inner.limits.deadline else { continue };
         let outer_min =
-            hops[..i].iter().filter_map(|h| Some((h, h.deadline?.secs()?))).min_by(|a, b| a.1.total_cmp(&b.1));
+            hops[..i].iter().filter_map(|h| Some((h, h.limits.deadline?.secs()?))).min_by(|a, b| a.1.total_cmp(&b.1));
         match (d, outer_min) {
             (Limit::Unlimited, _) if inner.category != Some(Category::Network) => {
                 let below = outer_min.map_or_else(String::new, |(h, s)| format!(" below {}'s {}", h.name, fmt_secs(s)));
@@ -375,9 +428,9 @@ pub fn check(hops: &[Hop]) -> Report {
     }
     // Health checks: shorter than every deadline behind them.
     for (i, h) in hops.iter().enumerate() {
-        let Some(hc) = h.health_check_timeout.and_then(Limit::secs) else { continue };
+        let Some(hc) = h.limits.health_check_timeout.and_then(Limit::secs) else { continue };
         for inner in &hops[i..] {
-            if let Some(d) = inner.deadline.and_then(Limit::secs) {
+            if let Some(d) = inner.limits.deadline.and_then(Limit::secs) {
                 if hc >= d {
                     out.push(v(
                         "health_check",
@@ -397,8 +450,8 @@ pub fn check(hops: &[Hop]) -> Report {
         }
     }
     // Node.js: headersTimeout above keepAliveTimeout.
-    for h in hops.iter().filter(|h| h.kind.as_deref() == Some("nodejs") || h.headers_timeout.is_some()) {
-        if let (Some(ht), Some(ka)) = (h.headers_timeout, h.idle_timeout) {
+    for h in hops.iter().filter(|h| h.kind.as_deref() == Some("nodejs") || h.limits.headers_timeout.is_some()) {
+        if let (Some(ht), Some(ka)) = (h.limits.headers_timeout, h.limits.idle_timeout) {
             if !ht.longer_than(ka) {
                 out.push(v(
                     "node_headers_timeout",
@@ -452,11 +505,11 @@ pub fn render(report: &Report) -> String {
         .hops
         .iter()
         .map(|h| {
-            let idle = match (h.idle_timeout, h.upstream_idle_timeout) {
+            let idle = match (h.limits.idle_timeout, h.limits.upstream_idle_timeout) {
                 (Some(i), Some(u)) if u != i => format!("{i} (pool {u})"),
                 (i, _) => cell(i),
             };
-            [h.name.clone(), h.kind.clone().unwrap_or_else(|| "-".into()), idle, cell(h.deadline)]
+            [h.name.clone(), h.kind.clone().unwrap_or_else(|| "-".into()), idle, cell(h.limits.deadline)]
         })
         .collect();
     let header = ["HOP (client first)", "KIND", "IDLE TIMEOUT (must rise)", "DEADLINE (must fall)"];
@@ -490,14 +543,7 @@ pub fn render_catalog(kind: Option<&str>) -> Result<String, String> {
     let mut out = String::new();
     for k in kinds {
         let mut fields = Vec::new();
-        for (name, val) in [
-            ("idle_timeout", k.idle_timeout),
-            ("upstream_idle_timeout", k.upstream_idle_timeout),
-            ("deadline", k.deadline),
-            ("health_check_timeout", k.health_check_timeout),
-            ("headers_timeout", k.headers_timeout),
-            ("max_lifetime", k.max_lifetime),
-        ] {
+        for (name, val) in k.limits.named() {
             if let Some(v) = val {
                 fields.push(format!("{name} = {v}"));
             }

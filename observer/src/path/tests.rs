@@ -119,8 +119,8 @@ fn observed_disagreement_is_flagged() {
 }
 
 fn with_deadlines(mut r: DestinationRow, peer: Option<f64>, ours: Option<f64>) -> DestinationRow {
-    r.peer_request_deadline_seconds = peer;
-    r.request_timeout_seconds = ours;
+    r.deadlines.peer_request_deadline_seconds = peer;
+    r.deadlines.request_timeout_seconds = ours;
     r
 }
 

@@ -51,7 +51,7 @@ pub fn compare(hops: &[Hop], f: &Finding) -> Vec<Comparison> {
     let smallest = hops
         .iter()
         .filter(|h| !h.client)
-        .filter_map(|h| match h.idle_timeout {
+        .filter_map(|h| match h.limits.idle_timeout {
             Some(Limit::Seconds(s)) => Some((h, s)),
             _ => None,
         })
@@ -90,7 +90,7 @@ pub fn compare(hops: &[Hop], f: &Finding) -> Vec<Comparison> {
     }
     if let Some(rec) = f.recommended_pool_idle_timeout_seconds {
         for hop in hops.iter().filter(|h| h.client) {
-            let Some(Limit::Seconds(pool)) = hop.idle_timeout else { continue };
+            let Some(Limit::Seconds(pool)) = hop.limits.idle_timeout else { continue };
             let above = pool > rec;
             out.push(Comparison {
                 hop: hop.name.clone(),
