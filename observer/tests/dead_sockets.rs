@@ -209,14 +209,15 @@ fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
         resets.push((reset.idle_seconds * 1000.0).round() / 1000.0);
     }
     let dest = format!("{}:8070", topo.server_v4);
-    let row = row_when(&daemon, &dest, 10.0, |r| r.discarded_dead >= 3 && r.path.idle_timeout_seconds.is_some())?;
+    let row =
+        row_when(&daemon, &dest, 10.0, |r| r.sockets.discarded_dead >= 3 && r.path.idle_timeout_seconds.is_some())?;
     assert_eq!(row.failures_window, 0, "no failure: {row:#?}");
-    assert_eq!(row.discarded_dead, 3, "{row:#?}");
+    assert_eq!(row.sockets.discarded_dead, 3, "{row:#?}");
     let point = row.path.idle_timeout_seconds.context("point")?;
     assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
     eprintln!(
         "MEASURED Go reader vs SO_LINGER 0 server (1.5 s): idle RSTs at {resets:?} s, discarded_dead {}, failures {}, point {point:.3} s, verdict {:?}",
-        row.discarded_dead, row.failures_window, row.judgement.verdict
+        row.sockets.discarded_dead, row.failures_window, row.judgement.verdict
     );
     Ok(())
 }
@@ -345,13 +346,14 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     common::wait_line(&lines, "ready", 10.0)?;
     let dest = format!("{}:7620", topo.server_v4);
     // The server closes at 2 s; the at-risk view refreshes every 5 s.
-    let held = row_when(&daemon, &dest, 9.0, |r| r.doomed_idle_sockets == 10)?;
-    assert!(held.doomed_owners.iter().any(|o| o.process == "python3"), "the holder is named: {held:#?}");
+    let held = row_when(&daemon, &dest, 9.0, |r| r.sockets.doomed_idle_sockets == 10)?;
+    assert!(held.sockets.doomed_owners.iter().any(|o| o.process == "python3"), "the holder is named: {held:#?}");
     assert_eq!(held.failures_window, 0, "{held:#?}");
     common::wait_line(&lines, "closing", 15.0)?;
-    let after = row_when(&daemon, &dest, 8.0, |r| r.doomed_idle_sockets == 0 && r.discarded_dead == 10)?;
+    let after =
+        row_when(&daemon, &dest, 8.0, |r| r.sockets.doomed_idle_sockets == 0 && r.sockets.discarded_dead == 10)?;
     assert_eq!(after.failures_window, 0, "closing a dead socket unwritten is no failure: {after:#?}");
-    assert!(after.doomed_owners.is_empty(), "{after:#?}");
+    assert!(after.sockets.doomed_owners.is_empty(), "{after:#?}");
     let events = daemon.events();
     let discarded: Vec<&SockEvent> = events
         .iter()
@@ -364,10 +366,10 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     assert_eq!(doomed, Some(0.0), "observer_doomed_idle_sockets for {dest}: {metrics}");
     eprintln!(
         "MEASURED doomed pool of 10 behind a 2 s server: doomed_idle_sockets {} held by {:?}, then {} after the pool closed them; discarded_dead {}",
-        held.doomed_idle_sockets,
-        held.doomed_owners.iter().map(observer::diagnosis::aggregate::ProcessOwner::label).collect::<Vec<_>>(),
-        after.doomed_idle_sockets,
-        after.discarded_dead
+        held.sockets.doomed_idle_sockets,
+        held.sockets.doomed_owners.iter().map(observer::diagnosis::aggregate::ProcessOwner::label).collect::<Vec<_>>(),
+        after.sockets.doomed_idle_sockets,
+        after.sockets.discarded_dead
     );
     Ok(())
 }

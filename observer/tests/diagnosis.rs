@@ -66,10 +66,10 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
     // the EOF and closed before nginx's RST was processed, and the write
     // was taken for a `close_notify`. `hooks.rs` now forces that order.)
     assert!(
-        r.reuses + r.requests_aborted_window >= 20,
+        r.reuses + r.deadlines.requests_aborted_window >= 20,
         "{} reuses, {} aborted requests",
         r.reuses,
-        r.requests_aborted_window
+        r.deadlines.requests_aborted_window
     );
 }
 
@@ -83,9 +83,9 @@ fn check_analyze_matches(daemon: Daemon, live: &[DestinationRow], recording: &st
     let mut offline: Vec<DestinationRow> = serde_json::from_slice(&out.stdout)?;
     let mut live = live.to_vec();
     for r in live.iter_mut().chain(offline.iter_mut()) {
-        r.at_risk_idle_sockets = 0;
-        r.doomed_idle_sockets = 0;
-        r.doomed_owners.clear();
+        r.sockets.at_risk_idle_sockets = 0;
+        r.sockets.doomed_idle_sockets = 0;
+        r.sockets.doomed_owners.clear();
     }
     // Server-side rows see the same traffic; compare everything.
     assert_eq!(live, offline, "observer analyze differs from the live daemon");
@@ -140,7 +140,7 @@ fn summary(name: &str, t: f64, r: &DestinationRow) {
         r.judgement.recommended_pool_idle_timeout_seconds,
         r.reuses,
         r.failures,
-        r.requests_aborted_window
+        r.deadlines.requests_aborted_window
     );
 }
 
@@ -200,17 +200,17 @@ fn fin_path_diagnosed() -> Result<()> {
         .with_context(|| format!("no server row: {rows:#?}"))?;
     eprintln!(
         "MEASURED server row: server_idle_timeout {:?}, late_reuses {}, client_max_reuse_idle {:?}, verdict {}, recommended {:?} / raise to {:?}: {}",
-        srv.server_idle_timeout_seconds,
-        srv.late_reuses,
-        srv.client_max_reuse_idle_seconds,
+        srv.server.server_idle_timeout_seconds,
+        srv.server.late_reuses,
+        srv.server.client_max_reuse_idle_seconds,
         srv.judgement.verdict.as_str(),
         srv.judgement.recommended_pool_idle_timeout_seconds,
         srv.judgement.recommended_server_idle_timeout_seconds,
         srv.judgement.recommendation
     );
-    let t = srv.server_idle_timeout_seconds.context("nginx's idle closes form a cluster")?;
+    let t = srv.server.server_idle_timeout_seconds.context("nginx's idle closes form a cluster")?;
     assert!(common::fired(t, 2.0, 0.1), "server idle timeout {t}");
-    assert!(srv.late_reuses > 0, "{srv:#?}");
+    assert!(srv.server.late_reuses > 0, "{srv:#?}");
     assert_eq!(srv.judgement.verdict, Verdict::ClientsMismatch, "{srv:#?}");
     let rec = srv.judgement.recommended_pool_idle_timeout_seconds.context("a number for the clients")?;
     assert!(common::fired(rec, 1.6, 0.08), "{rec}");
@@ -300,7 +300,7 @@ fn routed_scenario(tag: &str, verdict: &str, v6: bool, t: f64, mode: FailureMode
     let r = row(&rows, &dest)?;
     summary(tag, t, r);
     check_mismatch(r, t, mode);
-    assert!(r.at_risk_idle_sockets >= 1, "the idle pooled connection is at risk: {r:#?}");
+    assert!(r.sockets.at_risk_idle_sockets >= 1, "the idle pooled connection is at risk: {r:#?}");
     let other = row(&rows, &dest2)?;
     assert_ne!(other.judgement.verdict, Verdict::Mismatch, "{other:#?}");
     check_analyze_matches(daemon, &rows, &recording)?;

@@ -256,14 +256,14 @@ fn observed_deadlines_and_the_staircase() -> Result<()> {
     let row = client_row(&settle(&daemon)?, &dest)?;
     eprintln!(
         "MEASURED deadlines: peer_request_deadline {:?} ({} aborted), request_timeout {:?} ({} timed out), verdict {}",
-        row.peer_request_deadline_seconds,
-        row.requests_aborted_window,
-        row.request_timeout_seconds,
-        row.request_timeouts_window,
+        row.deadlines.peer_request_deadline_seconds,
+        row.deadlines.requests_aborted_window,
+        row.deadlines.request_timeout_seconds,
+        row.deadlines.request_timeouts_window,
         row.judgement.verdict.as_str()
     );
-    let peer = row.peer_request_deadline_seconds.context("the server's 3 s deadline")?;
-    let ours = row.request_timeout_seconds.context("our 2 s read timeout")?;
+    let peer = row.deadlines.peer_request_deadline_seconds.context("the server's 3 s deadline")?;
+    let ours = row.deadlines.request_timeout_seconds.context("our 2 s read timeout")?;
     assert!(common::fired(peer, 3.0, 0.1), "{peer}");
     assert!(common::fired(ours, 2.0, 0.1), "{ours}");
     assert_ne!(row.judgement.verdict, Verdict::Mismatch, "deadlines are no idle evidence: {row:#?}");

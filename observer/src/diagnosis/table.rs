@@ -299,6 +299,67 @@ pub struct ResetSources {
     pub sources: Vec<ResetShare>,
 }
 
+/// A row's request deadlines: the peer's (it aborted our requests) and
+/// ours (we gave up on its answers), each a cluster of the times seen,
+/// and how many requests each ended in the window. Flattened into the row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Deadlines {
+    /// The peer's request deadline: a cluster of `request_aborted` times.
+    #[serde(default)]
+    pub peer_request_deadline_seconds: Option<f64>,
+    /// Our request timeout: a cluster of `request_timeout` times.
+    #[serde(default)]
+    pub request_timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub requests_aborted_window: u64,
+    #[serde(default)]
+    pub request_timeouts_window: u64,
+}
+
+/// A server row's side: our idle timeout toward clients, and what their
+/// pools do (late reuses, the longest reuse age, their idle timeout).
+/// Flattened into the row; empty on a client row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerSide {
+    /// Our idle timeout toward clients (a cluster of our idle closes).
+    #[serde(default)]
+    pub server_idle_timeout_seconds: Option<f64>,
+    /// Clients that wrote on connections we had closed idle.
+    #[serde(default)]
+    pub late_reuses: u64,
+    /// The longest idle age after which a client reused a
+    /// connection (a late reuse counts at the age of its write).
+    #[serde(default)]
+    pub client_max_reuse_idle_seconds: Option<f64>,
+    /// The clients' pool idle timeout (a cluster of their idle closes).
+    #[serde(default)]
+    pub client_pool_idle_timeout_seconds: Option<f64>,
+}
+
+/// The sockets a row's processes hold now (the kernel's table, refreshed
+/// with the at-risk view), and the dead ones the pool discarded in the
+/// window. Flattened into the row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LiveSockets {
+    /// Client row: sockets idle right now past the path's timeout (an
+    /// estimate from it): each will likely fail on first use.
+    pub at_risk_idle_sockets: u64,
+    /// Client row: sockets a process holds now that are already dead (the
+    /// peer closed or reset them, or the kernel timed them out, while idle,
+    /// and nothing was written since): each fails on first use. Exact, from
+    /// the kernel's socket state, refreshed with the at-risk view.
+    #[serde(default)]
+    pub doomed_idle_sockets: u64,
+    /// Who holds them (at most 16).
+    #[serde(default)]
+    pub doomed_owners: Vec<ProcessOwner>,
+    /// Client row: dead sockets the pool closed without writing on them
+    /// (its checkout validation or reader saw the peer's close), in the
+    /// window: failures it avoided.
+    #[serde(default)]
+    pub discarded_dead: u64,
+}
+
 /// One row of the destination table; the JSON interface of
 /// `GET /api/v1/destinations`, `observer status --json` and
 /// `observer analyze --json` (see README).
@@ -347,46 +408,16 @@ pub struct DestinationRow {
     pub keepalive_evidence: u64,
     /// Smallest keep-alive idle time among them, when known.
     pub keepalive_idle_seconds: Option<f64>,
-    /// The peer's request deadline: a cluster of `request_aborted` times.
-    #[serde(default)]
-    pub peer_request_deadline_seconds: Option<f64>,
-    /// Our request timeout: a cluster of `request_timeout` times.
-    #[serde(default)]
-    pub request_timeout_seconds: Option<f64>,
-    #[serde(default)]
-    pub requests_aborted_window: u64,
-    #[serde(default)]
-    pub request_timeouts_window: u64,
-    /// Server row: our idle timeout toward clients (a cluster of our idle
-    /// closes).
-    #[serde(default)]
-    pub server_idle_timeout_seconds: Option<f64>,
-    /// Server row: clients that wrote on connections we had closed idle.
-    #[serde(default)]
-    pub late_reuses: u64,
-    /// Server row: the longest idle age after which a client reused a
-    /// connection (a late reuse counts at the age of its write).
-    #[serde(default)]
-    pub client_max_reuse_idle_seconds: Option<f64>,
-    /// Server row: the clients' pool idle timeout (a cluster of their idle
-    /// closes).
-    #[serde(default)]
-    pub client_pool_idle_timeout_seconds: Option<f64>,
-    pub at_risk_idle_sockets: u64,
-    /// Client row: sockets a process holds now that are already dead (the
-    /// peer closed or reset them, or the kernel timed them out, while idle,
-    /// and nothing was written since): each fails on first use. Exact, from
-    /// the kernel's socket state, refreshed with the at-risk view.
-    #[serde(default)]
-    pub doomed_idle_sockets: u64,
-    /// Who holds them (at most 16).
-    #[serde(default)]
-    pub doomed_owners: Vec<ProcessOwner>,
-    /// Client row: dead sockets the pool closed without writing on them
-    /// (its checkout validation or reader saw the peer's close), in the
-    /// window: failures it avoided.
-    #[serde(default)]
-    pub discarded_dead: u64,
+    /// Request deadlines, ours and the peer's, and the requests they ended.
+    #[serde(flatten)]
+    pub deadlines: Deadlines,
+    /// Server row: our idle timeout and what the clients' pools do.
+    #[serde(flatten)]
+    pub server: ServerSide,
+    /// The sockets held now: at risk, already dead, and the dead ones the
+    /// pool discarded.
+    #[serde(flatten)]
+    pub sockets: LiveSockets,
     pub first_failure_unix_ns: Option<u64>,
     pub last_failure_unix_ns: Option<u64>,
     pub processes: Vec<String>,

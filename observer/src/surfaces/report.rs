@@ -480,7 +480,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
                 .iter()
                 .filter(|t| matches!(t.what, Observation::PeerIdleClose { .. } | Observation::KeepaliveDeath { .. }))
                 .count() as u64,
-            discarded_dead: row.discarded_dead,
+            discarded_dead: row.sockets.discarded_dead,
             resets: row.resets.clone(),
             reset_text: row.resets_in_words(),
         },

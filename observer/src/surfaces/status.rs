@@ -113,17 +113,17 @@ pub(crate) fn columns<const N: usize>(header: &[&str; N], rows: &[[String; N]]) 
 fn timeout_cell(r: &DestinationRow) -> String {
     match r.id.role {
         crate::kernel::event::Role::Server => {
-            r.server_idle_timeout_seconds.map_or_else(|| "-".to_owned(), |t| format!("ours {t:.3}s"))
+            r.server.server_idle_timeout_seconds.map_or_else(|| "-".to_owned(), |t| format!("ours {t:.3}s"))
         }
         _ => path_cell(r),
     }
 }
 
 fn deadline_cell(r: &DestinationRow) -> String {
-    if r.peer_request_deadline_seconds.is_none() && r.request_timeout_seconds.is_none() {
+    if r.deadlines.peer_request_deadline_seconds.is_none() && r.deadlines.request_timeout_seconds.is_none() {
         return "-".to_owned();
     }
-    format!("{}/{}", secs(r.peer_request_deadline_seconds), secs(r.request_timeout_seconds))
+    format!("{}/{}", secs(r.deadlines.peer_request_deadline_seconds), secs(r.deadlines.request_timeout_seconds))
 }
 
 /// The destination, with its network namespace when it is not the host's
@@ -169,7 +169,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         .iter()
         .map(|r| {
             let pool = match r.id.role {
-                crate::kernel::event::Role::Server => r.client_pool_idle_timeout_seconds,
+                crate::kernel::event::Role::Server => r.server.client_pool_idle_timeout_seconds,
                 _ => r.pool_idle_timeout_seconds,
             };
             [
@@ -185,9 +185,9 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 deadline_cell(r),
                 r.reuses.to_string(),
                 r.failures.to_string(),
-                r.at_risk_idle_sockets.to_string(),
-                r.doomed_idle_sockets.to_string(),
-                r.discarded_dead.to_string(),
+                r.sockets.at_risk_idle_sockets.to_string(),
+                r.sockets.doomed_idle_sockets.to_string(),
+                r.sockets.discarded_dead.to_string(),
             ]
         })
         .collect();
@@ -251,19 +251,23 @@ fn notes(out: &mut String, r: &DestinationRow) {
             "{who}: the lower bound rests only on sockets whose TCP keep-alive probes ran while idle (valid for proxies, not for NAT/conntrack)"
         );
     }
-    if r.doomed_idle_sockets > 0 {
-        let holders: Vec<String> = r.doomed_owners.iter().map(|o| printable(&o.label())).collect();
+    if r.sockets.doomed_idle_sockets > 0 {
+        let holders: Vec<String> = r.sockets.doomed_owners.iter().map(|o| printable(&o.label())).collect();
         let _ = writeln!(
             out,
             "{who}: {} sockets held now are already dead (closed or reset by the peer, or timed out, while idle, or stalled) and will fail on first use; held by {}",
-            r.doomed_idle_sockets,
+            r.sockets.doomed_idle_sockets,
             if holders.is_empty() { "?".to_owned() } else { holders.join(", ") }
         );
     }
-    if r.late_reuses > 0 {
-        let _ = writeln!(out, "{who}: {} clients wrote on connections we had closed idle (late reuses)", r.late_reuses);
+    if r.server.late_reuses > 0 {
+        let _ = writeln!(
+            out,
+            "{who}: {} clients wrote on connections we had closed idle (late reuses)",
+            r.server.late_reuses
+        );
     }
-    if let (Some(p), Some(o)) = (r.peer_request_deadline_seconds, r.request_timeout_seconds) {
+    if let (Some(p), Some(o)) = (r.deadlines.peer_request_deadline_seconds, r.deadlines.request_timeout_seconds) {
         if o < p {
             let _ = writeln!(
                 out,

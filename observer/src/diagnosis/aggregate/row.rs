@@ -9,7 +9,10 @@ use crate::{
     diagnosis::evidence::{ResetBy, ResetCounts, IDLE_BUCKETS},
     diagnosis::key::DestKey,
     diagnosis::probed::{Merged, ProbeEvidence},
-    diagnosis::table::{Bucket, DestinationRow, FailureMode, PathEstimate, PathShare, ResetShare, ResetSources},
+    diagnosis::table::{
+        Bucket, Deadlines, DestinationRow, FailureMode, LiveSockets, PathEstimate, PathShare, ResetShare, ResetSources,
+        ServerSide,
+    },
     diagnosis::verdict::{self, ClientFindings, Judgement, ServerFindings},
     kernel::event::Role,
     kernel::first_bytes::Protocol,
@@ -85,18 +88,19 @@ fn counted(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Protocol>) 
         last_peer_restart_unix_ns: st.restarts.back().map(|r| r.ts_unix_ns),
         keepalive_evidence: counts.keepalive,
         keepalive_idle_seconds: ev.min_keepalive_idle(),
-        peer_request_deadline_seconds: deadline(ev.aborted()),
-        request_timeout_seconds: deadline(ev.timeouts()),
-        requests_aborted_window: counts.aborted,
-        request_timeouts_window: counts.timeouts,
-        server_idle_timeout_seconds: None,
-        late_reuses: counts.late_reuses,
-        client_max_reuse_idle_seconds: None,
-        client_pool_idle_timeout_seconds: None,
-        at_risk_idle_sockets: st.at_risk,
-        doomed_idle_sockets: st.doomed,
-        doomed_owners: st.doomed_owners.keys().cloned().collect(),
-        discarded_dead: counts.discarded_dead,
+        deadlines: Deadlines {
+            peer_request_deadline_seconds: deadline(ev.aborted()),
+            request_timeout_seconds: deadline(ev.timeouts()),
+            requests_aborted_window: counts.aborted,
+            request_timeouts_window: counts.timeouts,
+        },
+        server: ServerSide { late_reuses: counts.late_reuses, ..ServerSide::default() },
+        sockets: LiveSockets {
+            at_risk_idle_sockets: st.at_risk,
+            doomed_idle_sockets: st.doomed,
+            doomed_owners: st.doomed_owners.keys().cloned().collect(),
+            discarded_dead: counts.discarded_dead,
+        },
         first_failure_unix_ns: st.first_failure_ns,
         last_failure_unix_ns: st.last_failure_ns,
         processes: st
@@ -127,9 +131,9 @@ fn server_side(r: &mut DestinationRow, st: &DestState) -> Judgement {
         client_max_reuse_idle: ev.max_reuse_idle(),
         client_pool_idle_timeout: st.point().first().map(|c| c.value),
     };
-    r.server_idle_timeout_seconds = f.server_idle_timeout;
-    r.client_max_reuse_idle_seconds = f.client_max_reuse_idle;
-    r.client_pool_idle_timeout_seconds = f.client_pool_idle_timeout;
+    r.server.server_idle_timeout_seconds = f.server_idle_timeout;
+    r.server.client_max_reuse_idle_seconds = f.client_max_reuse_idle;
+    r.server.client_pool_idle_timeout_seconds = f.client_pool_idle_timeout;
     verdict::judge_server(&f)
 }
 

@@ -234,7 +234,7 @@ fn at_risk_counts_idle_sockets_past_the_timeout() {
         view(900.0, "10.0.0.9:1"),
     ]);
     let rows = table(&mut agg);
-    assert_eq!(row(&rows, "10.0.0.2:443").at_risk_idle_sockets, 2);
+    assert_eq!(row(&rows, "10.0.0.2:443").sockets.at_risk_idle_sockets, 2);
 }
 
 /// The daemon keeps only sockets idler than the floor: the smallest
@@ -256,7 +256,8 @@ fn at_risk_floor_is_the_smallest_threshold() {
         .flat_map(|&idle| ["10.0.0.2:443", "10.0.0.3:443", "10.0.0.4:443"].map(|d| view(idle, d)))
         .collect();
     agg.set_sockets(&all);
-    let counts = |agg: &mut Aggregator| -> Vec<u64> { table(agg).iter().map(|r| r.at_risk_idle_sockets).collect() };
+    let counts =
+        |agg: &mut Aggregator| -> Vec<u64> { table(agg).iter().map(|r| r.sockets.at_risk_idle_sockets).collect() };
     let full = counts(&mut agg);
     assert_eq!(full, vec![3, 5, 0], "past 58 s; past 4 s; no failure, no threshold");
     let kept: Vec<SocketView> = all.iter().filter(|v| v.idle_seconds > floor).copied().collect();
@@ -463,9 +464,9 @@ fn the_server_view() {
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.1:8080");
     assert_eq!(r.id.role, Role::Server);
-    assert_eq!(r.server_idle_timeout_seconds, Some(2.0015));
-    assert_eq!(r.late_reuses, 1);
-    assert_eq!(r.client_max_reuse_idle_seconds, Some(3.0));
+    assert_eq!(r.server.server_idle_timeout_seconds, Some(2.0015));
+    assert_eq!(r.server.late_reuses, 1);
+    assert_eq!(r.server.client_max_reuse_idle_seconds, Some(3.0));
     assert_eq!(
         (r.judgement.verdict, r.judgement.evidence),
         (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses))
@@ -489,9 +490,9 @@ fn observed_deadlines() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!(r.peer_request_deadline_seconds, Some(3.001));
-    assert_eq!(r.request_timeout_seconds, Some(2.001));
-    assert_eq!((r.requests_aborted_window, r.request_timeouts_window), (3, 3));
+    assert_eq!(r.deadlines.peer_request_deadline_seconds, Some(3.001));
+    assert_eq!(r.deadlines.request_timeout_seconds, Some(2.001));
+    assert_eq!((r.deadlines.requests_aborted_window, r.deadlines.request_timeouts_window), (3, 3));
 }
 
 #[test]
@@ -794,7 +795,7 @@ fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:5432");
     assert_eq!((r.failures_window, r.reuses_window), (4, 8), "{r:#?}");
-    assert_eq!(r.discarded_dead, 3);
+    assert_eq!(r.sockets.discarded_dead, 3);
     assert_eq!(r.failure_mode, FailureMode::Rst, "{r:#?}");
     assert_eq!(r.path.idle_timeout_seconds, Some(2.0), "the idle resets measure the timeout: {r:#?}");
     assert!(r.judgement.verdict.is_mismatch(), "{r:#?}");
@@ -830,14 +831,14 @@ fn doomed_sockets_count_in_their_row_and_are_replaced() {
     ]);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert_eq!(r.doomed_idle_sockets, 3, "{r:#?}");
-    let names: Vec<&str> = r.doomed_owners.iter().map(|o| o.process.as_str()).collect();
+    assert_eq!(r.sockets.doomed_idle_sockets, 3, "{r:#?}");
+    let names: Vec<&str> = r.sockets.doomed_owners.iter().map(|o| o.process.as_str()).collect();
     assert_eq!(names, ["api", "worker"]);
     assert!(rows.iter().all(|r| r.id.destination != "10.0.0.9:1"), "no row is made by the view");
     agg.set_doomed(&[]);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert_eq!((r.doomed_idle_sockets, r.doomed_owners.len()), (0, 0));
+    assert_eq!((r.sockets.doomed_idle_sockets, r.sockets.doomed_owners.len()), (0, 0));
 }
 
 /// A keep-alive death bounds the timeout from above at the first unanswered
@@ -1145,10 +1146,10 @@ fn the_at_risk_view_takes_the_probes_bracket() {
     let mut ts = 0.0;
     feed(&mut agg, &mut ts, d, f64::INFINITY, &[1.0, 2.0], Outcome::Reset);
     agg.set_sockets(&[view(10.0, d)]);
-    assert_eq!(row(&table(&mut agg), d).at_risk_idle_sockets, 0, "no timeout known yet");
+    assert_eq!(row(&table(&mut agg), d).sockets.at_risk_idle_sockets, 0, "no timeout known yet");
     agg.add_probe(&probed(ts, d, ProbeHow::SilentDrop, 2.9, Some(3.1)));
     agg.set_sockets(&[view(10.0, d), view(2.5, d)]);
-    assert_eq!(row(&table(&mut agg), d).at_risk_idle_sockets, 1, "idle past the probe's 2.9 s");
+    assert_eq!(row(&table(&mut agg), d).sockets.at_risk_idle_sockets, 1, "idle past the probe's 2.9 s");
 }
 
 #[test]

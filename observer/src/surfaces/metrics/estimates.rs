@@ -152,10 +152,10 @@ impl EstimateFamilies {
         let gauges = [
             (&self.pool_timeout, r.pool_idle_timeout_seconds),
             (&self.recommended, r.judgement.recommended_pool_idle_timeout_seconds),
-            (&self.peer_deadline, r.peer_request_deadline_seconds),
-            (&self.our_timeout, r.request_timeout_seconds),
-            (&self.server_timeout, r.server_idle_timeout_seconds),
-            (&self.client_max_reuse, r.client_max_reuse_idle_seconds),
+            (&self.peer_deadline, r.deadlines.peer_request_deadline_seconds),
+            (&self.our_timeout, r.deadlines.request_timeout_seconds),
+            (&self.server_timeout, r.server.server_idle_timeout_seconds),
+            (&self.client_max_reuse, r.server.client_max_reuse_idle_seconds),
         ];
         for (family, value) in gauges {
             if let Some(v) = value {
@@ -172,10 +172,10 @@ impl EstimateFamilies {
                 .set(i64::from(r.judgement.verdict.is_mismatch()));
         }
         if r.path.upper_seconds.is_some() {
-            self.at_risk.get_or_create(&row).set(count(r.at_risk_idle_sockets));
+            self.at_risk.get_or_create(&row).set(count(r.sockets.at_risk_idle_sockets));
         }
         if r.id.role == crate::kernel::event::Role::Client {
-            self.doomed.get_or_create(&row).set(count(r.doomed_idle_sockets));
+            self.doomed.get_or_create(&row).set(count(r.sockets.doomed_idle_sockets));
         }
         // At most `MAX_NAMES` per row: the label set stays bounded by the rows.
         for n in &r.server_names {

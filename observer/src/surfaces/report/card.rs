@@ -68,7 +68,7 @@ impl PartnerCard {
             [tls, "Maximum request and response body size", "Source address ranges you allow (ours are listed)"]
                 .map(str::to_owned)
                 .to_vec();
-        if row.peer_request_deadline_seconds.is_none() {
+        if row.deadlines.peer_request_deadline_seconds.is_none() {
             ask.push("Request timeout at each hop (not seen: no request of ours was cut off)".to_owned());
         }
         if row.path.upper_seconds.is_none() {
@@ -81,7 +81,7 @@ impl PartnerCard {
             idle_close,
             reset_from: row.resets.from,
             reset_hops_closer: row.resets.hops_closer,
-            request_deadline_seconds: row.peer_request_deadline_seconds,
+            request_deadline_seconds: row.deadlines.peer_request_deadline_seconds,
             tls_versions: row.tls_versions.iter().map(|v| v.as_str().to_owned()).collect(),
             their_addresses: vec![their],
             our_addresses,

@@ -46,7 +46,7 @@ pub(super) fn questions(row: &DestinationRow, text: &str) -> Vec<Question> {
         q(
             "request timeout",
             "How long do you wait for a request before giving up, at each hop?",
-            match (row.peer_request_deadline_seconds, row.request_timeout_seconds) {
+            match (row.deadlines.peer_request_deadline_seconds, row.deadlines.request_timeout_seconds) {
                 (None, None) => "no deadline observed: no request was aborted or timed out in the window".into(),
                 (p, o) => format!(
                     "your side aborted requests after {}; ours gives up after {}",
@@ -151,19 +151,19 @@ pub(super) fn findings(row: &DestinationRow) -> Vec<(String, String)> {
             ),
         );
     }
-    if let Some(p) = row.peer_request_deadline_seconds {
+    if let Some(p) = row.deadlines.peer_request_deadline_seconds {
         add("Your request deadline (requests you aborted)", fmt_secs(p));
     }
-    if let Some(o) = row.request_timeout_seconds {
+    if let Some(o) = row.deadlines.request_timeout_seconds {
         add("Our request timeout (requests we gave up on)", fmt_secs(o));
     }
-    if let Some(t) = row.server_idle_timeout_seconds {
+    if let Some(t) = row.server.server_idle_timeout_seconds {
         add("Our idle timeout toward clients", fmt_secs(t));
     }
-    if row.late_reuses > 0 {
-        add("Clients writing on connections we had closed idle", row.late_reuses.to_string());
+    if row.server.late_reuses > 0 {
+        add("Clients writing on connections we had closed idle", row.server.late_reuses.to_string());
     }
-    if let Some(m) = row.client_max_reuse_idle_seconds {
+    if let Some(m) = row.server.client_max_reuse_idle_seconds {
         add("Longest idle age after which a client reused a connection", fmt_secs(m));
     }
     if let Some(r) = row.judgement.recommended_server_idle_timeout_seconds {

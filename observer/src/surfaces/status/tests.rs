@@ -110,8 +110,8 @@ fn the_name_column_comes_first_and_notes_carry_the_name() {
 fn doomed_owners_reach_the_terminal_escaped() {
     use crate::diagnosis::table::ProcessOwner;
     let mut rows = analyze(&read_recording(RECORDING.as_bytes()).unwrap(), Config::default());
-    rows[0].doomed_idle_sockets = 1;
-    rows[0].doomed_owners = vec![ProcessOwner { process: "evil\u{1b}[2J".to_owned(), owner: None }];
+    rows[0].sockets.doomed_idle_sockets = 1;
+    rows[0].sockets.doomed_owners = vec![ProcessOwner { process: "evil\u{1b}[2J".to_owned(), owner: None }];
     let out = render_table(&rows);
     assert!(!out.contains('\u{1b}'), "{out:?}");
     assert!(out.contains("held by evil\\u{1b}[2J"), "{out}");
