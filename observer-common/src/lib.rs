@@ -332,6 +332,7 @@ pub mod globals {
     pub const FAILED_WRITE_HOOK: &str = "FAILED_WRITE_HOOK";
 }
 
+pub mod h2;
 pub mod kfunc;
 pub mod program;
 pub mod tls;

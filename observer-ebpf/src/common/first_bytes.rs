@@ -10,14 +10,16 @@
 //! an HTTP/1.x request line: anything else (a binary protocol, a server's
 //! answer) leaves the host's memory unread. Cost: three field reads and an
 //! 8-byte user read per client connection; one 640-byte ring record per
-//! TLS or HTTP connection.
+//! TLS or HTTP connection. On a connection that began with HTTP/2's
+//! cleartext preface, a write on a stalled connection has its frame
+//! headers read ([`h2_starts_call`]: a new call, or only control frames).
 
 use core::ffi::c_void;
 
 use aya_ebpf::helpers::{
     bpf_probe_read_kernel, bpf_probe_read_user, generated::bpf_probe_read_user as bpf_probe_read_user_raw,
 };
-use observer_common::{counter, kind, role, tls, Event, Hello, SockState, HELLO_BYTES};
+use observer_common::{counter, h2, kind, role, tls, Event, Hello, SockState, HELLO_BYTES};
 
 use super::{
     emit::{emit, header, submit},
@@ -54,6 +56,10 @@ pub(crate) const HELLO_FIRST: u8 = 0;
 pub(crate) const HELLO_DONE: u8 = 1;
 pub(crate) const HELLO_TLS_NEXT: u8 = 2;
 pub(crate) const HELLO_TLS_AFTER_CCS: u8 = 3;
+/// Looked at: the first write was HTTP/2's cleartext connection preface
+/// (`PRI * HTTP/2.0`: prior knowledge, as gRPC without TLS), so later
+/// writes are HTTP/2 frames whose types [`h2_starts_call`] reads.
+pub(crate) const HELLO_H2C: u8 = 4;
 
 /// The user buffer the write `msg` (the send probe's `struct msghdr *`,
 /// before any byte is copied) starts with, and its bytes; `None` for
@@ -99,6 +105,9 @@ pub fn first_write(sk: *const c_void, msg: *const c_void, st: &mut SockState, no
     let Some((src, avail)) = user_buf(msg, 16) else { return };
     // SAFETY: a probe read of user memory; it fails cleanly on a fault.
     let Ok(head) = (unsafe { bpf_probe_read_user::<[u8; 8]>(src.cast()) }) else { return };
+    if head == *b"PRI * HT" {
+        st.hello = HELLO_H2C;
+    }
     if !looks_like_hello(&head) {
         return;
     }
@@ -146,6 +155,35 @@ pub fn second_flight(sk: *const c_void, msg: *const c_void, st: &mut SockState, 
         }
         tls::Flight::Unknown => {}
     }
+}
+
+/// Whether the write `msg` (`len` bytes) on a prior-knowledge HTTP/2
+/// connection ([`HELLO_H2C`]) starts a call, by its frames
+/// ([`observer_common::h2`]: a `HEADERS` frame among the first few).
+/// `None` when the frames cannot all be read here (not a user buffer, a
+/// buffer split over `iovec`s, a fault, more frames than walked): the
+/// caller decides by the write's size. One 9-byte user read per frame, on
+/// stalled connections' writes only.
+#[inline(always)]
+pub fn h2_starts_call(msg: *const c_void, len: u64) -> Option<bool> {
+    let (src, avail) = user_buf(msg, h2::HEADER)?;
+    if avail != len {
+        return None;
+    }
+    let mut off: u64 = 0;
+    for _ in 0..h2::FRAMES {
+        if off >= len || len - off < h2::HEADER {
+            break;
+        }
+        // SAFETY: a probe read of user memory inside the write's buffer;
+        // it fails cleanly on a fault.
+        let h = unsafe { bpf_probe_read_user::<[u8; 9]>(src.wrapping_add(off as usize).cast()) }.ok()?;
+        match h2::next_frame(off, &h) {
+            None => return Some(true),
+            Some(next) => off = next,
+        }
+    }
+    h2::walked(off, len)
 }
 
 /// Bytes of the write `msg` (the send probe's `struct msghdr *`, read

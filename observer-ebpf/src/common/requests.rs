@@ -12,7 +12,7 @@ use super::{
     closes::{goodbye_idle, on_local_close},
     death::{keepalive_death, list_doomed, mark_dead},
     emit::{emit, request_event, reuse_outcome},
-    first_bytes::write_len,
+    first_bytes::{h2_starts_call, write_len, HELLO_H2C},
     kernel::{after, copied_seq, rcv_nxt, request_bytes, sk_err, snd_una, write_seq},
     maps::{count, global, min_idle_ns, stall_after_ns, undoom, ANSWER_WITHIN_NS, EMIT_CLOSED},
     sock::set_process,
@@ -273,8 +273,10 @@ pub(crate) fn is_stall(st: &SockState, now: u64) -> bool {
 /// the next chunk of the last call (the tracepoint fires once per chunk
 /// it queues, and every chunk of one `sendmsg` ends at the same
 /// `write_seq` plus the bytes still to copy: [`SockState::call_end`]) and
-/// is not exactly one HTTP/2 control frame ([`is_h2_control`]: a cancel,
-/// a ping).
+/// starts a call: on a prior-knowledge HTTP/2 connection, a write holding
+/// a `HEADERS` frame ([`h2_starts_call`]); otherwise, or where its frames
+/// cannot be read, a write that is not exactly one HTTP/2 control frame
+/// ([`is_h2_control`]: a cancel, a ping).
 #[inline(always)]
 fn new_call(sk: *const c_void, msg: *const c_void, st: &mut SockState) -> Option<u32> {
     let len = write_len(msg) as u32;
@@ -283,7 +285,10 @@ fn new_call(sk: *const c_void, msg: *const c_void, st: &mut SockState) -> Option
         return None;
     }
     st.call_end = end;
-    (!is_h2_control(len)).then_some(len)
+    // A prior-knowledge HTTP/2 write tells by its frames (two coalesced
+    // `RST_STREAM`s are 26 bytes and no call); any other by its size.
+    let frames = if st.hello == HELLO_H2C { h2_starts_call(msg, u64::from(len)) } else { None };
+    frames.unwrap_or(!is_h2_control(len)).then_some(len)
 }
 
 /// A write while the outstanding reuse is unanswered, a quiet moment (at
