@@ -12,7 +12,8 @@
 //! it: the socket is `CLOSE` and the write returns its error.
 //!
 //! A connection's first write is also looked at once for the name the
-//! client used (`common::hello`).
+//! client used (`common::hello`). A `sendmsg` of no bytes is no write
+//! (the tracepoint never sees one; `fentry` skips it by its `size`).
 //!
 //! Cost: one socket-local storage lookup per write, plus a timestamp except
 //! for a write right after the last read, a client's next request or a
@@ -70,6 +71,14 @@ observer_common::named_as!(fentry_tcp_sendmsg_locked, FENTRY_TCP_SENDMSG_LOCKED)
 
 #[fentry(function = "tcp_sendmsg_locked")]
 pub fn fentry_tcp_sendmsg_locked(ctx: FEntryContext) -> i32 {
-    send(ctx.arg(0), ctx.arg(1));
+    // `size`, the third argument: a write of no bytes (Python's
+    // `sendall(b"")` after a read) is no write. It would start a request
+    // right after the read, which the peer's unread goodbye then
+    // "answers", hiding its idle close. The tracepoint fires only as
+    // payload is queued, so it never sees one.
+    let size: usize = ctx.arg(2);
+    if size != 0 {
+        send(ctx.arg(0), ctx.arg(1));
+    }
     0
 }

@@ -50,11 +50,6 @@ pub const HOST_ONLY: &[(&str, &str, &str)] = &[
         "a TCG guest's daemon takes longer to start than the probe's connections live; the kernel side (adoption) runs in every guest",
     ),
     (
-        "multiplexed",
-        "http2_goaway_a_lazy_reader_never_read_is_dated_by_its_arrival",
-        "NOT YET UNDERSTOOD, left open in #47: in the 6.1 guest (TCG) the lazy reader's connections showed no idle close at all (a missed point, never a false one) where the host dates them at 2.0 s; the goodbye and its FIN in the guest: http2_request_written_after_the_servers_goaway_is_a_counted_failure",
-    ),
-    (
         "prometheus",
         "dashboards_query_real_prometheus",
         "PromQL and the dashboards; the exposition: fleet_interval_is_the_intersection_of_two_hosts",
