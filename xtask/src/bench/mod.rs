@@ -2,7 +2,7 @@
 //! (no probes / observer / a bpftrace equivalent) in interleaved runs, with
 //! results in `BENCHMARKS.md` and `target/bench/results.json`.
 //!
-//! [`load`], [`control`], [`phases`], [`report`].
+//! [`load`], [`control`], [`phases`] (and [`bulk`], [`failed_write`], [`otlp`], [`state_cost`]), [`report`].
 
 use std::{
     path::{Path, PathBuf},
@@ -14,7 +14,9 @@ use std::{
 use anyhow::{ensure, Context as _, Result};
 use serde_json::{json, Value};
 
+mod bulk;
 mod control;
+mod failed_write;
 mod load;
 mod otlp;
 mod phases;
@@ -134,9 +136,11 @@ pub fn run_phase(phase: &str, smoke: bool, baseline: &[(String, PathBuf)], desig
         "names" => names_phase(&plan)?,
         "ring_buffer" => ringbuf_phase(&plan)?,
         "otlp" => otlp::otlp_phase(&plan)?,
+        "bulk" => bulk::bulk_phase(&plan)?,
+        "failed_write" => failed_write::failed_write_phase(&plan)?,
         other => {
             anyhow::bail!(
-                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, hot_cost, names, ring_buffer, otlp, memory and startup"
+                "no bench phase `{other}`; the phases that run alone are hot_path_interleaved, kernel_cost, state_cost, hot_cost, names, ring_buffer, otlp, bulk, failed_write, memory and startup"
             )
         }
     };
@@ -226,6 +230,8 @@ pub fn run(smoke: bool, design: &Design) -> Result<()> {
         "pipeline": pipeline_phase(&plan)?,
         "ring_buffer": ringbuf_phase(&plan)?,
         "otlp": otlp::otlp_phase(&plan)?,
+        "bulk": bulk::bulk_phase(&plan)?,
+        "failed_write": failed_write::failed_write_phase(&plan)?,
         "memory": memory_phase(&plan)?,
         "startup": startup_phase(&plan)?,
         "seconds": started.elapsed().as_secs_f64(),

@@ -9,7 +9,9 @@ use super::med;
 
 mod phases;
 
-use phases::{fleet_section, hot_cost_section, otlp_section, soak_section, state_cost_section};
+use phases::{
+    bulk_section, failed_write_section, fleet_section, hot_cost_section, otlp_section, soak_section, state_cost_section,
+};
 
 pub(crate) fn mmm(v: &Value, scale: f64, unit: &str) -> String {
     format!(
@@ -325,6 +327,8 @@ pub(crate) fn markdown(r: &Value) -> String {
     let _ = writeln!(s, "\n### 7. Slow readers\n\n| | |\n|---|---|\n| readers, seconds | {}, {} |\n| `/metrics` body | {} bytes |\n| builds replaced meanwhile (fast scrapes) | {} |\n| bytes the slow readers read in all | {} |\n| daemon RSS at the end / peak | {:.1} MiB / {slow_peak:.1} MiB |\n", slow["readers"], slow["seconds"], int(&slow["metrics_body_bytes"]), slow["fast_scrapes"], int(&slow["bytes_read"]), slow["rss_bytes"].as_f64().unwrap_or(f64::NAN) / 1_048_576.0);
     let _ = writeln!(s, "### 8. Start-up from a large store\n\n| | |\n|---|---|\n| stored records, store size | {}, {:.0} MiB |\n| rows after start-up | {} |\n| time until running | {:.1} s |\n| daemon RSS after start-up / peak | {:.1} MiB / {st_peak:.1} MiB |\n", int(&st["records"]), st["store_bytes"].as_f64().unwrap_or(f64::NAN) / 1_048_576.0, st["destinations"], st["seconds_to_running"].as_f64().unwrap_or(f64::NAN), st["rss_bytes"].as_f64().unwrap_or(f64::NAN) / 1_048_576.0);
     otlp_section(&mut s);
+    bulk_section(&mut s, r.get("bulk"));
+    failed_write_section(&mut s, r.get("failed_write"));
     soak_section(&mut s);
     fleet_section(&mut s);
     s

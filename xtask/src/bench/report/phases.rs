@@ -33,6 +33,65 @@ pub(super) fn otlp_section(s: &mut String) {
     );
 }
 
+/// Bulk transfer's cost (`cargo xtask bench --only bulk`, or the full
+/// run's), when on record.
+pub(super) fn bulk_section(s: &mut String, full: Option<&Value>) {
+    let Some(b) = full.filter(|b| b.is_object()).cloned().or_else(|| side_by_side("bulk")) else {
+        let _ = writeln!(s, "No measurement of bulk transfer on record: run `cargo xtask bench --only bulk`.\n");
+        return;
+    };
+    let per_mb = b["per_mb"].as_object().map_or_else(String::new, |m| {
+        m.iter()
+            .map(|(k, v)| {
+                format!(
+                    "`{k}` {:.1} runs at {:.0} ns",
+                    v["runs"].as_f64().unwrap_or(f64::NAN),
+                    v["ns_per_run"].as_f64().unwrap_or(f64::NAN)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    let _ = writeln!(
+        s,
+        "### 10. Bulk transfer\n\n`cargo xtask bench --only bulk`: {} loopback streams that never stop, each writing {} KiB at a time into a reader that discards them; one daemon (`--bench-toggle`) whose send and receive probes (in bulk, the only programs that run per byte) are detached and re-attached between {} s windows, in {} blocks of four (with, without, without, with); median [95% interval of the median].\n\n| | with the probes | without |\n|---|---|---|\n| MB/s | {} | {} |\n\nWith / without, per block: {} (target: at least 0.99). Per MB transferred (the shipped daemon, a separate run with the kernel's BPF statistics on, {:.0} MB): {per_mb}; {:.0} ns of probe time per MB in all.\n",
+        b["streams"],
+        b["write_bytes"].as_u64().unwrap_or(0) / 1024,
+        b["seconds_per_window"],
+        b["blocks"],
+        med_ci(&b["mb_per_second"]["with_probes"], 0),
+        med_ci(&b["mb_per_second"]["without"], 0),
+        med_ci(&b["ratio_with_to_without"], 4),
+        b["mb_counted"].as_f64().unwrap_or(f64::NAN),
+        b["probe_ns_per_mb"].as_f64().unwrap_or(f64::NAN),
+    );
+}
+
+/// The failed-write hook's cost while attached (`cargo xtask bench --only
+/// failed_write`, or the full run's), when on record.
+pub(super) fn failed_write_section(s: &mut String, full: Option<&Value>) {
+    let Some(f) = full.filter(|f| f.is_object()).cloned().or_else(|| side_by_side("failed_write")) else {
+        let _ = writeln!(
+            s,
+            "No measurement of the failed-write hook on record: run `cargo xtask bench --only failed_write`.\n"
+        );
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "### 11. The failed-write hook attached\n\n`cargo xtask bench --only failed_write`: one shipped daemon (`tp_btf` set), {} loopback ping-pong connections that never stop, and a client socket its peer reset after 1.3 s idle, held unused (a pool holding a dead connection until its next use) so the daemon attaches `sock_send_length`, which then runs on every `sendmsg` of the host; then closed, so it detaches it. Blocks of four {} s windows (attached, detached, detached, attached); median [95% interval of the median].\n\n| | attached | detached |\n|---|---|---|\n| round trips/s | {} | {} |\n\nAttached / detached, per block: {}. The hook's own cost: {:.1} ns per run ({} runs, BPF statistics on), on every `sendmsg` of the host while attached. `observer_failed_write_hook_attached` said attached {} s after the reset and detached {} s after the close (the daemon keeps the hook 5 s after the last dead socket is gone; the gauge itself lags by up to a second). It stays attached as long as a pool holds a socket reset while idle, plus those 5 s: by seed 001's numbers (a pool keeping connections 5 minutes idle behind a hop that ends them at 60 s, were that hop to reset them), up to 245 s per death, unless the pool uses or evicts the socket sooner.\n",
+        f["connections"],
+        f["seconds_per_window"],
+        med_ci(&f["round_trips_per_second"]["attached"], 0),
+        med_ci(&f["round_trips_per_second"]["detached"], 0),
+        med_ci(&f["ratio_attached_to_detached"], 4),
+        f["hook_ns_per_run"].as_f64().unwrap_or(f64::NAN),
+        f["hook_runs_counted"],
+        med_ci(&f["seconds_to_attach_after_the_reset"], 2),
+        med_ci(&f["seconds_to_detach_after_the_close"], 2),
+    );
+}
+
 /// Least squares `y = a + b x`.
 fn fit(points: &[(f64, f64)]) -> Option<(f64, f64)> {
     #[allow(clippy::cast_precision_loss, reason = "a handful of points")]
