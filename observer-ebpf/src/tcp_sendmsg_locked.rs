@@ -15,10 +15,13 @@
 //! client used (`common::hello`). A `sendmsg` of no bytes is no write
 //! (the tracepoint never sees one; `fentry` skips it by its `size`).
 //!
-//! Cost: one socket-local storage lookup per write, plus a timestamp except
+//! Cost: one socket-local storage lookup per run, plus a timestamp except
 //! for a write right after the last read, a client's next request or a
 //! server's answer (jiffies instead, no helper call); two field reads when
-//! a request starts after a quiet spell. Never an event.
+//! a request starts after a quiet spell. Never an event. `fentry` runs
+//! once per `sendmsg`; the tracepoint once per chunk it queues (a large
+//! write runs it about once per 20 KB: 48 runs per MB in BENCHMARKS.md
+//! section 10), each chunk taking the full path.
 
 use core::ffi::c_void;
 
