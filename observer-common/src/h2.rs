@@ -3,8 +3,9 @@
 //! call, told from its frame headers: a call starts with a `HEADERS`
 //! frame; `RST_STREAM`, `WINDOW_UPDATE`, `PING`, `SETTINGS` and a call's
 //! later `DATA` start none, however many are coalesced into one write.
-//! The send probe walks a stalled connection's writes with these steps
-//! (one 9-byte user read per frame); the host tests them with [`starts_call`].
+//! The send probe walks a write made while a reuse is unanswered or its
+//! connection stalled with these steps (one 9-byte user read per frame);
+//! the host tests them with [`starts_call`].
 
 /// How many frame headers one write's walk reads.
 pub const FRAMES: u32 = 4;
@@ -36,23 +37,33 @@ pub const fn walked(off: u64, len: u64) -> Option<bool> {
     }
 }
 
-/// The walk over a write held in memory (the probe's, step for step).
+/// The walk over a write of `len` bytes whose frame header at an offset
+/// `read` gives (`None`: unreadable, and the walk says unknown). The probe
+/// reads each from user memory; the host's tests from a buffer
+/// ([`starts_call`]).
 #[must_use]
-pub fn starts_call(buf: &[u8]) -> Option<bool> {
-    let len = buf.len() as u64;
+#[inline]
+pub fn walk(len: u64, mut read: impl FnMut(u64) -> Option<[u8; 9]>) -> Option<bool> {
     let mut off = 0;
     for _ in 0..FRAMES {
         if off >= len || len - off < HEADER {
             break;
         }
-        let at = usize::try_from(off).ok()?;
-        let h: &[u8; 9] = buf.get(at..at + 9)?.try_into().ok()?;
-        match next_frame(off, h) {
+        match next_frame(off, &read(off)?) {
             None => return Some(true),
             Some(next) => off = next,
         }
     }
     walked(off, len)
+}
+
+/// [`walk`] over a write held in memory.
+#[must_use]
+pub fn starts_call(buf: &[u8]) -> Option<bool> {
+    walk(buf.len() as u64, |off| {
+        let at = usize::try_from(off).ok()?;
+        buf.get(at..at + 9)?.try_into().ok()
+    })
 }
 
 #[cfg(test)]

@@ -11,8 +11,9 @@
 //! answer) leaves the host's memory unread. Cost: three field reads and an
 //! 8-byte user read per client connection; one 640-byte ring record per
 //! TLS or HTTP connection. On a connection that began with HTTP/2's
-//! cleartext preface, a write on a stalled connection has its frame
-//! headers read ([`h2_starts_call`]: a new call, or only control frames).
+//! cleartext preface, a write while a reuse is unanswered or stalled has
+//! its frame headers read ([`h2_starts_call`]: a new call, or only
+//! control frames).
 
 use core::ffi::c_void;
 
@@ -162,28 +163,20 @@ pub fn second_flight(sk: *const c_void, msg: *const c_void, st: &mut SockState, 
 /// ([`observer_common::h2`]: a `HEADERS` frame among the first few).
 /// `None` when the frames cannot all be read here (not a user buffer, a
 /// buffer split over `iovec`s, a fault, more frames than walked): the
-/// caller decides by the write's size. One 9-byte user read per frame, on
-/// stalled connections' writes only.
+/// caller decides by the write's size. One 9-byte user read per frame, only
+/// for a write while a reuse is unanswered or its connection stalled
+/// (`requests::new_call`), never on a busy exchange's write.
 #[inline(always)]
 pub fn h2_starts_call(msg: *const c_void, len: u64) -> Option<bool> {
     let (src, avail) = user_buf(msg, h2::HEADER)?;
     if avail != len {
         return None;
     }
-    let mut off: u64 = 0;
-    for _ in 0..h2::FRAMES {
-        if off >= len || len - off < h2::HEADER {
-            break;
-        }
+    h2::walk(len, |off| {
         // SAFETY: a probe read of user memory inside the write's buffer;
         // it fails cleanly on a fault.
-        let h = unsafe { bpf_probe_read_user::<[u8; 9]>(src.wrapping_add(off as usize).cast()) }.ok()?;
-        match h2::next_frame(off, &h) {
-            None => return Some(true),
-            Some(next) => off = next,
-        }
-    }
-    h2::walked(off, len)
+        unsafe { bpf_probe_read_user::<[u8; 9]>(src.wrapping_add(off as usize).cast()) }.ok()
+    })
 }
 
 /// Bytes of the write `msg` (the send probe's `struct msghdr *`, read
