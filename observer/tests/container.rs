@@ -123,7 +123,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let row = loop {
         let body = observer::surfaces::http::get(&addr, "/api/v1/destinations").map_err(anyhow::Error::msg)?;
         let rows: Vec<DestinationRow> = serde_json::from_slice(&body)?;
-        if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.reuses >= 1) {
+        if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.counts.reuses >= 1) {
             break r;
         }
         if Instant::now() > deadline {
@@ -146,7 +146,7 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let info = metrics.lines().find(|l| l.starts_with("observer_build_info{")).context("build info")?.to_owned();
     eprintln!(
         "MEASURED container: {image}, CapEff {cap_eff} (CAP_BPF,CAP_PERFMON), Seccomp {seccomp} (deploy/kubernetes/seccomp-observer.json): {dest} reuses={} failures={} verdict={:?}; {info}",
-        row.reuses, row.failures, row.judgement.verdict
+        row.counts.reuses, row.counts.failures, row.judgement.verdict
     );
     Ok(())
 }

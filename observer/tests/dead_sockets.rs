@@ -110,7 +110,7 @@ fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> 
     ensure!(failed.len() == client_failures && client_failures == 4, "{failed:?} vs {recs:?}");
     let dest = format!("{}:8090", topo.server_v4);
     let row = row_when(&daemon, &dest, 10.0, |r| r.path.idle_timeout_seconds.is_some())?;
-    assert_eq!(row.failures_window, client_failures as u64, "failures equal the client's count: {row:#?}");
+    assert_eq!(row.counts.failures_window, client_failures as u64, "failures equal the client's count: {row:#?}");
     let point = row.path.idle_timeout_seconds.context("point")?;
     assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
     assert_eq!(row.judgement.verdict, Verdict::Mismatch, "{row:#?}");
@@ -211,13 +211,13 @@ fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
     let dest = format!("{}:8070", topo.server_v4);
     let row =
         row_when(&daemon, &dest, 10.0, |r| r.sockets.discarded_dead >= 3 && r.path.idle_timeout_seconds.is_some())?;
-    assert_eq!(row.failures_window, 0, "no failure: {row:#?}");
+    assert_eq!(row.counts.failures_window, 0, "no failure: {row:#?}");
     assert_eq!(row.sockets.discarded_dead, 3, "{row:#?}");
     let point = row.path.idle_timeout_seconds.context("point")?;
     assert!(common::fired(point, 1.5, 0.1), "point {point}: {row:#?}");
     eprintln!(
         "MEASURED Go reader vs SO_LINGER 0 server (1.5 s): idle RSTs at {resets:?} s, discarded_dead {}, failures {}, point {point:.3} s, verdict {:?}",
-        row.sockets.discarded_dead, row.failures_window, row.judgement.verdict
+        row.sockets.discarded_dead, row.counts.failures_window, row.judgement.verdict
     );
     Ok(())
 }
@@ -290,8 +290,8 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
     assert!(death.keepalive && death.keepalive_idle_seconds == Some(2.0), "{death:?}");
     assert!(common::fired(death.idle_seconds, 4.0, 0.1), "killed after 2 s + 2 x 1 s of probes: {death:?}");
     let dest = format!("{}:7610", topo.server_v4);
-    let row = row_when(&daemon, &dest, 10.0, |r| r.failures_window > 0)?;
-    assert_eq!(row.failures_window, 1, "no failure counted twice: {row:#?}");
+    let row = row_when(&daemon, &dest, 10.0, |r| r.counts.failures_window > 0)?;
+    assert_eq!(row.counts.failures_window, 1, "no failure counted twice: {row:#?}");
     assert_eq!(row.failure_mode, observer::diagnosis::table::FailureMode::SilentDrop, "{row:#?}");
     let upper = row.path.upper_seconds.context("an upper bound")?;
     assert!(upper <= 2.0 + common::tolerance(0.05), "the first unanswered probe bounds the timeout: {row:#?}");
@@ -301,7 +301,7 @@ fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
         death.idle_seconds,
         ev.idle_seconds,
         ev.keepalive_idle_seconds,
-        row.failures_window,
+        row.counts.failures_window,
         row.failure_mode,
         row.path.lower_seconds,
         row.path.upper_seconds,
@@ -348,11 +348,11 @@ fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     // The server closes at 2 s; the at-risk view refreshes every 5 s.
     let held = row_when(&daemon, &dest, 9.0, |r| r.sockets.doomed_idle_sockets == 10)?;
     assert!(held.sockets.doomed_owners.iter().any(|o| o.process == "python3"), "the holder is named: {held:#?}");
-    assert_eq!(held.failures_window, 0, "{held:#?}");
+    assert_eq!(held.counts.failures_window, 0, "{held:#?}");
     common::wait_line(&lines, "closing", 15.0)?;
     let after =
         row_when(&daemon, &dest, 8.0, |r| r.sockets.doomed_idle_sockets == 0 && r.sockets.discarded_dead == 10)?;
-    assert_eq!(after.failures_window, 0, "closing a dead socket unwritten is no failure: {after:#?}");
+    assert_eq!(after.counts.failures_window, 0, "closing a dead socket unwritten is no failure: {after:#?}");
     assert!(after.sockets.doomed_owners.is_empty(), "{after:#?}");
     let events = daemon.events();
     let discarded: Vec<&SockEvent> = events

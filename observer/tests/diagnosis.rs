@@ -66,9 +66,9 @@ fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
     // the EOF and closed before nginx's RST was processed, and the write
     // was taken for a `close_notify`. `hooks.rs` now forces that order.)
     assert!(
-        r.reuses + r.deadlines.requests_aborted_window >= 20,
+        r.counts.reuses + r.deadlines.requests_aborted_window >= 20,
         "{} reuses, {} aborted requests",
-        r.reuses,
+        r.counts.reuses,
         r.deadlines.requests_aborted_window
     );
 }
@@ -138,8 +138,8 @@ fn summary(name: &str, t: f64, r: &DestinationRow) {
         r.failure_mode.as_str(),
         r.judgement.verdict.as_str(),
         r.judgement.recommended_pool_idle_timeout_seconds,
-        r.reuses,
-        r.failures,
+        r.counts.reuses,
+        r.counts.failures,
         r.deadlines.requests_aborted_window
     );
 }
@@ -215,7 +215,7 @@ fn fin_path_diagnosed() -> Result<()> {
     let rec = srv.judgement.recommended_pool_idle_timeout_seconds.context("a number for the clients")?;
     assert!(common::fired(rec, 1.6, 0.08), "{rec}");
     assert!(srv.judgement.recommendation.starts_with("clients:"), "{}", srv.judgement.recommendation);
-    assert_eq!(srv.pool_idle_timeout_seconds, None, "nginx's idle closes are no pool idle timeout");
+    assert_eq!(srv.pool.idle_timeout_seconds, None, "nginx's idle closes are no pool idle timeout");
     check_path_observed(&daemon, &topo.server_v4)?;
     check_analyze_matches(daemon, &rows, &recording)?;
     // Refresh the report fixture and examples from a real run on request.
@@ -386,10 +386,10 @@ fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
     let r = row(&rows, &format!("{}:9002", topo.server_v4))?;
     eprintln!(
         "MEASURED restart row: peer_restarts {}, restart_failures {}, failures_window {}, peer_closes {}, point {:?}, interval [{}, {:?}], verdict {}, recommended {:?}, last_change {:?}",
-        r.peer_restarts,
-        r.restart_failures,
-        r.failures_window,
-        r.peer_closes_window,
+        r.counts.peer_restarts,
+        r.counts.restart_failures,
+        r.counts.failures_window,
+        r.counts.peer_closes_window,
         r.path.idle_timeout_seconds,
         r.path.lower_seconds,
         r.path.upper_seconds,
@@ -397,10 +397,13 @@ fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
         r.judgement.recommended_pool_idle_timeout_seconds,
         r.last_change
     );
-    assert_eq!(r.peer_restarts, 1, "{r:#?}");
+    assert_eq!(r.counts.peer_restarts, 1, "{r:#?}");
     assert_eq!(r.path.idle_timeout_seconds, None, "no point estimate from a restart: {r:#?}");
     assert_eq!(r.path.upper_seconds, None, "no timeout evidence from a restart: {r:#?}");
-    assert_eq!(r.restart_failures, r.failures_window, "every failure is explained by the restart: {r:#?}");
+    assert_eq!(
+        r.counts.restart_failures, r.counts.failures_window,
+        "every failure is explained by the restart: {r:#?}"
+    );
     assert!(r.last_change.is_none(), "{r:#?}");
     assert_ne!(r.judgement.verdict, Verdict::Mismatch, "{r:#?}");
     assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, None);
@@ -514,8 +517,8 @@ fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
             r.path.idle_timeout_seconds,
             r.path.lower_seconds,
             r.path.point_evidence,
-            r.failures_window,
-            r.reuses_window
+            r.counts.failures_window,
+            r.counts.reuses_window
         ));
     }
     eprintln!("MEASURED swept 2 s timeout, five runs: {answers:#?}");
@@ -561,8 +564,8 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     ensure!(mine.len() == 2, "one row per namespace: {mine:#?}");
     let ra = mine.iter().find(|r| r.id.netns.inode() == Some(ino_a)).context("namespace A's row")?;
     let rb = mine.iter().find(|r| r.id.netns.inode() == Some(ino_b)).context("namespace B's row")?;
-    assert!(ra.failures > 0 && ra.judgement.verdict == Verdict::Mismatch, "{ra:#?}");
-    assert_eq!(rb.failures, 0, "{rb:#?}");
+    assert!(ra.counts.failures > 0 && ra.judgement.verdict == Verdict::Mismatch, "{ra:#?}");
+    assert_eq!(rb.counts.failures, 0, "{rb:#?}");
     assert_ne!(rb.judgement.verdict, Verdict::Mismatch, "{rb:#?}");
     // Let the store's writer flush (every 500 ms), then report per namespace.
     std::thread::sleep(Duration::from_secs(2));
@@ -581,11 +584,11 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     let rep_a = json(report(&["--netns", &sa])?)?;
     let rep_b = json(report(&["--role", "client", "--netns", &sb])?)?;
     assert_eq!(rep_a["netns"], serde_json::json!(ino_a));
-    assert_eq!(rep_a["summary"]["failures"].as_u64(), Some(ra.failures), "{rep_a:#}");
-    assert_eq!(rep_a["summary"]["reuses"].as_u64(), Some(ra.reuses), "{rep_a:#}");
+    assert_eq!(rep_a["summary"]["failures"].as_u64(), Some(ra.counts.failures), "{rep_a:#}");
+    assert_eq!(rep_a["summary"]["reuses"].as_u64(), Some(ra.counts.reuses), "{rep_a:#}");
     assert_eq!(rep_b["netns"], serde_json::json!(ino_b));
     assert_eq!(rep_b["summary"]["failures"].as_u64(), Some(0), "only B's evidence: {rep_b:#}");
-    assert_eq!(rep_b["summary"]["reuses"].as_u64(), Some(rb.reuses), "{rep_b:#}");
+    assert_eq!(rep_b["summary"]["reuses"].as_u64(), Some(rb.counts.reuses), "{rep_b:#}");
     let asked = report(&[])?;
     let err = String::from_utf8_lossy(&asked.stderr);
     assert!(!asked.status.success() && err.contains(&sa) && err.contains(&sb), "asks which: {err}");
@@ -618,10 +621,10 @@ fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     assert!(note.contains("not compared") && note.contains(&sa) && note.contains(&sb), "{note}");
     eprintln!(
         "MEASURED two namespaces: A {ino_a}: {} reuses, {} failures, point {:?}; B {ino_b}: {} reuses, 0 failures; report without --netns: {}",
-        ra.reuses,
-        ra.failures,
+        ra.counts.reuses,
+        ra.counts.failures,
         ra.path.idle_timeout_seconds,
-        rb.reuses,
+        rb.counts.reuses,
         err.trim()
     );
     Ok(())

@@ -134,8 +134,8 @@ fn measured(name: &str, ok: usize, failed: usize, r: &DestinationRow) {
     let mixed: Vec<(f64, f64)> = r.path.mixed_paths.iter().map(|p| (p.idle_timeout_seconds, p.share)).collect();
     eprintln!(
         "MEASURED {name}: client {ok} ok, {failed} failed; row: reuses {}, failures {}, mode {}, interval [{:.3}, {:?}], basis {:?}, point {:?}, mixed {mixed:?}, verdict {}, recommended {:?}, protocols {:?}, processes {:?}",
-        r.reuses,
-        r.failures,
+        r.counts.reuses,
+        r.counts.failures,
         r.failure_mode.as_str(),
         r.path.lower_seconds,
         r.path.upper_seconds,
@@ -319,7 +319,10 @@ fn check_grpc(daemon: &Daemon, scenarios: Vec<Scenario>) -> Result<()> {
         ensure!(r.processes == vec!["python3".to_owned()], "the process, not its threads: {client}");
         if *name == "pinged" {
             ensure!(*failed == 0, "pings every second keep the NAT's flow: {client}");
-            ensure!(r.failures == 0 && r.judgement.verdict != Verdict::Mismatch, "no failure, no mismatch: {client}");
+            ensure!(
+                r.counts.failures == 0 && r.judgement.verdict != Verdict::Mismatch,
+                "no failure, no mismatch: {client}"
+            );
             ensure!(
                 r.judgement.recommended_pool_idle_timeout_seconds.is_none(),
                 "no timeout shown, no number: {client}"
@@ -335,7 +338,7 @@ fn check_grpc(daemon: &Daemon, scenarios: Vec<Scenario>) -> Result<()> {
             ensure!(held >= 1, "the stalled connection the channel holds is doomed: {client}");
         }
         ensure!(*failed >= 3, "the NAT made calls fail: {client}");
-        ensure!(usize::try_from(r.failures)? == *failed, "every failed call counted ({failed}): {client}");
+        ensure!(usize::try_from(r.counts.failures)? == *failed, "every failed call counted ({failed}): {client}");
         ensure!(r.failure_mode == FailureMode::SilentDrop, "silent drop: {client}");
         ensure!(holds_nat(r), "interval holds {NAT_S} s: {client}");
         ensure!(r.judgement.verdict == Verdict::Mismatch, "mismatch: {client}");
@@ -421,7 +424,10 @@ fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Resu
     ensure!(paths.len() == 2, "both timeouts named: {seen}");
     ensure!(common::fired(paths[0].0, 2.0, 0.1), "nginx A's 2 s: {seen}");
     ensure!(common::fired(paths[1].0, 4.0, 0.1), "HAProxy's 4 s in front of B: {seen}");
-    ensure!(failed > 0 && usize::try_from(r.failures)? == failed, "the {failed} failures the clients saw: {seen}");
+    ensure!(
+        failed > 0 && usize::try_from(r.counts.failures)? == failed,
+        "the {failed} failures the clients saw: {seen}"
+    );
     // 0.8 x the smallest path as measured (nginx's 2 s timer fires a
     // millisecond late under TCG: 2.0008 s gives 1.601 s), never the 4 s.
     let rec = r.judgement.recommended_pool_idle_timeout_seconds.context("a number")?;
@@ -464,7 +470,7 @@ fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
         (1.9..=2.0 + common::tolerance(0.1)).contains(&point),
         "nginx's 2 s within 5 % (late by the time slack in a guest): {seen}"
     );
-    ensure!(r.failures == 0, "no request failed, none counted: {seen}");
+    ensure!(r.counts.failures == 0, "no request failed, none counted: {seen}");
     ensure!(r.judgement.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
 }
@@ -531,7 +537,7 @@ fn http2_goaway_then_a_graceful_second_is_measured_at_the_goaway() -> Result<()>
         (1.9..=2.0 + common::tolerance(0.1)).contains(&point),
         "Go's IdleTimeout 2 s within 5 % (late by the time slack in a guest): {seen}"
     );
-    ensure!(r.failures == failed as u64, "the client's failures, counted: {seen}");
+    ensure!(r.counts.failures == failed as u64, "the client's failures, counted: {seen}");
     ensure!(r.judgement.verdict == Verdict::Mismatch, "the pool keeps connections past 2 s: {seen}");
     Ok(())
 }
@@ -616,8 +622,8 @@ fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Resu
     measured("http2 lazy client past goaway", ok, failed, r);
     let timeouts = daemon.events().iter().filter(|e| e.remote == dest && e.kind() == EventKind::RequestTimeout).count();
     let seen = format!("client said:\n{out}\nevents:\n{}\nrow: {r:#?}", client_events(&daemon, dest));
-    ensure!(r.failures == failed as u64, "every refused request counted: {seen}");
-    ensure!(r.failures_after_goodbye == failed as u64, "each written past the goodbye: {seen}");
+    ensure!(r.counts.failures == failed as u64, "every refused request counted: {seen}");
+    ensure!(r.counts.failures_after_goodbye == failed as u64, "each written past the goodbye: {seen}");
     ensure!(r.failure_mode == FailureMode::Fin, "the server's graceful close: {seen}");
     ensure!(timeouts == 0, "the client closed on the GOAWAY, not on a read timeout of its own: {seen}");
     let upper = r.path.upper_seconds.context("failures bound the timeout")?;
@@ -679,7 +685,7 @@ fn http2_goaway_a_lazy_reader_never_read_is_dated_by_its_arrival() -> Result<()>
     }
     let point = r.path.idle_timeout_seconds.with_context(|| format!("a point from the server's closes: {seen}"))?;
     ensure!((1.9..=2.0 + common::tolerance(0.1)).contains(&point), "Go's IdleTimeout 2 s within 5 %: {seen}");
-    ensure!(r.failures == failed as u64, "every request written after the FIN counted: {seen}");
+    ensure!(r.counts.failures == failed as u64, "every request written after the FIN counted: {seen}");
     ensure!(r.failure_mode == FailureMode::Fin, "the server's graceful close: {seen}");
     ensure!(r.judgement.verdict == Verdict::Mismatch, "{seen}");
     Ok(())

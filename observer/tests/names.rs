@@ -245,7 +245,7 @@ fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
     ensure!(!blind.events().iter().any(|e| e.kind() == EventKind::ServerName), "--no-names printed a name");
     let metrics = blind.metrics()?;
     ensure!(!metrics.contains("observer_destination_info{"), "--no-names exported a name");
-    assert_eq!(b.reuses, r.reuses, "the same evidence either way");
+    assert_eq!(b.counts.reuses, r.counts.reuses, "the same evidence either way");
     // A client whose runtime cannot be told (bash's /dev/tcp) gets the
     // generic rule, with the number; its request, written a line at a
     // time, names nothing. It reads the whole echo (37 bytes), so the

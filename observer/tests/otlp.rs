@@ -243,7 +243,7 @@ fn the_rows_figures_reach_the_collector(protocol: &str) -> Result<()> {
     let row = loop {
         let rows = daemon.status()?;
         if let Some(r) = rows.iter().find(|r| r.id.destination == dest && r.id.role == Role::Client) {
-            if r.path.idle_timeout_seconds.is_some() && r.failures_window == client_failures as u64 {
+            if r.path.idle_timeout_seconds.is_some() && r.counts.failures_window == client_failures as u64 {
                 break r.clone();
             }
         }
@@ -267,7 +267,7 @@ fn the_rows_figures_reach_the_collector(protocol: &str) -> Result<()> {
     let sum = failures(&got);
     assert_eq!(
         sum,
-        row.failures_window as f64,
+        row.counts.failures_window as f64,
         "the failures sum equals the row's count: {:#?}",
         got.latest("observer.reuses", &[("server.port", port)])
     );
@@ -302,7 +302,7 @@ fn the_rows_figures_reach_the_collector(protocol: &str) -> Result<()> {
     );
     eprintln!(
         "MEASURED otlp {protocol}: failures sum {sum} (row {}, client {client_failures}); path idle timeout point {point:.3} s; {logs_later} log records; attributes {attrs:?}; resource {:?}",
-        row.failures_window, got.resource
+        row.counts.failures_window, got.resource
     );
     Ok(())
 }

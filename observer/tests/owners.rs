@@ -160,11 +160,11 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
     assert_eq!(rows.len(), 2, "{rows:#?}");
     let client_row =
         rows.iter().find(|r| r.id.netns.inode() == Some(client_inode)).context("the client namespace's row")?;
-    assert_eq!(client_row.reuses, 2);
+    assert_eq!(client_row.counts.reuses, 2);
     assert!(client_row.owners.iter().any(|o| o.container() == Some(CONTAINER)), "{:?}", client_row.owners);
     let server_row =
         rows.iter().find(|r| r.id.netns.inode() == Some(server_inode)).context("the server namespace's row")?;
-    assert_eq!(server_row.reuses, 1);
+    assert_eq!(server_row.counts.reuses, 1);
     let metrics =
         String::from_utf8(observer::surfaces::http::get(&all.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?)?;
     assert!(

@@ -435,8 +435,8 @@ fn beside_the_daemon_the_row_takes_the_probe_and_none_of_its_connections() -> Re
         row.judgement.recommendation
     );
     // None of the probe's connections is the application's evidence.
-    ensure!(row.reuses == 0 && row.failures == 0 && row.peer_closes_window == 0, "{row:#?}");
-    ensure!(row.pool_idle_timeout_seconds.is_none() && row.judgement.verdict == Verdict::Unknown, "{row:#?}");
+    ensure!(row.counts.reuses == 0 && row.counts.failures == 0 && row.counts.peer_closes_window == 0, "{row:#?}");
+    ensure!(row.pool.idle_timeout_seconds.is_none() && row.judgement.verdict == Verdict::Unknown, "{row:#?}");
     ensure!(
         daemon.events().iter().all(|e| e.remote.to_string() != dest),
         "an event of the probe's connections reached the daemon's output"
@@ -462,8 +462,8 @@ fn beside_the_daemon_the_row_takes_the_probe_and_none_of_its_connections() -> Re
     loop {
         let rows = daemon.status()?;
         let r = rows.iter().find(|r| r.id.destination == dest).context("the row")?;
-        if r.reuses == 2 {
-            ensure!(r.path.probe_used && r.failures == 0, "{r:#?}");
+        if r.counts.reuses == 2 {
+            ensure!(r.path.probe_used && r.counts.failures == 0, "{r:#?}");
             break;
         }
         ensure!(std::time::Instant::now() < deadline, "the application's 2 reuses: {r:#?}");
@@ -482,7 +482,7 @@ fn beside_the_daemon_the_row_takes_the_probe_and_none_of_its_connections() -> Re
     loop {
         let rows = daemon.status()?;
         let r = rows.iter().find(|r| r.id.destination == dest).context("the row")?;
-        if r.reuses == 4 && r.failures == 1 {
+        if r.counts.reuses == 4 && r.counts.failures == 1 {
             eprintln!("MEASURED a thread named observer-probe: 2 reuses, 1 failure, all counted: {:?}", r.processes);
             break;
         }
@@ -571,11 +571,11 @@ fn left_out(daemon: &common::Daemon, topo: &Topology, dest: &str, measured: &str
     });
     eprintln!(
         "MEASURED {measured}; {seen} probe events left out; the row (reuses, failures, peer closes): {:?}",
-        row.as_ref().map(|r| (r.reuses, r.failures, r.peer_closes_window))
+        row.as_ref().map(|r| (r.counts.reuses, r.counts.failures, r.counts.peer_closes_window))
     );
     ensure!(seen >= 2.0, "the daemon left the probe's connections out: {seen} events");
     ensure!(
-        row.as_ref().is_none_or(|r| r.reuses == 0 && r.failures == 0 && r.peer_closes_window == 0),
+        row.as_ref().is_none_or(|r| r.counts.reuses == 0 && r.counts.failures == 0 && r.counts.peer_closes_window == 0),
         "the probe's connections are no evidence: {row:#?}"
     );
     Ok(())

@@ -296,7 +296,7 @@ fn the_shipped_unit_runs_under_systemd() -> Result<()> {
         let body = observer::surfaces::http::get(&format!("127.0.0.1:{port}"), "/api/v1/destinations")
             .map_err(anyhow::Error::msg)?;
         let rows: Vec<DestinationRow> = serde_json::from_slice(&body)?;
-        if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.reuses >= 1) {
+        if let Some(r) = rows.into_iter().find(|r| r.id.destination == dest && r.counts.reuses >= 1) {
             break r;
         }
         ensure!(Instant::now() < deadline, "the service's table has no reuse to {dest}:\n{}", m.journal());
@@ -322,7 +322,7 @@ fn the_shipped_unit_runs_under_systemd() -> Result<()> {
     ensure!(journal.contains("observer running") && !journal.contains("panicked"), "{journal}");
     eprintln!(
         "MEASURED systemd unit: uid {uid}, CapEff {BPF_AND_PERFMON:#x}, Seccomp 2, store 0700; {dest} reuses={}; other netns: {unseen} of 100 sockets tracked; stopped with Result={result}",
-        row.reuses
+        row.counts.reuses
     );
     Ok(())
 }

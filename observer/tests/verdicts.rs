@@ -88,7 +88,10 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
         ensure!(out.status.success(), "burst client: {}", String::from_utf8_lossy(&out.stderr));
     }
     let before = client_row(&settle(&daemon)?, &dest)?;
-    ensure!(before.failures_window >= 8 && before.judgement.verdict == Verdict::Mismatch, "the burst: {before:#?}");
+    ensure!(
+        before.counts.failures_window >= 8 && before.judgement.verdict == Verdict::Mismatch,
+        "the burst: {before:#?}"
+    );
     // The flood: 40 connections x 300 requests, 60 ms apart: 11,960
     // reuses, up to 12,000 when a slow client writes its first request
     // 50 ms or more after connecting (that write is a reuse too). Every one
@@ -107,17 +110,17 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
         before.path.lower_seconds,
         before.path.upper_seconds,
         before.path.idle_timeout_seconds,
-        before.failures_window,
+        before.counts.failures_window,
         before.judgement.verdict.as_str(),
         after.path.lower_seconds,
         after.path.upper_seconds,
         after.path.idle_timeout_seconds,
-        after.failures_window,
-        after.reuses_window,
+        after.counts.failures_window,
+        after.counts.reuses_window,
         after.judgement.verdict.as_str(),
         after.evidence_bytes
     );
-    let flood = after.reuses_window.saturating_sub(before.reuses_window);
+    let flood = after.counts.reuses_window.saturating_sub(before.counts.reuses_window);
     if !(11_960..=12_000).contains(&flood) {
         // What the daemon counted as lost or unresolved, for the message.
         let metrics = observer::surfaces::http::get(&daemon.http_addr()?, "/metrics").map_err(anyhow::Error::msg)?;
@@ -151,13 +154,13 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
             .collect();
         bail!(
             "{} reuses after the flood of 11,960 to 12,000 (before {}): {counts:#?}; connections with few reuses: {few:#?}; skipped runs: {misses:#?}; {after:#?}",
-            after.reuses_window,
-            before.reuses_window
+            after.counts.reuses_window,
+            before.counts.reuses_window
         );
     }
     // No failure evicted, and the flood's own failures (threads starved
     // past nginx's keep-alive under TCG) counted, each of them.
-    assert_eq!(after.failures_window, before.failures_window + flood_failed, "no failure evicted");
+    assert_eq!(after.counts.failures_window, before.counts.failures_window + flood_failed, "no failure evicted");
     // Exactly as before, unless the flood's own failures (more closes at
     // nginx's 3 s) added evidence: then within 2 %.
     let same = |a: Option<f64>, b: Option<f64>| match (a, b) {
@@ -338,18 +341,18 @@ fn a_stray_reset_is_no_mismatch_and_withholds_ok() -> Result<()> {
         row.path.lower_seconds,
         row.path.upper_seconds,
         row.path.outliers,
-        row.pool_idle_timeout_seconds,
-        row.failures_window,
+        row.pool.idle_timeout_seconds,
+        row.counts.failures_window,
         row.judgement.verdict.as_str(),
         row.judgement.evidence
     );
-    assert_eq!(row.failures_window, 1, "{row:#?}");
+    assert_eq!(row.counts.failures_window, 1, "{row:#?}");
     assert_eq!(row.path.outliers, 1, "{row:#?}");
     // The reset came at 1.1 s idle, below the pool's 1.5 s: one stray is
     // no mismatch, and no `ok` either while a reuse failed at an idle age
     // the pool allows.
     assert_eq!(row.judgement.verdict, Verdict::Unknown, "{row:#?}");
-    assert_eq!(row.pool_idle_timeout_seconds.map(|p| (p * 10.0).round()), Some(15.0), "{row:#?}");
+    assert_eq!(row.pool.idle_timeout_seconds.map(|p| (p * 10.0).round()), Some(15.0), "{row:#?}");
     Ok(())
 }
 
@@ -479,16 +482,16 @@ fn two_silent_paths_recommend_for_the_shorter() -> Result<()> {
         "MEASURED two silent paths (2 s, 4 s): clients saw {} stalls in {} reuses ({short_stalls} below 4 s); row: {} failures, interval [{:.3}, {:?}], mixed_paths {:?}, pool {:?}, verdict {}, recommended {:?}, last change {:?}",
         stalls.len(),
         records.len(),
-        r.failures_window,
+        r.counts.failures_window,
         r.path.lower_seconds,
         r.path.upper_seconds,
         r.path.mixed_paths,
-        r.pool_idle_timeout_seconds,
+        r.pool.idle_timeout_seconds,
         r.judgement.verdict.as_str(),
         r.judgement.recommended_pool_idle_timeout_seconds,
         r.last_change
     );
-    assert_eq!(r.failures_window, u64::try_from(stalls.len())?, "every stall counted: {r:#?}");
+    assert_eq!(r.counts.failures_window, u64::try_from(stalls.len())?, "every stall counted: {r:#?}");
     assert_eq!(r.failure_mode, observer::diagnosis::aggregate::FailureMode::SilentDrop, "{r:#?}");
     assert_eq!(r.judgement.verdict, Verdict::Mismatch, "{r:#?}");
     let upper = r.path.upper_seconds.context("an upper bound")?;

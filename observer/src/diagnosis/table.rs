@@ -336,6 +336,59 @@ pub struct ServerSide {
     pub client_pool_idle_timeout_seconds: Option<f64>,
 }
 
+/// Client row: what our pool does with idle connections, from its own
+/// closes and reuses. Flattened into the row (and the report's
+/// `our_side`), so the keys are `pool_idle_timeout_seconds`, ...
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct OurPool {
+    /// The pool's idle timeout, from a cluster of local idle closes.
+    #[serde(rename = "pool_idle_timeout_seconds")]
+    pub idle_timeout_seconds: Option<f64>,
+    /// Longest idle age at which the pool reused a socket.
+    #[serde(rename = "pool_max_reuse_idle_seconds")]
+    pub max_reuse_idle_seconds: Option<f64>,
+}
+
+/// What a row counted: reuses and failed reuses in the last hour, and in
+/// the window the failures, peer idle closes and peer restarts. Flattened
+/// into the row.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counts {
+    /// Reuses and failed reuses in the last hour.
+    pub reuses: u64,
+    pub failures: u64,
+    /// Reuses, failed reuses and peer idle closes in the window.
+    pub reuses_window: u64,
+    pub failures_window: u64,
+    pub peer_closes_window: u64,
+    /// Peer restarts in the window, and the failed reuses they explain
+    /// (counted in `failures_window`, never used as timeout evidence).
+    #[serde(default)]
+    pub peer_restarts: u64,
+    #[serde(default)]
+    pub restart_failures: u64,
+    /// Failed reuses in the window that the client wrote while the peer's
+    /// goodbye (an HTTP/2 `GOAWAY`, a TLS `close_notify`) waited unread:
+    /// it did not honour the drain signal (counted in `failures_window`).
+    #[serde(default)]
+    pub failures_after_goodbye: u64,
+    #[serde(default)]
+    pub last_peer_restart_unix_ns: Option<u64>,
+}
+
+/// The window's evidence from sockets with TCP keep-alive on: a
+/// keep-alive probe can keep a middlebox's idle timer from running out.
+/// Flattened into the row.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct KeepAliveEvidence {
+    /// Evidence in the window from sockets with TCP keep-alive on.
+    #[serde(rename = "keepalive_evidence")]
+    pub evidence: u64,
+    /// Smallest keep-alive idle time among them, when known.
+    #[serde(rename = "keepalive_idle_seconds")]
+    pub idle_seconds: Option<f64>,
+}
+
 /// The sockets a row's processes hold now (the kernel's table, refreshed
 /// with the at-risk view), and the dead ones the pool discarded in the
 /// window. Flattened into the row.
@@ -376,38 +429,20 @@ pub struct DestinationRow {
     /// Client row: who sent the resets that ended its connections.
     #[serde(flatten)]
     pub resets: ResetSources,
-    /// The pool's idle timeout, from a cluster of local idle closes.
-    pub pool_idle_timeout_seconds: Option<f64>,
-    /// Longest idle age at which the pool reused a socket.
-    pub pool_max_reuse_idle_seconds: Option<f64>,
+    /// Client row: what our pool does (its idle timeout, its longest reuse).
+    #[serde(flatten)]
+    pub pool: OurPool,
     /// The verdict and the fix: `verdict`, `evidence`, the recommended
     /// timeouts, the retry rule and the recommendation in words.
     #[serde(flatten)]
     pub judgement: crate::diagnosis::verdict::Judgement,
-    /// Reuses and failed reuses in the last hour.
-    pub reuses: u64,
-    pub failures: u64,
-    /// Reuses, failed reuses and peer idle closes in the window.
-    pub reuses_window: u64,
-    pub failures_window: u64,
-    pub peer_closes_window: u64,
-    /// Peer restarts in the window, and the failed reuses they explain
-    /// (counted in `failures_window`, never used as timeout evidence).
-    #[serde(default)]
-    pub peer_restarts: u64,
-    #[serde(default)]
-    pub restart_failures: u64,
-    /// Failed reuses in the window that the client wrote while the peer's
-    /// goodbye (an HTTP/2 `GOAWAY`, a TLS `close_notify`) waited unread:
-    /// it did not honour the drain signal (counted in `failures_window`).
-    #[serde(default)]
-    pub failures_after_goodbye: u64,
-    #[serde(default)]
-    pub last_peer_restart_unix_ns: Option<u64>,
-    /// Evidence in the window from sockets with TCP keep-alive on.
-    pub keepalive_evidence: u64,
-    /// Smallest keep-alive idle time among them, when known.
-    pub keepalive_idle_seconds: Option<f64>,
+    /// Reuses, failed reuses, peer closes and restarts, in the last hour
+    /// and in the window.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Evidence from sockets with TCP keep-alive on.
+    #[serde(flatten)]
+    pub keepalive: KeepAliveEvidence,
     /// Request deadlines, ours and the peer's, and the requests they ended.
     #[serde(flatten)]
     pub deadlines: Deadlines,

@@ -100,8 +100,10 @@ impl OurSide {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct OurSide {
-    pub pool_idle_timeout_seconds: Option<f64>,
-    pub pool_max_reuse_idle_seconds: Option<f64>,
+    /// The row's pool group (`pool_idle_timeout_seconds`,
+    /// `pool_max_reuse_idle_seconds`).
+    #[serde(flatten)]
+    pub pool: crate::diagnosis::table::OurPool,
     pub processes: Vec<String>,
     /// The processes with their container, pod or unit where known.
     pub owners: Vec<crate::diagnosis::table::ProcessOwner>,
@@ -487,8 +489,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         partner_card: (role == Role::Client)
             .then(|| PartnerCard::of(&row, &input.destination, &mine.iter().map(|t| t.ev).collect::<Vec<_>>())),
         our_side: OurSide {
-            pool_idle_timeout_seconds: row.pool_idle_timeout_seconds,
-            pool_max_reuse_idle_seconds: row.pool_max_reuse_idle_seconds,
+            pool: row.pool.clone(),
             processes: row.processes.clone(),
             owners: row.owners.clone(),
             verdict: row.judgement.verdict.as_str().to_owned(),

@@ -170,7 +170,7 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
         .map(|r| {
             let pool = match r.id.role {
                 crate::kernel::event::Role::Server => r.server.client_pool_idle_timeout_seconds,
-                _ => r.pool_idle_timeout_seconds,
+                _ => r.pool.idle_timeout_seconds,
             };
             [
                 name_cell(r),
@@ -183,8 +183,8 @@ pub fn render_table(rows: &[DestinationRow]) -> String {
                 r.judgement.evidence.map_or_else(|| "-".to_owned(), |e| e.as_str().to_owned()),
                 secs(r.judgement.recommended_pool_idle_timeout_seconds),
                 deadline_cell(r),
-                r.reuses.to_string(),
-                r.failures.to_string(),
+                r.counts.reuses.to_string(),
+                r.counts.failures.to_string(),
                 r.sockets.at_risk_idle_sockets.to_string(),
                 r.sockets.doomed_idle_sockets.to_string(),
                 r.sockets.discarded_dead.to_string(),
@@ -211,7 +211,7 @@ fn notes(out: &mut String, r: &DestinationRow) {
         None => format!("{} ({tags})", destination_cell(r)),
     };
     if r.judgement.verdict.is_mismatch()
-        || r.judgement.recommended_pool_idle_timeout_seconds.is_none() && r.failures_window > 0
+        || r.judgement.recommended_pool_idle_timeout_seconds.is_none() && r.counts.failures_window > 0
     {
         let _ = writeln!(out, "{who}: {}", r.judgement.recommendation);
     }
@@ -231,18 +231,18 @@ fn notes(out: &mut String, r: &DestinationRow) {
     if let Some(words) = r.resets_in_words() {
         let _ = writeln!(out, "{who}: {words}");
     }
-    if r.peer_restarts > 0 {
+    if r.counts.peer_restarts > 0 {
         let _ = writeln!(
             out,
             "{who}: {} peer restart(s) in the window; {} failed reuses they explain are not timeout evidence",
-            r.peer_restarts, r.restart_failures
+            r.counts.peer_restarts, r.counts.restart_failures
         );
     }
-    if r.failures_after_goodbye > 0 {
+    if r.counts.failures_after_goodbye > 0 {
         let _ = writeln!(
             out,
             "{who}: {} failed reuse(s) written after the server's goodbye (GOAWAY or close_notify waiting unread): the client reads only when it waits for an answer and does not honour the drain signal",
-            r.failures_after_goodbye
+            r.counts.failures_after_goodbye
         );
     }
     if r.path.lower_basis == Some(crate::diagnosis::aggregate::LowerBasis::Keepalive) {

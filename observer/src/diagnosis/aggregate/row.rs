@@ -10,8 +10,8 @@ use crate::{
     diagnosis::key::DestKey,
     diagnosis::probed::{Merged, ProbeEvidence},
     diagnosis::table::{
-        Bucket, Deadlines, DestinationRow, FailureMode, LiveSockets, PathEstimate, PathShare, ResetShare, ResetSources,
-        ServerSide,
+        Bucket, Counts, Deadlines, DestinationRow, FailureMode, KeepAliveEvidence, LiveSockets, OurPool, PathEstimate,
+        PathShare, ResetShare, ResetSources, ServerSide,
     },
     diagnosis::verdict::{self, ClientFindings, Judgement, ServerFindings},
     kernel::event::Role,
@@ -74,20 +74,20 @@ fn counted(key: DestKey, st: &DestState, now_ns: u64, protocols: Vec<Protocol>) 
         failure_mode: FailureMode::None,
         path: PathEstimate { probe: st.probe.clone(), ..PathEstimate::default() },
         resets: ResetSources::default(),
-        pool_idle_timeout_seconds: None,
-        pool_max_reuse_idle_seconds: None,
+        pool: OurPool::default(),
         judgement: Judgement::unknown(),
-        reuses,
-        failures,
-        reuses_window: counts.reuses,
-        failures_window: counts.failures,
-        peer_closes_window: counts.peer_closes,
-        peer_restarts: counts.restarts,
-        restart_failures: counts.restart_failures,
-        failures_after_goodbye: counts.after_goodbye,
-        last_peer_restart_unix_ns: st.restarts.back().map(|r| r.ts_unix_ns),
-        keepalive_evidence: counts.keepalive,
-        keepalive_idle_seconds: ev.min_keepalive_idle(),
+        counts: Counts {
+            reuses,
+            failures,
+            reuses_window: counts.reuses,
+            failures_window: counts.failures,
+            peer_closes_window: counts.peer_closes,
+            peer_restarts: counts.restarts,
+            restart_failures: counts.restart_failures,
+            failures_after_goodbye: counts.after_goodbye,
+            last_peer_restart_unix_ns: st.restarts.back().map(|r| r.ts_unix_ns),
+        },
+        keepalive: KeepAliveEvidence { evidence: counts.keepalive, idle_seconds: ev.min_keepalive_idle() },
         deadlines: Deadlines {
             peer_request_deadline_seconds: deadline(ev.aborted()),
             request_timeout_seconds: deadline(ev.timeouts()),
@@ -207,7 +207,7 @@ fn client_side(r: &mut DestinationRow, st: &DestState) -> Judgement {
             silent(p.long_lower, p.long_upper, ((1.0 - p.short_share) * 1000.0).round() / 1000.0),
         ];
     }
-    r.pool_idle_timeout_seconds = f.pool;
-    r.pool_max_reuse_idle_seconds = ev.max_reuse_idle();
+    r.pool.idle_timeout_seconds = f.pool;
+    r.pool.max_reuse_idle_seconds = ev.max_reuse_idle();
     verdict::judge_client(&f)
 }

@@ -67,7 +67,7 @@ fn mismatch_with_recommendation() {
     assert_eq!(r.path.upper_seconds, Some(60.0));
     assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(45.6));
     assert!(r.judgement.safe_retry_rule);
-    assert_eq!((r.reuses, r.failures), (20, 10));
+    assert_eq!((r.counts.reuses, r.counts.failures), (20, 10));
     assert_eq!(r.processes, vec!["client".to_owned()]);
     let b60 = r.idle_buckets.iter().find(|b| b.le == Some(60.0)).unwrap();
     let b75 = r.idle_buckets.iter().find(|b| b.le == Some(75.0)).unwrap();
@@ -95,7 +95,7 @@ fn peer_close_cluster_gives_point_and_fin_mode() {
         (Verdict::Mismatch, Some(VerdictEvidence::PeerCloses)),
         "the pool kept those sockets idle past the path's timeout: diagnosed before any reuse failed"
     );
-    assert_eq!(r.failures_window, 0);
+    assert_eq!(r.counts.failures_window, 0);
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn no_failures_is_never_mismatch() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.3:5432");
-    assert_eq!(r.pool_idle_timeout_seconds, Some(8.01));
+    assert_eq!(r.pool.idle_timeout_seconds, Some(8.01));
     assert_eq!(r.judgement.verdict, Verdict::Ok);
 }
 
@@ -193,7 +193,7 @@ fn cardinality_is_capped() {
     let rows = table(&mut agg);
     assert_eq!(rows.len(), 1001);
     let other = row(&rows, "other");
-    assert_eq!(other.reuses_window, 200);
+    assert_eq!(other.counts.reuses_window, 200);
 }
 
 #[test]
@@ -203,10 +203,10 @@ fn window_and_last_hour() {
     agg.ingest(&reuse(5400.0, "10.0.0.2:443", 30.0, Outcome::Ok));
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:443");
-    assert_eq!((r.reuses, r.failures, r.reuses_window), (1, 0, 2));
+    assert_eq!((r.counts.reuses, r.counts.failures, r.counts.reuses_window), (1, 0, 2));
     agg.ingest(&reuse(9000.0, "10.0.0.2:443", 20.0, Outcome::Ok));
     let rows = table(&mut agg);
-    assert_eq!(row(&rows, "10.0.0.2:443").failures_window, 0, "the 0 s failure left the 2 h window");
+    assert_eq!(row(&rows, "10.0.0.2:443").counts.failures_window, 0, "the 0 s failure left the 2 h window");
 }
 
 /// An idle client socket to `remote`, as the socket table gives it.
@@ -297,8 +297,8 @@ fn a_failure_burst_survives_ten_thousand_successes() {
         (after.path.lower_seconds, after.path.upper_seconds),
         (before.path.lower_seconds, before.path.upper_seconds)
     );
-    assert_eq!((after.judgement.verdict, after.failures_window), (Verdict::Mismatch, 7));
-    assert_eq!(after.reuses_window, 10_012);
+    assert_eq!((after.judgement.verdict, after.counts.failures_window), (Verdict::Mismatch, 7));
+    assert_eq!(after.counts.reuses_window, 10_012);
     assert!(after.evidence_bytes <= crate::diagnosis::evidence::MAX_BYTES, "{}", after.evidence_bytes);
 }
 
@@ -317,12 +317,12 @@ fn a_stray_reset_is_an_outlier_and_withholds_ok_below_the_pool_timeout() {
     agg.ingest(&reuse(150.0, d, 16.0, Outcome::Reset));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!((r.judgement.verdict, r.path.outliers, r.failures_window), (Verdict::Ok, 1, 1));
+    assert_eq!((r.judgement.verdict, r.path.outliers, r.counts.failures_window), (Verdict::Ok, 1, 1));
     // One at 2 s idle (below it) is no mismatch, but no `ok` either.
     agg.ingest(&reuse(200.0, d, 2.0, Outcome::Reset));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!((r.judgement.verdict, r.path.outliers, r.failures_window), (Verdict::Unknown, 2, 2));
+    assert_eq!((r.judgement.verdict, r.path.outliers, r.counts.failures_window), (Verdict::Unknown, 2, 2));
 }
 
 #[test]
@@ -350,8 +350,8 @@ fn a_peer_restart_is_no_timeout_evidence() {
     assert_eq!(restarts[0].sockets, 20);
     let after = table(&mut agg).remove(0);
     assert!(agg.take_changes().is_empty(), "a restart is no change of timeout");
-    assert_eq!(after.peer_restarts, 1);
-    assert_eq!(after.restart_failures, 5);
+    assert_eq!(after.counts.peer_restarts, 1);
+    assert_eq!(after.counts.restart_failures, 5);
     assert_eq!(after.path.idle_timeout_seconds, None, "no point estimate from a restart");
     assert_eq!(
         (after.path.lower_seconds, after.path.upper_seconds),
@@ -471,7 +471,7 @@ fn the_server_view() {
         (r.judgement.verdict, r.judgement.evidence),
         (Verdict::ClientsMismatch, Some(VerdictEvidence::LateReuses))
     );
-    assert_eq!(r.pool_idle_timeout_seconds, None, "our idle closes are no pool timeout");
+    assert_eq!(r.pool.idle_timeout_seconds, None, "our idle closes are no pool timeout");
     assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(1.601));
     assert_eq!(r.judgement.recommended_server_idle_timeout_seconds, Some(3.75));
 }
@@ -564,7 +564,7 @@ fn failures_after_a_stall_count_but_are_no_evidence() {
     reuses_10s_apart(&mut agg, d, 50.0, &[1.5, 0.5, 2.0], Outcome::Stall, Some(How::AfterStall));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!((r.reuses, r.failures), (7, 4), "every failed call is counted");
+    assert_eq!((r.counts.reuses, r.counts.failures), (7, 4), "every failed call is counted");
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
     assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (2.5, Some(4.0)));
     assert_eq!(r.path.upper_evidence, 1, "later failures' idle ages (0.5 s) are no evidence");
@@ -582,7 +582,7 @@ fn failures_written_past_a_goodbye_are_counted_apart_and_are_evidence() {
     reuses_10s_apart(&mut agg, d, 40.0, &[2.5, 2.7, 2.4], Outcome::Eof, Some(How::AfterGoodbye));
     let rows = table(&mut agg);
     let r = row(&rows, d);
-    assert_eq!((r.reuses, r.failures, r.failures_after_goodbye), (6, 3, 3));
+    assert_eq!((r.counts.reuses, r.counts.failures, r.counts.failures_after_goodbye), (6, 3, 3));
     assert_eq!(r.failure_mode, FailureMode::Fin);
     assert_eq!((r.path.lower_seconds, r.path.upper_seconds), (1.2, Some(2.4)));
     assert_eq!(r.judgement.verdict, Verdict::Mismatch);
@@ -611,7 +611,7 @@ fn keepalive_survivals_are_kept_apart() {
     // Each socket's first probe was answered after 10 s without a packet:
     // that much holds for every hop; the 400 s only for proxies.
     assert_eq!((r.path.lower_basis, r.path.lower_seconds), (Some(LowerBasis::Silent), 10.0));
-    assert_eq!(r.keepalive_evidence, 5);
+    assert_eq!(r.keepalive.evidence, 5);
     // A silent survival at 30 s becomes the bound the table rests on.
     agg.ingest(&reuse(3000.0, d, 30.0, Outcome::Ok));
     let rows = table(&mut agg);
@@ -642,7 +642,7 @@ fn keepalive_kept_flows_are_no_second_path() {
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert_eq!(r.path.lower_basis, Some(LowerBasis::Keepalive), "{r:#?}");
-    assert!(r.failures_window >= 3, "{r:#?}");
+    assert!(r.counts.failures_window >= 3, "{r:#?}");
     assert!(r.path.mixed_paths.is_empty(), "{r:#?}");
 }
 
@@ -663,7 +663,7 @@ mod properties {
             feed(&mut agg, &mut ts, "10.9.0.1:80", f64::INFINITY, &gaps, Outcome::Reset);
             let rows = table(&mut agg);
             prop_assert_ne!(rows[0].judgement.verdict, Verdict::Mismatch);
-            prop_assert_eq!(rows[0].failures_window, 0);
+            prop_assert_eq!(rows[0].counts.failures_window, 0);
         }
 
         /// The recommendation never exceeds 0.8 x the true timeout, and the
@@ -740,8 +740,8 @@ fn one_address_in_two_namespaces_is_two_rows() {
     assert_eq!(rows.len(), 2, "{rows:#?}");
     let host = rows.iter().find(|r| r.id.netns == crate::diagnosis::key::Netns::HOST).unwrap();
     let pod = rows.iter().find(|r| r.id.netns.inode() == Some(4_026_532_999)).unwrap();
-    assert_eq!((host.reuses, host.failures), (5, 0));
-    assert_eq!((pod.reuses, pod.failures), (5, 5));
+    assert_eq!((host.counts.reuses, host.counts.failures), (5, 0));
+    assert_eq!((pod.counts.reuses, pod.counts.failures), (5, 5));
     assert_eq!(pod.owners.len(), 1);
     assert_eq!((pod.owners[0].process.as_str(), pod.owners[0].container()), ("api", Some("c0ffee")));
     // The feed names the row an event went to by the same key.
@@ -794,7 +794,7 @@ fn failed_before_send_counts_and_discarded_dead_does_not_fail() {
     }
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.2:5432");
-    assert_eq!((r.failures_window, r.reuses_window), (4, 8), "{r:#?}");
+    assert_eq!((r.counts.failures_window, r.counts.reuses_window), (4, 8), "{r:#?}");
     assert_eq!(r.sockets.discarded_dead, 3);
     assert_eq!(r.failure_mode, FailureMode::Rst, "{r:#?}");
     assert_eq!(r.path.idle_timeout_seconds, Some(2.0), "the idle resets measure the timeout: {r:#?}");
@@ -810,7 +810,7 @@ fn timed_out_reuse_is_a_silent_drop() {
     agg.ingest(&failed);
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.3:80");
-    assert_eq!(r.failures_window, 1);
+    assert_eq!(r.counts.failures_window, 1);
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
     assert_eq!(r.path.upper_seconds, Some(8.0));
 }
@@ -859,7 +859,7 @@ fn keepalive_deaths_bound_the_timeout_but_make_no_point() {
     assert_eq!(r.path.upper_seconds, Some(2.0), "{r:#?}");
     assert_eq!(r.path.idle_timeout_seconds, None, "no point from deaths found by probes: {r:#?}");
     assert_eq!(r.failure_mode, FailureMode::SilentDrop);
-    assert_eq!(r.failures_window, 0, "a death is no failed reuse");
+    assert_eq!(r.counts.failures_window, 0, "a death is no failed reuse");
 }
 
 /// The 6.12 VM's swept run 4, as evidence: survivals up to 2.0997 s, a
@@ -1109,7 +1109,7 @@ fn a_probe_alone_makes_a_row_with_its_bracket_but_no_verdict_of_its_own() {
     // peer-close verdict, and no reuse of any application.
     assert_eq!(r.path.idle_timeout_seconds, None);
     assert_eq!(r.judgement.verdict, Verdict::Unknown);
-    assert_eq!((r.reuses, r.failures, r.peer_closes_window), (0, 0, 0));
+    assert_eq!((r.counts.reuses, r.counts.failures, r.counts.peer_closes_window), (0, 0, 0));
     assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(1.6));
     assert!(
         r.judgement.recommendation.contains("measured by observer probe: FIN at 2.000 s"),
@@ -1129,7 +1129,7 @@ fn a_pool_idler_than_the_probed_path_is_a_mismatch_on_its_idle_timeout() {
     agg.add_probe(&probed(110.0, "10.0.0.3:5432", ProbeHow::SilentDrop, 2.9, Some(3.1)));
     let rows = table(&mut agg);
     let r = row(&rows, "10.0.0.3:5432");
-    assert!(r.pool_idle_timeout_seconds.is_some_and(|p| (8.0..8.05).contains(&p)), "{r:?}");
+    assert!(r.pool.idle_timeout_seconds.is_some_and(|p| (8.0..8.05).contains(&p)), "{r:?}");
     assert_eq!(r.judgement.verdict, Verdict::Mismatch);
     assert_eq!(r.judgement.evidence, Some(VerdictEvidence::PoolIdleTimeout));
     assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, Some(2.32));

@@ -150,7 +150,7 @@ impl EstimateFamilies {
             self.path_timeout.get_or_create(&bound("point")).set(p);
         }
         let gauges = [
-            (&self.pool_timeout, r.pool_idle_timeout_seconds),
+            (&self.pool_timeout, r.pool.idle_timeout_seconds),
             (&self.recommended, r.judgement.recommended_pool_idle_timeout_seconds),
             (&self.peer_deadline, r.deadlines.peer_request_deadline_seconds),
             (&self.our_timeout, r.deadlines.request_timeout_seconds),

@@ -170,8 +170,8 @@ fn summary(r: &Report) -> Section {
 fn our_side(r: &Report) -> Vec<Section> {
     let o = &r.our_side;
     let facts = vec![
-        fact("Pool idle timeout observed", opt_secs(o.pool_idle_timeout_seconds)),
-        fact("Longest idle age at which our pool reused a socket", opt_secs(o.pool_max_reuse_idle_seconds)),
+        fact("Pool idle timeout observed", opt_secs(o.pool.idle_timeout_seconds)),
+        fact("Longest idle age at which our pool reused a socket", opt_secs(o.pool.max_reuse_idle_seconds)),
         fact("Processes talking to the destination", o.process_labels().join(", ")),
         fact("Protocol", o.protocols_text()),
         Fact { name: "Verdict".to_owned(), value: o.verdict.clone(), bad: o.verdict.ends_with("mismatch") },

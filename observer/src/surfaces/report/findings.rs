@@ -133,21 +133,21 @@ pub(super) fn findings(row: &DestinationRow) -> Vec<(String, String)> {
         };
         add("Who sent the resets", format!("{words}{forgets}"));
     }
-    if row.peer_restarts > 0 {
+    if row.counts.peer_restarts > 0 {
         add(
             "Peer restarts",
             format!(
                 "{} in the window; {} failed reuses they explain are not counted as timeout evidence",
-                row.peer_restarts, row.restart_failures
+                row.counts.peer_restarts, row.counts.restart_failures
             ),
         );
     }
-    if row.failures_after_goodbye > 0 {
+    if row.counts.failures_after_goodbye > 0 {
         add(
             "Requests written after the server's goodbye",
             format!(
                 "{} failed reuses were written while the server's GOAWAY or close_notify waited unread: the client did not honour the drain signal",
-                row.failures_after_goodbye
+                row.counts.failures_after_goodbye
             ),
         );
     }
