@@ -188,6 +188,11 @@ pub fn judge_client(f: &ClientFindings) -> Judgement {
             }
             s
         }
+        (Verdict::Mismatch, _, _) if i.paths.is_some() => format!(
+            "lower the pool idle timeout below {:.3} s, where reuses on the shorter of two paths that drop idle flows silently begin to fail ({:.0}% of the flows; the rest fail later: mixed_paths); no safe number yet: too few reuses below that age survived to bound the shorter path from below (observer probe can: it runs enough connections at each idle age)",
+            upper.unwrap_or_default(),
+            i.paths.map_or(0.0, |p| p.short_share * 100.0)
+        ),
         (Verdict::Mismatch, _, _) => format!(
             "lower the pool idle timeout below {:.3} s, where reuses fail; no safe number yet: no reuse has survived an idle period and no three peer idle closes agree, so the path's timeout is bounded from above only",
             upper.unwrap_or_default()

@@ -1260,6 +1260,38 @@ fn two_silent_paths_recommend_for_the_shorter() {
     assert!(row(&rows, d2).path.mixed_paths.is_empty(), "{:#?}", row(&rows, d2));
 }
 
+/// Two silent paths with too few flows to bound the shorter from below (a
+/// quarter of 80; `estimate`'s test of the same mix finds no lower bound):
+/// the row keeps the shorter path's upper bound and both paths, gives no
+/// number rather than one past the shorter path's failures, and never
+/// rests on keep-alive refreshed survivals (there are none). A host run
+/// showed [3.840, 3.900] s and 3.072 s advised for paths of 2 s and 4 s.
+#[test]
+fn two_silent_paths_without_a_lower_bound_keep_the_shorters_upper() {
+    let d = "10.0.0.8:7401";
+    let mut agg = Aggregator::new(Config::default());
+    let mut ts = 0.0;
+    for k in 0..80 {
+        let age = 1.0 + 4.5 * ((f64::from(k) * 0.618_034) % 1.0);
+        let timeout = if k % 4 == 0 { 2.0 } else { 4.0 };
+        ts += age;
+        agg.ingest(&reuse(ts, d, age, if age < timeout { Outcome::Ok } else { Outcome::TimedOut }));
+    }
+    for k in 0..3 {
+        agg.ingest(&ev(ts + 1.0 + f64::from(k), EventKind::LocalClose, d, 3.0 + f64::from(k) * 0.01));
+    }
+    let rows = table(&mut agg);
+    let r = row(&rows, d);
+    assert_eq!((r.judgement.verdict, r.failure_mode), (Verdict::Mismatch, FailureMode::SilentDrop), "{r:#?}");
+    assert_ne!(r.path.lower_basis, Some(LowerBasis::Keepalive), "{r:#?}");
+    let upper = r.path.upper_seconds.unwrap();
+    assert!(r.path.lower_seconds < 2.0 && (2.0..2.3).contains(&upper), "{r:#?}");
+    assert_eq!(r.path.mixed_paths.len(), 2, "{r:#?}");
+    assert_eq!(r.judgement.recommended_pool_idle_timeout_seconds, None, "{r:#?}");
+    let words = &r.judgement.recommendation;
+    assert!(words.contains(&format!("below {upper:.3} s")) && words.contains("shorter of two paths"), "{words}");
+}
+
 /// A failed reuse reset by a source read from the wire (`None`: not told).
 fn reset_by(ts: f64, remote: &str, idle: f64, ttls: Option<(u8, u8, u8)>) -> SockEvent {
     let mut e = reuse(ts, remote, idle, Outcome::Reset);
