@@ -70,7 +70,6 @@ fn run_image(extra: &[&str], profile: &Path, image: &str) -> Command {
 }
 
 #[test]
-#[ignore = "needs root, podman and the image: run `cargo xtask test`"]
 fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
     let image = std::env::var("OBSERVER_TEST_IMAGE").context(
         "OBSERVER_TEST_IMAGE is unset: `cargo xtask test` builds the image (`cargo xtask image`) and names it",
@@ -155,7 +154,6 @@ fn the_image_runs_with_two_capabilities_and_sees_a_reuse() -> Result<()> {
 /// without `CAP_SYS_ADMIN`) stops the daemon at start with an error that
 /// names the filter and the fix, not a bare "Operation not permitted".
 #[test]
-#[ignore = "needs root, podman and the image: run `cargo xtask test`"]
 fn a_profile_refusing_bpf_is_named_in_the_error() -> Result<()> {
     let image = std::env::var("OBSERVER_TEST_IMAGE").context("OBSERVER_TEST_IMAGE is unset: run `cargo xtask test`")?;
     let mut profile: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(SHIPPED_PROFILE)?)?;

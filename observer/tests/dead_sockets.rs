@@ -54,7 +54,6 @@ fn of(events: &[SockEvent], local: SocketAddr) -> Vec<&SockEvent> {
 /// failed reuse (`reset`, `failed_before_send`, safe to retry), counted
 /// once, and the row shows the 1.5 s timeout and the mismatch.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel, haproxy and nginx: run `cargo xtask test`"]
 fn haproxy_nolinger_idle_reset_fails_the_next_reuse_before_send() -> Result<()> {
     let topo = Topology::pair("nolinger")?;
     let dir = tempfile::tempdir()?;
@@ -163,7 +162,6 @@ while True:
 /// `discarded_dead` (a failure the pool avoided), never a failed reuse,
 /// and the RSTs still measure the server's idle timeout.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn go_reader_discards_a_connection_the_server_reset_idle() -> Result<()> {
     let topo = Topology::pair("godiscard")?;
     let server = script(LINGER0_HTTP_SERVER)?;
@@ -253,7 +251,6 @@ s.close()
 );
 
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and nftables/conntrack: run `cargo xtask test`"]
 fn keepalive_death_behind_a_nat_fails_the_reuse_as_timed_out() -> Result<()> {
     let topo = Topology::routed("kadeath", 1, "drop")?;
     let server = script(ECHO_SERVER)?;
@@ -333,7 +330,6 @@ time.sleep(30)
 /// the holding process; after the pool closes them unwritten it is 0, and
 /// each close was `discarded_dead`, not a failure.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn doomed_idle_sockets_counts_the_dead_sockets_a_pool_holds() -> Result<()> {
     let topo = Topology::pair("doomed")?;
     let server = script(ECHO_SERVER)?;
@@ -506,7 +502,6 @@ fn wait_for_hook(daemon: &Daemon, on: bool, secs: f64) -> Result<f64> {
 /// the write made after the daemon resumed is seen by the hook itself.
 /// Once no dead socket waits, the hook is detached again.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_write_before_the_failed_write_hook_came_is_still_a_failed_reuse() -> Result<()> {
     let topo = Topology::pair("hook")?;
     let server = script(LINGER0_HTTP_SERVER)?;

@@ -153,7 +153,6 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fin_path_diagnosed() -> Result<()> {
     // The name the clients send as `Host`, as a partner's would be.
     const NAME: &str = "api.partner.example";
@@ -348,19 +347,16 @@ fn check_report(data: &std::path::Path, dest: &str, t: f64, mode: FailureMode) -
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn rst_path_diagnosed() -> Result<()> {
     routed_scenario("drst", "reject with tcp reset", false, 3.0, FailureMode::Rst)
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_path_diagnosed() -> Result<()> {
     routed_scenario("ddrop", "drop", true, 3.0, FailureMode::SilentDrop)
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_backend_restart_is_no_timeout_evidence() -> Result<()> {
     let topo = Topology::pair("drst")?;
     let echo = script(ECHO_SERVER)?;
@@ -467,7 +463,6 @@ while True:
 /// at most 1.6 s (0.8 x the earliest close), no point outside the
 /// interval, and no change of timeout read from the jitter.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
     let topo = Topology::pair("swept")?;
     let server = script(SWEEPING_SERVER)?;
@@ -531,7 +526,6 @@ fn a_swept_timeout_is_one_band_every_run() -> Result<()> {
 /// namespace's evidence, and an error naming both without `--netns`;
 /// `path check --observed` compares the chosen namespace's row, or asks.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn one_address_from_two_namespaces_is_two_rows_and_two_reports() -> Result<()> {
     let ns = common::Netns::create("twons", 3)?;
     let (a, b, s) = (ns.name(0).to_owned(), ns.name(1).to_owned(), ns.name(2).to_owned());

@@ -187,7 +187,6 @@ fn program_ids(stderr: &[String]) -> Vec<u32> {
 /// ends as a pipe's writer does (exit 0, no panic), its probes detached
 /// and the evidence it saw stored.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn events_to_a_closed_pipe_end_the_run_cleanly() -> Result<()> {
     let data = tempfile::tempdir()?;
     let (_server, port, _py) = echo_server()?;
@@ -259,7 +258,6 @@ fn events_to_a_closed_pipe_end_the_run_cleanly() -> Result<()> {
 /// than a closed pipe is counted (`events_output_error`), and the daemon
 /// goes on (standard output is a view; the store holds the evidence).
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn events_lines_lost_to_a_full_device_are_counted() -> Result<()> {
     let data = tempfile::tempdir()?;
     let (_server, port, _py) = echo_server()?;
@@ -290,7 +288,6 @@ fn events_lines_lost_to_a_full_device_are_counted() -> Result<()> {
 /// counted (`events_output_backlog`), and SIGTERM ends the run within 2 s
 /// (before, the blocked write held the loop: 503, and SIGTERM unanswered).
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_stalled_events_reader_holds_nothing() -> Result<()> {
     let data = tempfile::tempdir()?;
     let addr = format!("127.0.0.1:{}", common::server_port()?);
@@ -352,7 +349,6 @@ fn a_stalled_events_reader_holds_nothing() -> Result<()> {
 /// counted as `closed_idle_evicted`: the closes beyond it, and at most the
 /// LRU's free-list batches more.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn server_idle_closes_past_the_kernels_table_are_counted() -> Result<()> {
     const WAVE: usize = 2_000;
     const WAVES: usize = 9;
@@ -450,7 +446,6 @@ impl Drop for Guard {
 /// (the refused batch was held, not dropped), the recording stays whole
 /// lines, and recorded plus counted equals the events the daemon printed.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_full_disk_degrades_then_resumes_and_every_loss_is_counted() -> Result<()> {
     let fs = Mount::tmpfs("size=8m,mode=0700")?;
     let data = fs.path().join("data");
@@ -532,7 +527,6 @@ fn a_full_disk_degrades_then_resumes_and_every_loss_is_counted() -> Result<()> {
 /// before the disk filled, is in the store afterwards; those lost all
 /// fall between then and the kill.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn kill_9_during_a_degraded_store_loses_only_the_degraded_window() -> Result<()> {
     let fs = Mount::tmpfs("size=8m,mode=0700")?;
     let data = fs.path().join("data");
@@ -587,7 +581,6 @@ fn kill_9_during_a_degraded_store_loses_only_the_degraded_window() -> Result<()>
 /// another program's database and a newer schema: exit 1 with one line
 /// that names the path and the fix, no panic, and the file left as it was.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn unusable_data_dirs_are_one_line_errors() -> Result<()> {
     let ro = Mount::tmpfs("ro,size=1m")?;
     let junk = tempfile::tempdir()?;
@@ -697,7 +690,6 @@ const KILL_BOUND_NS: u64 = 1_000_000_000;
 /// store, and the recording is whole lines (a half line a kill left is
 /// cut at the next start).
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 #[allow(
     clippy::too_many_lines,
     reason = "one scenario told in order: the kills, then the recording's and the clients' accounts"

@@ -54,7 +54,6 @@ fn connection_events(probes: &mut Probes, client: SocketAddr, server: SocketAddr
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn establish_and_close_events_carry_addresses_ipv4_and_ipv6() -> Result<()> {
     let mut probes = Probes::load(&ProbeConfig::default())?;
     ensure!(probes.attached().len() >= 2, "expected probes attached");
@@ -86,7 +85,6 @@ fn prog_loaded(id: u32) -> bool {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn daemon_detaches_everything_on_sigterm() -> Result<()> {
     let daemon = Daemon::start(&[])?;
     let ids: Vec<u32> = daemon
@@ -141,7 +139,6 @@ fn daemon_detaches_everything_on_sigterm() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn daemon_exits_zero_on_sigint() -> Result<()> {
     let daemon = Daemon::start(&[])?;
     sh(&format!("kill -INT {}", daemon.pid()))?;
@@ -153,7 +150,6 @@ fn daemon_exits_zero_on_sigint() -> Result<()> {
 /// `GET /healthz` is 200 with the probes attached and the reader passing;
 /// `observer_build_info` names the version, probe set and kernel.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn healthz_and_build_info() -> Result<()> {
     let daemon = Daemon::start(&[])?;
     let addr = daemon.http_addr()?;
@@ -181,7 +177,6 @@ s.close()
 "#;
 
 #[test]
-#[ignore = "needs root (to drop to nobody) and a 5.15+ kernel: run `cargo xtask test`"]
 fn runs_as_an_unprivileged_user_with_capabilities() -> Result<()> {
     let data = tempfile::tempdir()?;
     sh(&format!("chown 65534:65534 {}", data.path().display()))?;

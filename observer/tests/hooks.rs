@@ -20,7 +20,6 @@ use common::{
 use observer::kernel::event::{EventKind, How, Outcome, ResetFrom, Role, SockEvent};
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fin_nginx_keepalive_timeout() -> Result<()> {
     let topo = Topology::pair("fin")?;
     let dir = tempfile::tempdir()?;
@@ -114,7 +113,6 @@ fn fin_nginx_keepalive_timeout() -> Result<()> {
 /// close, but the client wrote with the FIN unread and read the EOF only
 /// afterwards: each such reuse is a failed one (`eof`, safe to retry).
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fin_then_request_closed_before_the_reset_is_eof() -> Result<()> {
     let topo = Topology::pair("finlate")?;
     let dir = tempfile::tempdir()?;
@@ -165,7 +163,6 @@ fn fin_then_request_closed_before_the_reset_is_eof() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
     let topo = Topology::routed("rst", 3, "reject with tcp reset")?;
     let server = script(ECHO_SERVER)?;
@@ -205,7 +202,6 @@ fn rst_conntrack_expiry_rejects_with_reset() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_ipv6_is_a_stall() -> Result<()> {
     let topo = Topology::routed("drop", 3, "drop")?;
     let server = script(ECHO_SERVER)?;
@@ -267,7 +263,6 @@ print(n, longest, flush=True)
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn busy_connection_has_no_reuse() -> Result<()> {
     let topo = Topology::pair("busy")?;
     let server = script(ECHO_SERVER)?;
@@ -326,7 +321,6 @@ s.close()
 );
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn preexisting_connection_is_picked_up() -> Result<()> {
     let topo = Topology::pair("pre")?;
     let server = script(ECHO_SERVER)?;
@@ -398,7 +392,6 @@ fn preexisting_connection_is_picked_up() -> Result<()> {
 /// client, and the client's reuse was never seen. The listeners the
 /// daemon walks at start tell them apart.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn preexisting_connection_to_a_high_port_server_takes_its_role_from_the_listener() -> Result<()> {
     const SERVER_PORT: u16 = 60_990;
     const CLIENT_PORT: u16 = 40_017;
@@ -464,7 +457,6 @@ fn preexisting_connection_to_a_high_port_server_takes_its_role_from_the_listener
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn full_ring_buffer_is_counted_and_daemon_survives() -> Result<()> {
     let ns = Netns::create("burst", 1)?;
     let daemon = Daemon::start(&["--ring-buffer", "4096"])?;
@@ -505,7 +497,6 @@ for _ in range(300):
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn silent_drop_until_the_kernel_gives_up_is_a_stall_ended_by_timeout() -> Result<()> {
     let topo = Topology::routed("etime", 3, "drop")?;
     // The client's kernel gives up after 3 retransmits (about 1.5-3 s)
@@ -561,7 +552,6 @@ print(json.dumps(rec), flush=True)
 );
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn stall_ended_by_a_local_abort() -> Result<()> {
     let topo = Topology::routed("abort", 3, "drop")?;
     let server = script(ECHO_SERVER)?;
@@ -608,7 +598,6 @@ for i in range(6):
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn evidence_behind_a_quiet_establish_is_read_at_once() -> Result<()> {
     // A connection's `established` goes into the ring without waking the
     // reader; the reuse right behind it must wake it anyway. When it did
@@ -716,7 +705,6 @@ fn tells_reset_source(daemon: &Daemon) -> Result<bool> {
 /// aborts on `reset`, `SO_LINGER` 0) is reset by the server: `peer`, 0.
 /// The events and each destination's row say so.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_reset_is_told_from_the_router_or_the_server() -> Result<()> {
     let topo = Topology::routed("who", 3, "reject with tcp reset")?;
     let server = script(ECHO_SERVER)?;
@@ -807,7 +795,6 @@ fn a_reset_is_told_from_the_router_or_the_server() -> Result<()> {
 /// loopback: `local`. The daemon runs as the unit runs it (user 65534,
 /// `CAP_BPF` and `CAP_PERFMON`): the hooks load with those alone.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_reset_made_on_this_host_is_local() -> Result<()> {
     let topo = Topology::pair("wholo")?;
     topo.ns.exec(

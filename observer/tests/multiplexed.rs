@@ -155,7 +155,6 @@ fn holds_nat(r: &DestinationRow) -> bool {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
     let daemon = Daemon::start(&[])?;
     // Three channels at once, each through its own NAT: failed calls
@@ -179,7 +178,6 @@ fn grpc_through_a_silent_nat_every_failed_call_is_counted() -> Result<()> {
 /// still found in the Python process (its mapped files, as the kernel
 /// lists them) and the fix is its own knob.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn grpc_calls_close_together_on_a_stalled_connection_are_each_counted() -> Result<()> {
     let daemon = Daemon::start_as_unit(&[])?;
     // The first gap, 2 s, is the survival that bounds the path below: at
@@ -238,7 +236,6 @@ print("done", flush=True)
 /// `after_stall`), and the two 26-byte writes of two cancels each, which
 /// the size rule alone counted as calls, count nothing.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn coalesced_cancels_on_a_stalled_h2c_connection_are_no_calls() -> Result<()> {
     let topo = Topology::routed("mxcc", NAT_S, "drop")?;
     let port = server_port()?;
@@ -384,7 +381,6 @@ fn wait_listening(topo: &Topology, i: usize, port: u16, what: &str, within: Dura
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Result<()> {
     let topo = Topology::pair("mxlb")?;
     let (da, db, dh) = (tempfile::tempdir()?, tempfile::tempdir()?, tempfile::tempdir()?);
@@ -439,7 +435,6 @@ fn an_l4_balancer_over_2_and_10_s_backends_recommends_for_the_smallest() -> Resu
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn http2_goaway_idle_close_is_measured_at_the_servers_timeout() -> Result<()> {
     let topo = Topology::pair("mxh2")?;
     let dir = tempfile::tempdir()?;
@@ -517,7 +512,6 @@ fn client_events(daemon: &Daemon, dest: std::net::SocketAddr) -> String {
 /// socket until the FIN. The close is the server's 2 s, not the second
 /// between its goodbye and its FIN.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn http2_goaway_then_a_graceful_second_is_measured_at_the_goaway() -> Result<()> {
     let (topo, _srv, daemon, dest) = go_h2_server("mxgo")?;
     let out = topo.ns.exec(
@@ -605,7 +599,6 @@ for g in gaps:
 /// as a failure written after the goodbye, dated by its idle age (the
 /// server had begun its close before it), never as the client's timeout.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel, golang-go and PyPI's h2: run `cargo xtask test`"]
 fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Result<()> {
     let (topo, _srv, daemon, dest) = go_h2_server("mxlazy")?;
     let client = script(LAZY_H2_CLIENT)?;
@@ -645,7 +638,6 @@ fn http2_request_written_after_the_servers_goaway_is_a_counted_failure() -> Resu
 /// idle timeout is the server's 2 s, and the requests written after the
 /// FIN are counted failures.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel, golang-go with golang-golang-x-net-dev, and PyPI's h2: run `cargo xtask test`"]
 fn http2_goaway_a_lazy_reader_never_read_is_dated_by_its_arrival() -> Result<()> {
     let topo = Topology::pair("mxarrive")?;
     let tool = common::tlstool()?;
@@ -758,7 +750,6 @@ fn start_envoy(topo: &Topology, dir: &std::path::Path, listen: &str, upstream: (
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn envoys_upstream_pool_in_front_of_node_is_named_and_measured() -> Result<()> {
     let topo = Topology::pair("mxev")?;
     let port = server_port()?;

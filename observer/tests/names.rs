@@ -115,7 +115,6 @@ fn row<'a>(rows: &'a [DestinationRow], dest: &str) -> Result<&'a DestinationRow>
 /// hop by host name matches, and the fix names `IdleConnTimeout`, its 90 s
 /// default, and the finding that it exceeds the path.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
     let topo = Topology::pair("ntls")?;
     let dir = tempfile::tempdir()?;
@@ -214,7 +213,6 @@ fn a_go_client_over_tls_is_named_by_its_sni() -> Result<()> {
 /// traffic and shows no name anywhere (no event, no row name, no metric).
 /// A client whose runtime cannot be told gets the generic rule.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
     let topo = Topology::pair("nhost")?;
     let dir = tempfile::tempdir()?;
@@ -278,7 +276,6 @@ fn python_host_header_names_plain_http_and_no_names_shows_none() -> Result<()> {
 /// whose first bytes name its host is read safely (only its first 512
 /// bytes leave the kernel).
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn odd_first_writes_give_no_false_name() -> Result<()> {
     let topo = Topology::pair("nodd")?;
     let echo = script(ECHO_SERVER)?;
@@ -348,7 +345,6 @@ public class JdkPool {
 /// `-Djdk.httpclient.keepalive.timeout=600` on its command line names no
 /// library (Apache `HttpClient` was once found in it as a substring).
 #[test]
-#[ignore = "needs root (to drop to nobody) and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_jdk_http_client_is_named_unprivileged() -> Result<()> {
     let topo = Topology::pair("njdk")?;
     let dir = tempfile::tempdir()?;
@@ -442,7 +438,6 @@ impl Drop for Overlay {
 /// directory only root may enter cannot be read, and the fix says so
 /// instead of passing it off as a runtime without a pool.
 #[test]
-#[ignore = "needs root (to drop to nobody) and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_go_client_is_named_unprivileged() -> Result<()> {
     let topo = Topology::pair("ngou")?;
     let (dir, closed_dir) = (tempfile::tempdir()?, tempfile::tempdir()?);
@@ -546,7 +541,6 @@ print("version", c.version(), "failed", failed, flush=True)
 /// ours, and the resets of the requests written after nginx's close as
 /// nginx's own. The daemon runs as the unit runs it.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn the_partner_card_carries_the_tls_version_negotiated() -> Result<()> {
     let topo = Topology::pair("ncard")?;
     let (d13, d12) = (tempfile::tempdir()?, tempfile::tempdir()?);

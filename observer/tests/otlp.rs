@@ -308,13 +308,11 @@ fn the_rows_figures_reach_the_collector(protocol: &str) -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root, a 5.15+ kernel, haproxy, nginx and rotel: run `cargo xtask test`"]
 fn the_rows_figures_reach_a_collector_over_http() -> Result<()> {
     the_rows_figures_reach_the_collector("http/protobuf")
 }
 
 #[test]
-#[ignore = "needs root, a 5.15+ kernel, haproxy, nginx and rotel: run `cargo xtask test`"]
 fn the_rows_figures_reach_a_collector_over_grpc() -> Result<()> {
     the_rows_figures_reach_the_collector("grpc")
 }
@@ -323,7 +321,6 @@ fn the_rows_figures_reach_a_collector_over_grpc() -> Result<()> {
 /// serving `/metrics` and `/healthz`, counts the failed exports, and
 /// the exports resume.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and rotel: run `cargo xtask test`"]
 fn a_collector_down_mid_run_is_counted_and_the_export_resumes() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let (http, grpc) = (free_port()?, free_port()?);

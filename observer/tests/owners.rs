@@ -111,7 +111,6 @@ fn reuses(d: &Daemon) -> Vec<SockEvent> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn namespaces_cgroups_and_containers() -> Result<()> {
     let topo = Topology::pair("own")?;
     let (client_ns, server_ns) = (topo.ns.name(topo.client).to_owned(), topo.ns.name(topo.server).to_owned());
@@ -198,7 +197,6 @@ fn namespaces_cgroups_and_containers() -> Result<()> {
 /// cgroup only if the resolver has answered by then: in CI once it had
 /// not). Nothing is lost waiting.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
     let topo = Topology::pair("late")?;
     let ns = topo.ns.name(topo.client).to_owned();
@@ -278,7 +276,6 @@ fn a_cgroup_made_after_the_last_walk_keeps_its_events() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root (the capability check comes first): run `cargo xtask test`"]
 fn bad_filters_are_named() -> Result<()> {
     let out = Command::new(*OBSERVER).args(["run", "--cgroup", "/no/such/cgroup"]).output()?;
     let err = String::from_utf8_lossy(&out.stderr);

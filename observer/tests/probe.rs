@@ -67,7 +67,6 @@ fn secs(j: &serde_json::Value, key: &str) -> Result<f64> {
 /// connection, then its FIN at 2 s of idleness, measured in one round;
 /// with `--path`, set beside a file that declares 60 s.
 #[test]
-#[ignore = "needs root (namespaces): run `cargo xtask test`"]
 fn an_nginx_keepalive_close_over_https_is_measured_at_its_fin() -> Result<()> {
     let topo = Topology::pair("prb")?;
     let dir = tempfile::tempdir()?;
@@ -114,7 +113,6 @@ fn an_nginx_keepalive_close_over_https_is_measured_at_its_fin() -> Result<()> {
 
 /// A server that resets connections idle 2 s: RST at 2 s.
 #[test]
-#[ignore = "needs root (namespaces): run `cargo xtask test`"]
 fn a_server_reset_at_idle_is_measured_as_rst() -> Result<()> {
     let topo = Topology::pair("prr")?;
     let server = common::script(RESETTING)?;
@@ -171,7 +169,6 @@ fn through_a_forgetting_router(
 /// packets: no close ever reaches the client, so only keep-alive probes
 /// find it, bracketed to within half a second.
 #[test]
-#[ignore = "needs root (namespaces, nftables, conntrack): run `cargo xtask test`"]
 fn a_silent_drop_is_bracketed_by_keepalive_probes() -> Result<()> {
     let (j, lo, hi) = through_a_forgetting_router("prs", "drop", 7301, None)?;
     ensure!(j["idle_timeout_seconds"].is_null(), "{j:#}");
@@ -223,7 +220,6 @@ fn a_refused_destination_or_bad_input_exits_2() -> Result<()> {
 /// with a reset (`reject with tcp reset`): the probe is reset, and the
 /// bracket is the same as for a silent drop.
 #[test]
-#[ignore = "needs root (namespaces, nftables, conntrack): run `cargo xtask test`"]
 fn a_forgotten_flow_that_resets_the_probe_is_bracketed_too() -> Result<()> {
     let (j, lo, hi) = through_a_forgetting_router("prj", "reject with tcp reset", 7302, None)?;
     let probes = j["probes"].as_array().context("probes")?;
@@ -236,7 +232,6 @@ fn a_forgotten_flow_that_resets_the_probe_is_bracketed_too() -> Result<()> {
 /// at 5 s: the server's FIN never reaches the client, the path's timeout
 /// is the NAT's 3 s silent drop, not the server's 5 s.
 #[test]
-#[ignore = "needs root (namespaces, nftables, conntrack): run `cargo xtask test`"]
 fn a_nat_before_a_closing_server_is_the_effective_timeout() -> Result<()> {
     let (j, lo, hi) = through_a_forgetting_router("prn", "drop", 7303, Some(5))?;
     ensure!(j["idle_timeout_seconds"].is_null(), "no close is measured: {j:#}");
@@ -250,7 +245,6 @@ fn a_nat_before_a_closing_server_is_the_effective_timeout() -> Result<()> {
 /// HAProxy with `timeout http-keep-alive 1500ms` in front of nginx: its
 /// FIN at 1.5 s, within 5 %.
 #[test]
-#[ignore = "needs root (namespaces), haproxy and nginx: run `cargo xtask test`"]
 fn haproxy_keep_alive_timeout_is_measured_at_its_fin() -> Result<()> {
     let topo = Topology::pair("prh")?;
     let dir = tempfile::tempdir()?;
@@ -309,7 +303,6 @@ fn mysql_login() -> Vec<u8> {
 /// measures `wait_timeout`, not the 10 s `connect_timeout` of a connection
 /// that never logged in.
 #[test]
-#[ignore = "needs root (namespaces): run `cargo xtask test`"]
 fn mariadb_wait_timeout_resets_a_logged_in_session() -> Result<()> {
     use std::os::unix::fs::PermissionsExt as _;
     let topo = Topology::pair("prm")?;
@@ -395,7 +388,6 @@ fn ctrl_c_prints_what_is_known_so_far() -> Result<()> {
 /// the application; an application's reuses on the same destination still
 /// count. `observer report` on that store then shows the probe, labelled.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn beside_the_daemon_the_row_takes_the_probe_and_none_of_its_connections() -> Result<()> {
     use observer::diagnosis::{aggregate::Verdict, table::LowerBasis};
     let topo = Topology::pair("prd")?;
@@ -509,7 +501,6 @@ fn beside_the_daemon_the_row_takes_the_probe_and_none_of_its_connections() -> Re
 /// daemon showed it at start), and it does. The probe's closes of nginx's
 /// 2 s FIN make no row's evidence.
 #[test]
-#[ignore = "needs root (to drop to nobody) and a 5.15+ kernel: run `cargo xtask test`"]
 fn beside_an_unprivileged_daemon_the_probes_connections_are_left_out() -> Result<()> {
     let topo = Topology::pair("prn")?;
     let dir = tempfile::tempdir()?;
@@ -596,7 +587,6 @@ fn announcements(dir: &std::path::Path) -> Result<Vec<std::path::PathBuf>> {
 /// 2 s) are still left out of the row. The daemon runs as the unit runs
 /// it; the announcement is gone when the probe ends.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_daemon_started_during_a_probe_leaves_its_connections_out() -> Result<()> {
     let topo = Topology::pair("prl")?;
     let dir = tempfile::tempdir()?;

@@ -144,7 +144,6 @@ fn scalar(v: &Value) -> Option<f64> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 #[allow(clippy::too_many_lines, reason = "one scenario, then every panel")]
 fn dashboards_query_real_prometheus() -> Result<()> {
     let topo = Topology::pair("prom")?;
@@ -336,7 +335,6 @@ print("survived", max(measured), flush=True)
 /// One Prometheus scrapes both daemons with the fleet rules loaded: the
 /// fleet interval must be the intersection, [max of lowers, min of uppers].
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn fleet_interval_is_the_intersection_of_two_hosts() -> Result<()> {
     let ns = common::Netns::create("fleet", 3)?;
     let (a, b, s) = (ns.name(0).to_owned(), ns.name(1).to_owned(), ns.name(2).to_owned());
@@ -451,7 +449,6 @@ fn fleet_interval_is_the_intersection_of_two_hosts() -> Result<()> {
 /// `--metrics-addr` (the `DaemonSet` puts the scrape port on the pod
 /// network and the table on loopback).
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn the_scrape_port_serves_metrics_and_health_only() -> Result<()> {
     let scrape = format!("127.0.0.1:{}", free_port()?);
     let daemon = Daemon::start(&["--scrape-addr", &scrape])?;

@@ -208,7 +208,6 @@ EOF_ERRORS = (EOFError,)
 /// query, `after_goodbye` when the exiting server's FIN came after it).
 /// Reuses inside the timeout are `ok`.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and PostgreSQL: run `cargo xtask test`"]
 fn postgres_idle_session_timeout_fails_late_reuses_only() -> Result<()> {
     let topo = Topology::pair("pg")?;
     let dir = tempfile::tempdir()?;
@@ -278,7 +277,6 @@ get((sock) => {
 /// for 2 s), so the effective timeout is read from the server's own idle
 /// closes, and the late gaps are past either value.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and Node.js: run `cargo xtask test`"]
 fn node_keep_alive_timeout_fails_a_readerless_pool_but_not_nodes_agent() -> Result<()> {
     let topo = Topology::pair("node")?;
     let server = script(NODE_SERVER)?;

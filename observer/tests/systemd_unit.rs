@@ -257,7 +257,6 @@ fn free_port() -> Result<u16> {
 /// table; other network namespaces are out of its view and the journal
 /// says so; `systemctl stop` ends it cleanly.
 #[test]
-#[ignore = "needs root and systemd-nspawn: run `cargo xtask test`"]
 fn the_shipped_unit_runs_under_systemd() -> Result<()> {
     let m = Machine::boot()?;
     let port = free_port()?;
@@ -331,7 +330,6 @@ fn the_shipped_unit_runs_under_systemd() -> Result<()> {
 /// network namespaces into the at-risk view: 100 sockets in a namespace of
 /// their own are tracked, and the journal has no warning about them.
 #[test]
-#[ignore = "needs root and systemd-nspawn: run `cargo xtask test`"]
 fn the_other_netns_dropin_lets_it_see_other_namespaces() -> Result<()> {
     let m = Machine::boot()?;
     let port = free_port()?;
@@ -354,7 +352,6 @@ fn the_other_netns_dropin_lets_it_see_other_namespaces() -> Result<()> {
 /// `SystemCallFilter` does not come up, and the journal names the filter
 /// and the fix.
 #[test]
-#[ignore = "needs root and systemd-nspawn: run `cargo xtask test`"]
 fn a_filter_without_bpf_fails_the_unit_with_the_fix_named() -> Result<()> {
     let m = Machine::boot()?;
     let port = free_port()?;

@@ -68,7 +68,6 @@ fn settle(daemon: &Daemon) -> Result<Vec<DestinationRow>> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 #[allow(clippy::too_many_lines, reason = "one scenario: the burst, the flood, and what must hold after it")]
 fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
     let topo = Topology::pair("vburst")?;
@@ -205,7 +204,6 @@ fn a_failure_burst_survives_ten_thousand_successes() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn rows_and_gauges_expire_with_a_small_window() -> Result<()> {
     let topo = Topology::pair("vwin")?;
     let dir = tempfile::tempdir()?;
@@ -243,7 +241,6 @@ fn rows_and_gauges_expire_with_a_small_window() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn observed_deadlines_and_the_staircase() -> Result<()> {
     let topo = Topology::pair("vdead")?;
     let killing = script(KILLING_SERVER)?;
@@ -324,7 +321,6 @@ except ConnectionResetError:
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_stray_reset_is_no_mismatch_and_withholds_ok() -> Result<()> {
     let topo = Topology::pair("vstray")?;
     let server = script(common::ECHO_SERVER)?;
@@ -371,7 +367,6 @@ time.sleep(wait)
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn an_l4_balancer_over_two_keepalive_timeouts_is_mixed_paths() -> Result<()> {
     let topo = Topology::pair("vmix")?;
     let (d2, d5) = (tempfile::tempdir()?, tempfile::tempdir()?);
@@ -451,10 +446,11 @@ fn walk_gaps(n: u32, clients: usize) -> Vec<String> {
 /// timeout 1.5 s, a new connection after a failure); a pool of the same
 /// process closes its idle connections at 3 s, between the two. Every
 /// stall the clients saw is counted, both paths are in `mixed_paths`, the
-/// interval is the shorter path's, the recommendation at most 0.8 x 2 s,
-/// and the verdict `mismatch`, never `ok`.
+/// interval is the shorter path's, the recommendation at most 0.8 x 2 s
+/// (or none, where too few flows below the shorter path's first failure
+/// survived to bound it from below), and the verdict `mismatch`, never
+/// `ok`.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn two_silent_paths_recommend_for_the_shorter() -> Result<()> {
     let (topo, _server) = two_silent_paths("v2path", 7400)?;
     let host = topo.server_v4.clone();
@@ -496,8 +492,16 @@ fn two_silent_paths_recommend_for_the_shorter() -> Result<()> {
     assert_eq!(r.judgement.verdict, Verdict::Mismatch, "{r:#?}");
     let upper = r.path.upper_seconds.context("an upper bound")?;
     assert!(r.path.lower_seconds - PRECISION <= 2.0 && 2.0 <= upper + PRECISION, "{r:#?}");
-    let rec = r.judgement.recommended_pool_idle_timeout_seconds.context("a recommendation")?;
-    assert!(rec <= 0.8 * (2.0 + PRECISION), "recommended {rec}");
+    assert_ne!(r.path.lower_basis, Some(observer::diagnosis::table::LowerBasis::Keepalive), "{r:#?}");
+    match r.judgement.recommended_pool_idle_timeout_seconds {
+        Some(rec) => assert!(rec <= 0.8 * (2.0 + PRECISION), "recommended {rec}"),
+        // Which path a flow takes is the router's hash of its port: where
+        // too few flows below the shorter path's first failure survived
+        // to bound it from below, there is no number, and the words say
+        // below which age reuses fail (a host run once advised 3.072 s
+        // from the longer path's survivals instead).
+        None => assert!(upper < 2.0 + 0.5 && r.judgement.recommendation.contains("shorter of two paths"), "{r:#?}"),
+    }
     assert_eq!(r.path.mixed_paths.len(), 2, "{r:#?}");
     let long = &r.path.mixed_paths[1];
     assert!(long.lower_seconds.is_some_and(|l| l > 2.0 && l < 4.0 + PRECISION), "{r:#?}");
@@ -511,7 +515,6 @@ fn two_silent_paths_recommend_for_the_shorter() -> Result<()> {
 /// shorter one's first drop). Run as `nobody`: the probe needs no
 /// privilege.
 #[test]
-#[ignore = "needs root (namespaces, nftables): run `cargo xtask test`"]
 fn the_probe_brackets_the_shorter_of_two_silent_paths() -> Result<()> {
     let (topo, _server) = two_silent_paths("v2probe", 7401)?;
     let host = topo.server_v4.clone();

@@ -118,7 +118,6 @@ for _ in range(count):
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn response_then_close_is_ok_not_eof() -> Result<()> {
     let topo = Topology::pair("rclose")?;
     let dir = tempfile::tempdir()?;
@@ -256,7 +255,6 @@ fn deadline_scenario(
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn peer_killing_a_slow_request_is_request_aborted() -> Result<()> {
     let found = deadline_scenario(
         "abort",
@@ -271,7 +269,6 @@ fn peer_killing_a_slow_request_is_request_aborted() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn client_read_timeout_is_request_timeout() -> Result<()> {
     deadline_scenario(
         "rtimeout",
@@ -316,7 +313,6 @@ fn go_clients(
 }
 
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
     let topo = Topology::pair("tlspool")?;
     let dir = tempfile::tempdir()?;
@@ -348,7 +344,6 @@ fn tls_pool_idle_close_with_close_notify_is_a_pool_idle_close() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn tls_server_idle_close_is_seen_by_a_client_that_keeps_a_reader() -> Result<()> {
     let topo = Topology::pair("tlssrv")?;
     let _srv = start_server(
@@ -424,7 +419,6 @@ while True:
 /// That write follows the FIN but answers it (the EOF was read first), so
 /// it is part of the close: a peer close, no reuse and no failure.
 #[test]
-#[ignore = "needs root, a 5.15+ kernel and golang-go: run `cargo xtask test`"]
 fn tls_bare_fin_then_close_notify_from_a_reader_is_no_reuse() -> Result<()> {
     let topo = Topology::pair("tlsfin")?;
     let dir = tempfile::tempdir()?;
@@ -486,7 +480,6 @@ s.close()
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn one_lost_segment_answered_late_is_ok_not_stall() -> Result<()> {
     let topo = Topology::routed("lost", 600, "drop")?;
     let router = topo.router.context("router")?;
@@ -568,7 +561,6 @@ s.close()
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn zero_length_reads_are_not_eof() -> Result<()> {
     let (local, events) = one_client_run("zread", ECHO_SERVER, ZERO_READ_CLIENT, EventKind::Reuse)?;
     let mine = of(&events, local);
@@ -611,7 +603,6 @@ s.close()
 "#;
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
     let (local, events) = one_client_run("oneway", SINK_SERVER, ONE_WAY_WRITER, EventKind::Closed)?;
     let mine = of(&events, local);
@@ -629,7 +620,6 @@ fn one_way_writer_gets_no_outcome_from_a_later_close() -> Result<()> {
 }
 
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn server_sees_a_client_reusing_after_its_idle_close_as_late_reuse() -> Result<()> {
     let topo = Topology::pair("late")?;
     let dir = tempfile::tempdir()?;
@@ -690,7 +680,6 @@ s.close()
 /// Timed from the read, this reuse would be a failure at 1.2 s idle and the
 /// server's close a peer close at 0.8 s, both below its 2 s timeout.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn idle_runs_from_the_answer_on_the_wire_not_from_its_read() -> Result<()> {
     let server = format!("import sys; sys.argv.append('2')\n{ECHO_SERVER}");
     let (local, events) = one_client_run("lateread", &server, LATE_READ_CLIENT, EventKind::Reuse)?;
@@ -738,7 +727,6 @@ fn tick_seconds() -> Result<f64> {
 /// Timed from the request's arrival, the server's idle would read 50 ms
 /// long.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_servers_answer_is_timed_from_its_write_not_from_the_request() -> Result<()> {
     let server = format!("import sys; sys.argv += ['2', '0.05']\n{ECHO_SERVER}");
     let (local, events) = one_client_run("slowans", &server, WAIT_FOR_CLOSE_CLIENT, EventKind::PeerCloseWhileIdle)?;
@@ -857,7 +845,6 @@ print(b[0], b[1], flush=True)
 /// one-way writer's, and the reuse went unseen). Our goodbye written right
 /// after an answer and our close at once is no request deadline of ours.
 #[test]
-#[ignore = "needs root and a 5.15+ kernel: run `cargo xtask test`"]
 fn a_write_in_reaction_to_a_read_dates_nothing_it_cannot_know() -> Result<()> {
     let topo = Topology::pair("react")?;
     let server = script(REACTION_SERVER)?;

@@ -15,7 +15,7 @@ use std::{
 
 use anyhow::{bail, Context as _, Result};
 
-use crate::{cargo, workspace_root};
+use crate::{cargo, workspace_root, ROOT_TESTS};
 
 /// The environment every run of a suite gets.
 fn with_env<'a>(cmd: &'a mut Command, toolchain: &str, image: &str, daemon: &Path) -> &'a mut Command {
@@ -59,12 +59,21 @@ fn package_dir(binary: &Path) -> PathBuf {
 
 /// Run the host's suites (`args`: a name filter and harness options).
 pub fn suites(toolchain: &str, image: &str, daemon: &Path, args: &[String], started: Instant) -> Result<()> {
-    // Root tests are #[ignore]d for plain `cargo test`; include them here.
+    // The root suites are built only with their feature (`ROOT_TESTS`).
     // One test at a time: the scenarios measure timing and share the kernel.
     // The suites drive the release daemon, the binary that ships.
     let mut cmd = cargo();
-    cmd.args(["test", "--workspace", "--all-targets", "--no-fail-fast", "--", "--include-ignored", "--test-threads=1"])
-        .args(args);
+    cmd.args([
+        "test",
+        "--workspace",
+        "--all-targets",
+        "--features",
+        ROOT_TESTS,
+        "--no-fail-fast",
+        "--",
+        "--test-threads=1",
+    ])
+    .args(args);
     let cmd = with_env(&mut cmd, toolchain, image, daemon);
     // cargo names the binaries on stderr, the harness the tests on stdout:
     // one pipe keeps them in order.
@@ -99,7 +108,7 @@ pub fn suites(toolchain: &str, image: &str, daemon: &Path, args: &[String], star
         let bin = workspace_root().join(binary);
         println!("test: running again, each on its own: {} {}", binary.display(), tests.join(" "));
         let mut again = Command::new(&bin);
-        again.args(["--include-ignored", "--test-threads=1", "--exact"]).args(tests).current_dir(package_dir(binary));
+        again.args(["--test-threads=1", "--exact"]).args(tests).current_dir(package_dir(binary));
         let ok = with_env(&mut again, toolchain, image, daemon)
             .status()
             .with_context(|| format!("running {} again", bin.display()))?

@@ -219,4 +219,42 @@ mod tests {
         }
         assert!(KERNELS.iter().any(|k| k.arch == Arch::Aarch64));
     }
+
+    /// One marker for the root suites: `observer/Cargo.toml` gives each the
+    /// feature `root-tests`, no test carries `#[ignore]`, and every suite a
+    /// guest runs (kernel behaviour, so root) is marked.
+    #[test]
+    fn root_suites_are_marked_once_in_the_manifest() {
+        let root = crate::workspace_root();
+        let manifest = std::fs::read_to_string(root.join("observer/Cargo.toml")).expect("observer/Cargo.toml");
+        let marked: Vec<&str> = manifest
+            .split("[[test]]")
+            .skip(1)
+            .filter(|t| t.contains("required-features = [\"root-tests\"]"))
+            .filter_map(|t| t.lines().find_map(|l| l.trim().strip_prefix("name = ")).map(|n| n.trim_matches('"')))
+            .collect();
+        assert!(manifest.contains("\nroot-tests = []"), "observer/Cargo.toml declares no feature root-tests");
+        assert_eq!(format!("observer/{}", "root-tests"), crate::ROOT_TESTS);
+        for k in KERNELS {
+            for s in k.suites {
+                assert!(marked.contains(s), "{s} runs in {} but is not marked root-tests", k.name);
+            }
+        }
+        for entry in std::fs::read_dir(root.join("observer/tests")).expect("observer/tests") {
+            let path = entry.expect("a test file").path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".rs")) else {
+                continue;
+            };
+            let text = std::fs::read_to_string(&path).expect("a suite");
+            assert!(!text.contains("#[ignore"), "{name}: a root test is marked by its suite's feature, not #[ignore]");
+            let needs_root = text.contains("Daemon::start") || text.contains("Netns::new") || text.contains("ip netns");
+            assert!(
+                !needs_root || marked.contains(&name),
+                "{name} starts a daemon or a namespace but is not marked root-tests"
+            );
+        }
+        for m in &marked {
+            assert!(root.join(format!("observer/tests/{m}.rs")).exists(), "{m} is marked but has no file");
+        }
+    }
 }

@@ -26,7 +26,7 @@ use std::{
 use anyhow::{bail, ensure, Context as _, Result};
 
 use super::{Arch, Kernel, HOST_ONLY};
-use crate::{apt_install, cargo, cross, output_ok, status, workspace_root};
+use crate::{apt_install, cargo, cross, output_ok, status, workspace_root, ROOT_TESTS};
 
 /// One suite in the guest longer than this is killed and failed (a hung
 /// test must not hang CI).
@@ -227,7 +227,7 @@ fn suite_binaries(k: &Kernel, toolchain: &str) -> Result<Vec<(String, PathBuf)>>
     let mut cmd = match k.arch {
         Arch::X86_64 => {
             let mut c = cargo();
-            c.args(["test", "--workspace", "--no-run", "--message-format=json"])
+            c.args(["test", "--workspace", "--features", ROOT_TESTS, "--no-run", "--message-format=json"])
                 .env("OBSERVER_EBPF_TOOLCHAIN", toolchain);
             c
         }
@@ -240,6 +240,8 @@ fn suite_binaries(k: &Kernel, toolchain: &str) -> Result<Vec<(String, PathBuf)>>
                 "--release",
                 "-p",
                 "observer",
+                "--features",
+                ROOT_TESTS,
                 "--no-run",
                 "--message-format=json",
                 "--target",
@@ -343,9 +345,9 @@ fn suite_script(
         // with the first failure's text, never silently.
         let _ = writeln!(
             script,
-            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 -Z unstable-options --report-time{skip} {filter} > {out}/{name}.log 2>&1; rc=$?\n\
+            "s=$(date +%s); timeout -k 10 {SUITE_TIMEOUT_S} {exe} --test-threads=1 -Z unstable-options --report-time{skip} {filter} > {out}/{name}.log 2>&1; rc=$?\n\
              if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ]; then f=$(sed -n 's/^test \\(.*\\) \\.\\.\\. FAILED.*/\\1/p' {out}/{name}.log); \
-             if [ -n \"$f\" ]; then timeout -k 10 {SUITE_TIMEOUT_S} {exe} --include-ignored --test-threads=1 -Z unstable-options --report-time --exact $f > {out}/{name}.retry.log 2>&1; echo $? > {out}/{name}.retry.rc; fi; fi\n\
+             if [ -n \"$f\" ]; then timeout -k 10 {SUITE_TIMEOUT_S} {exe} --test-threads=1 -Z unstable-options --report-time --exact $f > {out}/{name}.retry.log 2>&1; echo $? > {out}/{name}.retry.rc; fi; fi\n\
              echo \"$rc $(( $(date +%s) - s ))\" > {out}/{name}.rc",
             exe = exe.display(),
             out = guest_out.display()
