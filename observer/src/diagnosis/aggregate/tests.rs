@@ -1210,6 +1210,22 @@ fn feed_hands_on_the_evidence_and_the_restart_once() {
     assert_eq!(agg.feed(&e), Fed::default());
 }
 
+/// `flows` reuses of `d` interleaved in time at ages over [1, 5.5] s, a
+/// quarter on a path that forgets idle flows silently at 2 s and the rest
+/// on one at 4 s, then three local closes at 3 s (the pool's own timeout).
+fn two_silent_paths_and_a_pool(agg: &mut Aggregator, d: &str, flows: u32) {
+    let mut ts = 0.0;
+    for k in 0..flows {
+        let age = 1.0 + 4.5 * ((f64::from(k) * 0.618_034) % 1.0);
+        let timeout = if k % 4 == 0 { 2.0 } else { 4.0 };
+        ts += age;
+        agg.ingest(&reuse(ts, d, age, if age < timeout { Outcome::Ok } else { Outcome::TimedOut }));
+    }
+    for k in 0..3 {
+        agg.ingest(&ev(ts + 1.0 + f64::from(k), EventKind::LocalClose, d, 3.0 + f64::from(k) * 0.01));
+    }
+}
+
 /// Two paths that forget idle flows silently at 2 s and 4 s, a quarter of
 /// the flows on the shorter one, reuses interleaved in time at ages over
 /// [1, 5.5] s, and a pool whose own idle timeout (3 s) lies between them:
@@ -1219,16 +1235,7 @@ fn feed_hands_on_the_evidence_and_the_restart_once() {
 fn two_silent_paths_recommend_for_the_shorter() {
     let d = "10.0.0.8:7400";
     let mut agg = Aggregator::new(Config::default());
-    let mut ts = 0.0;
-    for k in 0..160 {
-        let age = 1.0 + 4.5 * ((f64::from(k) * 0.618_034) % 1.0);
-        let timeout = if k % 4 == 0 { 2.0 } else { 4.0 };
-        ts += age;
-        agg.ingest(&reuse(ts, d, age, if age < timeout { Outcome::Ok } else { Outcome::TimedOut }));
-    }
-    for k in 0..3 {
-        agg.ingest(&ev(ts + 1.0 + f64::from(k), EventKind::LocalClose, d, 3.0 + f64::from(k) * 0.01));
-    }
+    two_silent_paths_and_a_pool(&mut agg, d, 160);
     assert!(agg.take_changes().is_empty(), "the mix is no change of timeout");
     let rows = table(&mut agg);
     let r = row(&rows, d);
@@ -1270,16 +1277,7 @@ fn two_silent_paths_recommend_for_the_shorter() {
 fn two_silent_paths_without_a_lower_bound_keep_the_shorters_upper() {
     let d = "10.0.0.8:7401";
     let mut agg = Aggregator::new(Config::default());
-    let mut ts = 0.0;
-    for k in 0..80 {
-        let age = 1.0 + 4.5 * ((f64::from(k) * 0.618_034) % 1.0);
-        let timeout = if k % 4 == 0 { 2.0 } else { 4.0 };
-        ts += age;
-        agg.ingest(&reuse(ts, d, age, if age < timeout { Outcome::Ok } else { Outcome::TimedOut }));
-    }
-    for k in 0..3 {
-        agg.ingest(&ev(ts + 1.0 + f64::from(k), EventKind::LocalClose, d, 3.0 + f64::from(k) * 0.01));
-    }
+    two_silent_paths_and_a_pool(&mut agg, d, 80);
     let rows = table(&mut agg);
     let r = row(&rows, d);
     assert_eq!((r.judgement.verdict, r.failure_mode), (Verdict::Mismatch, FailureMode::SilentDrop), "{r:#?}");
