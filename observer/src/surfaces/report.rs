@@ -6,7 +6,7 @@
 //! This module holds the report's data and how it is built; `html`,
 //! `markdown` and `svg` render it.
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 mod card;
 mod document;
@@ -24,7 +24,8 @@ use crate::{
     diagnosis::evidence::Observation,
     diagnosis::key::{destination_of, DestKey, Netns, RowId},
     diagnosis::probed::ProbeEvidence,
-    diagnosis::table::{Select, SelectError},
+    diagnosis::table::{PathEstimate, Select, SelectError, Verdict},
+    diagnosis::verdict::Judgement,
     kernel::event::{EventKind, Role, SockEvent},
     surfaces::store::{ConnectionCount, ConnectionCounts, Record},
     units::fmt_secs,
@@ -58,12 +59,12 @@ pub struct Input {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Summary {
-    pub path_idle_timeout_seconds: Option<f64>,
-    pub path_idle_timeout_lower_seconds: f64,
-    pub path_idle_timeout_upper_seconds: Option<f64>,
-    pub lower_evidence: usize,
-    pub upper_evidence: usize,
-    pub point_evidence: usize,
+    /// The row's path estimate. The report's JSON gives six of it under
+    /// the names it was published with (`path_idle_timeout_seconds`, its
+    /// bounds, `lower_evidence`, `upper_evidence`, `point_evidence`); the
+    /// probe is the report's own `probe`.
+    #[serde(flatten, serialize_with = "published_path")]
+    pub path: PathEstimate,
     pub failure_mode: FailureMode,
     /// The failure mode in plain words.
     pub failure_mode_text: String,
@@ -107,11 +108,11 @@ pub struct OurSide {
     pub processes: Vec<String>,
     /// The processes with their container, pod or unit where known.
     pub owners: Vec<crate::diagnosis::table::ProcessOwner>,
-    pub verdict: String,
-    pub recommended_pool_idle_timeout_seconds: Option<f64>,
-    pub recommended_max_lifetime_seconds: Option<f64>,
-    pub safe_retry_rule: bool,
-    pub recommendation: String,
+    /// The row's verdict and fix. The report's JSON gives five of it
+    /// (`verdict`, the two recommended timeouts, `safe_retry_rule`,
+    /// `recommendation`), as published.
+    #[serde(flatten, serialize_with = "published_judgement")]
+    pub judgement: Judgement,
     /// The fix in the clients' own terms (see the row's `fix_settings`).
     pub fix_settings: Vec<crate::diagnosis::clients::FixSetting>,
     /// The protocols the connections' first bytes showed (`h2`, `http1`),
@@ -465,12 +466,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         window_start_unix_ns: mine.first().map_or(input.since_ns, |t| t.ev.ts_unix_ns),
         window_end_unix_ns: mine.last().map_or(input.until_ns, |t| t.ev.ts_unix_ns),
         summary: Summary {
-            path_idle_timeout_seconds: row.path.idle_timeout_seconds,
-            path_idle_timeout_lower_seconds: row.path.lower_seconds,
-            path_idle_timeout_upper_seconds: row.path.upper_seconds,
-            lower_evidence: row.path.lower_evidence,
-            upper_evidence: row.path.upper_evidence,
-            point_evidence: row.path.point_evidence,
+            path: row.path.clone(),
             failure_mode: row.failure_mode,
             failure_mode_text: text.clone(),
             first_failure_unix_ns: failures.first().map(|e| e.ts_unix_ns),
@@ -492,11 +488,7 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
             pool: row.pool.clone(),
             processes: row.processes.clone(),
             owners: row.owners.clone(),
-            verdict: row.judgement.verdict.as_str().to_owned(),
-            recommended_pool_idle_timeout_seconds: row.judgement.recommended_pool_idle_timeout_seconds,
-            recommended_max_lifetime_seconds: row.judgement.recommended_max_lifetime_seconds,
-            safe_retry_rule: row.judgement.safe_retry_rule,
-            recommendation: row.judgement.recommendation.clone(),
+            judgement: row.judgement.clone(),
             fix_settings: row.fix_settings.clone(),
             protocols: row.protocols.clone(),
         },
@@ -509,6 +501,51 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         probe: row.path.probe.clone(),
         probe_used: row.path.probe_used,
     })
+}
+
+/// The path estimate as `summary` publishes it (names fixed since the
+/// report's first JSON; the row's own names carry a `path_` prefix).
+fn published_path<S: Serializer>(p: &PathEstimate, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Published {
+        path_idle_timeout_seconds: Option<f64>,
+        path_idle_timeout_lower_seconds: f64,
+        path_idle_timeout_upper_seconds: Option<f64>,
+        lower_evidence: usize,
+        upper_evidence: usize,
+        point_evidence: usize,
+    }
+    Published {
+        path_idle_timeout_seconds: p.idle_timeout_seconds,
+        path_idle_timeout_lower_seconds: p.lower_seconds,
+        path_idle_timeout_upper_seconds: p.upper_seconds,
+        lower_evidence: p.lower_evidence,
+        upper_evidence: p.upper_evidence,
+        point_evidence: p.point_evidence,
+    }
+    .serialize(s)
+}
+
+/// The judgement as `our_side` publishes it: the client's verdict and fix
+/// (a report is a client row's, or a server row's without the server's
+/// own recommendation).
+fn published_judgement<S: Serializer>(j: &Judgement, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct Published<'a> {
+        verdict: Verdict,
+        recommended_pool_idle_timeout_seconds: Option<f64>,
+        recommended_max_lifetime_seconds: Option<f64>,
+        safe_retry_rule: bool,
+        recommendation: &'a str,
+    }
+    Published {
+        verdict: j.verdict,
+        recommended_pool_idle_timeout_seconds: j.recommended_pool_idle_timeout_seconds,
+        recommended_max_lifetime_seconds: j.recommended_max_lifetime_seconds,
+        safe_retry_rule: j.safe_retry_rule,
+        recommendation: &j.recommendation,
+    }
+    .serialize(s)
 }
 
 fn esc(s: &str) -> String {

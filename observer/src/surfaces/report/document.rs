@@ -136,18 +136,18 @@ pub(super) fn document(r: &Report) -> Document {
 
 fn summary(r: &Report) -> Section {
     let s = &r.summary;
-    let lower = fmt_secs(s.path_idle_timeout_lower_seconds);
-    let upper = opt_secs(s.path_idle_timeout_upper_seconds);
+    let lower = fmt_secs(s.path.lower_seconds);
+    let upper = opt_secs(s.path.upper_seconds);
     let facts = vec![
         fact(
             "Effective path idle timeout",
-            format!("{} (interval [{lower}, {upper}])", opt_secs(s.path_idle_timeout_seconds)),
+            format!("{} (interval [{lower}, {upper}])", opt_secs(s.path.idle_timeout_seconds)),
         ),
         fact(
             "Evidence",
             format!(
                 "{} reuses survived up to {lower}; {} observations failed from {upper}; {} peer closes in the point cluster",
-                s.lower_evidence, s.upper_evidence, s.point_evidence
+                s.path.lower_evidence, s.path.upper_evidence, s.path.point_evidence
             ),
         ),
         fact("Failure mode", s.failure_mode.as_str()),
@@ -174,15 +174,19 @@ fn our_side(r: &Report) -> Vec<Section> {
         fact("Longest idle age at which our pool reused a socket", opt_secs(o.pool.max_reuse_idle_seconds)),
         fact("Processes talking to the destination", o.process_labels().join(", ")),
         fact("Protocol", o.protocols_text()),
-        Fact { name: "Verdict".to_owned(), value: o.verdict.clone(), bad: o.verdict.ends_with("mismatch") },
+        Fact {
+            name: "Verdict".to_owned(),
+            value: o.judgement.verdict.as_str().to_owned(),
+            bad: o.judgement.verdict.is_mismatch(),
+        },
         fact(
             "Recommended pool idle timeout",
-            format!("{} (0.8 x the path's idle timeout)", opt_secs(o.recommended_pool_idle_timeout_seconds)),
+            format!("{} (0.8 x the path's idle timeout)", opt_secs(o.judgement.recommended_pool_idle_timeout_seconds)),
         ),
-        fact("Recommended maximum connection lifetime", opt_secs(o.recommended_max_lifetime_seconds)),
+        fact("Recommended maximum connection lifetime", opt_secs(o.judgement.recommended_max_lifetime_seconds)),
         fact(
             "Safe retry",
-            if o.safe_retry_rule {
+            if o.judgement.safe_retry_rule {
                 "retry once on a fresh connection only when no request byte reached a live peer (the peer's FIN arrived before the write: safe_to_retry)"
             } else {
                 "no retry rule: a stall or a reset after the write may have reached the server"
@@ -193,7 +197,7 @@ fn our_side(r: &Report) -> Vec<Section> {
         2,
         Some("our-side"),
         "Our side",
-        vec![Block::Facts(facts), Block::Para(o.recommendation.clone())],
+        vec![Block::Facts(facts), Block::Para(o.judgement.recommendation.clone())],
     )];
     if !o.fix_settings.is_empty() {
         let rows = o

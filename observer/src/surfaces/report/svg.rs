@@ -114,7 +114,7 @@ pub(super) fn probability_svg(r: &Report) -> String {
         })
         .collect();
     let max_x = r.failure_probability.last().map_or(1.0, |b| b.idle_to_seconds);
-    let t = r.summary.path_idle_timeout_seconds.or(r.summary.path_idle_timeout_upper_seconds);
+    let t = r.summary.path.idle_timeout_seconds.or(r.summary.path.upper_seconds);
     let marker = t.map(|t| (t / max_x, format!("path timeout {}", fmt_secs(t))));
     svg_bars(
         "Failure probability against idle age at reuse",

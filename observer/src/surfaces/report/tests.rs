@@ -19,9 +19,9 @@ fn summary_numbers_from_the_recording() {
     assert_eq!(r.role, "client");
     let s = &r.summary;
     assert_eq!(s.failure_mode, FailureMode::Fin);
-    let p = s.path_idle_timeout_seconds.expect("point from peer closes");
+    let p = s.path.idle_timeout_seconds.expect("point from peer closes");
     assert!((p - 2.0).abs() < 0.01, "point {p}");
-    assert!(s.path_idle_timeout_lower_seconds < 2.0 && s.path_idle_timeout_upper_seconds.is_some_and(|u| u > 1.98));
+    assert!(s.path.lower_seconds < 2.0 && s.path.upper_seconds.is_some_and(|u| u > 1.98));
     assert_eq!((s.reuses, s.failures), (20, 10));
     assert!(s.peer_idle_closes >= 10, "{}", s.peer_idle_closes);
     assert!(
@@ -30,10 +30,10 @@ fn summary_numbers_from_the_recording() {
         s.failure_mode_text
     );
     assert!(s.first_failure_unix_ns <= s.last_failure_unix_ns);
-    assert_eq!(r.our_side.verdict, "mismatch");
-    assert_eq!(r.our_side.recommended_pool_idle_timeout_seconds, Some(1.6));
-    assert_eq!(r.our_side.recommended_max_lifetime_seconds, Some(300.0));
-    assert!(r.our_side.safe_retry_rule);
+    assert_eq!(r.our_side.judgement.verdict, Verdict::Mismatch);
+    assert_eq!(r.our_side.judgement.recommended_pool_idle_timeout_seconds, Some(1.6));
+    assert_eq!(r.our_side.judgement.recommended_max_lifetime_seconds, Some(300.0));
+    assert!(r.our_side.judgement.safe_retry_rule);
     assert_eq!(r.our_side.processes, vec!["python3".to_owned()]);
 }
 
@@ -152,6 +152,62 @@ fn json_has_the_documented_fields() {
     for f in ["idle_from_seconds", "idle_to_seconds", "reuses", "failures", "probability"] {
         assert!(v["failure_probability"][0].get(f).is_some(), "missing failure_probability[].{f}");
     }
+}
+
+/// `summary` and `our_side` hold the row's path estimate and judgement
+/// whole, and publish exactly the keys the report has always had: none of
+/// the row's other fields (`path_outliers`, `evidence`, the server's
+/// recommendation) leaks in, none is renamed.
+#[test]
+fn summary_and_our_side_publish_exactly_their_keys() {
+    let r = fin_report();
+    let v = serde_json::to_value(&r).unwrap();
+    let keys =
+        |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
+    let want = |k: &[&str]| k.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(
+        keys(&v["summary"]),
+        want(&[
+            "path_idle_timeout_seconds",
+            "path_idle_timeout_lower_seconds",
+            "path_idle_timeout_upper_seconds",
+            "lower_evidence",
+            "upper_evidence",
+            "point_evidence",
+            "failure_mode",
+            "failure_mode_text",
+            "first_failure_unix_ns",
+            "last_failure_unix_ns",
+            "reuses",
+            "failures",
+            "failures_before_send",
+            "peer_idle_closes",
+            "discarded_dead",
+            "reset_from",
+            "reset_hops_closer",
+            "reset_sources",
+            "reset_text",
+        ])
+    );
+    assert_eq!(
+        keys(&v["our_side"]),
+        want(&[
+            "pool_idle_timeout_seconds",
+            "pool_max_reuse_idle_seconds",
+            "processes",
+            "owners",
+            "verdict",
+            "recommended_pool_idle_timeout_seconds",
+            "recommended_max_lifetime_seconds",
+            "safe_retry_rule",
+            "recommendation",
+            "fix_settings",
+            "protocols",
+        ])
+    );
+    assert_eq!(v["our_side"]["verdict"], "mismatch");
+    assert_eq!(v["summary"]["lower_evidence"], r.summary.path.lower_evidence);
+    assert_eq!(v["summary"]["path_idle_timeout_lower_seconds"], r.summary.path.lower_seconds);
 }
 
 #[test]
@@ -312,9 +368,13 @@ fn a_destination_only_a_probe_measured_has_a_report() {
     let r = build(&input).unwrap();
     assert!(r.probe_used);
     assert_eq!(r.summary.reuses, 0);
-    assert!((r.summary.path_idle_timeout_lower_seconds - 59.9).abs() < 1e-9);
-    assert_eq!(r.our_side.recommended_pool_idle_timeout_seconds, Some(47.92));
-    assert!(r.our_side.recommendation.contains("measured by observer probe"), "{}", r.our_side.recommendation);
+    assert!((r.summary.path.lower_seconds - 59.9).abs() < 1e-9);
+    assert_eq!(r.our_side.judgement.recommended_pool_idle_timeout_seconds, Some(47.92));
+    assert!(
+        r.our_side.judgement.recommendation.contains("measured by observer probe"),
+        "{}",
+        r.our_side.judgement.recommendation
+    );
 }
 
 /// One report model: every title, fact, table cell, paragraph and list
