@@ -19,7 +19,10 @@ use crate::{cargo, workspace_root, ROOT_TESTS};
 
 /// The environment every run of a suite gets.
 fn with_env<'a>(cmd: &'a mut Command, toolchain: &str, image: &str, daemon: &Path) -> &'a mut Command {
-    cmd.env("OBSERVER_EBPF_TOOLCHAIN", toolchain).env("OBSERVER_TEST_IMAGE", image).env("OBSERVER_BIN", daemon)
+    cmd.env("OBSERVER_EBPF_TOOLCHAIN", toolchain)
+        .env("OBSERVER_TEST_IMAGE", image)
+        .env("OBSERVER_BIN", daemon)
+        .env("PATH", crate::python_first(&std::env::var("PATH").unwrap_or_default()))
 }
 
 /// The failed tests of a `cargo test` run's output, by test binary: the
