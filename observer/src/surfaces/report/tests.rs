@@ -114,54 +114,10 @@ fn json_has_the_documented_fields() {
     ] {
         assert!(v.get(f).is_some(), "missing {f}");
     }
-    for f in [
-        "path_idle_timeout_seconds",
-        "path_idle_timeout_lower_seconds",
-        "path_idle_timeout_upper_seconds",
-        "lower_evidence",
-        "upper_evidence",
-        "point_evidence",
-        "failure_mode",
-        "failure_mode_text",
-        "first_failure_unix_ns",
-        "last_failure_unix_ns",
-        "reuses",
-        "failures",
-        "peer_idle_closes",
-    ] {
-        assert!(v["summary"].get(f).is_some(), "missing summary.{f}");
-    }
-    for f in [
-        "pool_idle_timeout_seconds",
-        "pool_max_reuse_idle_seconds",
-        "processes",
-        "owners",
-        "verdict",
-        "recommended_pool_idle_timeout_seconds",
-        "recommended_max_lifetime_seconds",
-        "safe_retry_rule",
-        "recommendation",
-    ] {
-        assert!(v["our_side"].get(f).is_some(), "missing our_side.{f}");
-    }
-    for f in
-        ["time_utc", "local", "remote", "process", "pid", "idle_seconds", "outcome", "retransmits", "safe_to_retry"]
-    {
-        assert!(v["samples"]["rows"][0].get(f).is_some(), "missing samples.rows[].{f}");
-    }
-    for f in ["idle_from_seconds", "idle_to_seconds", "reuses", "failures", "probability"] {
-        assert!(v["failure_probability"][0].get(f).is_some(), "missing failure_probability[].{f}");
-    }
-}
-
-/// `summary` and `our_side` hold the row's path estimate and judgement
-/// whole, and publish exactly the keys the report has always had: none of
-/// the row's other fields (`path_outliers`, `evidence`, the server's
-/// recommendation) leaks in, none is renamed.
-#[test]
-fn summary_and_our_side_publish_exactly_their_keys() {
-    let r = fin_report();
-    let v = serde_json::to_value(&r).unwrap();
+    // `summary` and `our_side` hold the row's path estimate and judgement
+    // whole and publish exactly these keys: none of the row's other fields
+    // (`path_outliers`, `evidence`, the server's recommendation) leaks in,
+    // none is renamed.
     let keys =
         |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
     let want = |k: &[&str]| k.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
@@ -205,7 +161,24 @@ fn summary_and_our_side_publish_exactly_their_keys() {
             "protocols",
         ])
     );
+    for f in
+        ["time_utc", "local", "remote", "process", "pid", "idle_seconds", "outcome", "retransmits", "safe_to_retry"]
+    {
+        assert!(v["samples"]["rows"][0].get(f).is_some(), "missing samples.rows[].{f}");
+    }
+    for f in ["idle_from_seconds", "idle_to_seconds", "reuses", "failures", "probability"] {
+        assert!(v["failure_probability"][0].get(f).is_some(), "missing failure_probability[].{f}");
+    }
+}
+
+/// The projections write the row's values: `summary`'s path keys and
+/// `our_side`'s verdict are the groups' own.
+#[test]
+fn the_published_keys_carry_the_groups_values() {
+    let r = fin_report();
+    let v = serde_json::to_value(&r).unwrap();
     assert_eq!(v["our_side"]["verdict"], "mismatch");
+    assert_eq!(v["our_side"]["recommended_pool_idle_timeout_seconds"], 1.6);
     assert_eq!(v["summary"]["lower_evidence"], r.summary.path.lower_evidence);
     assert_eq!(v["summary"]["path_idle_timeout_lower_seconds"], r.summary.path.lower_seconds);
 }
