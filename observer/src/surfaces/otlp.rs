@@ -257,7 +257,7 @@ impl Otlp {
         };
         let reader = PeriodicReader::builder(exporter).with_interval(settings.interval).build();
         let meters = SdkMeterProvider::builder().with_resource(resource.clone()).with_reader(reader).build();
-        register(&meters, declared, source);
+        register(&meters, declared, source, settings.interval);
         let logs = match &settings.logs_url {
             Some(url) => {
                 let exporter = {
@@ -383,10 +383,10 @@ use hyper::http as http_headers;
 
 /// One observable instrument per family, each reading the exposition of
 /// the current collection ([`Snapshots`]).
-fn register(meters: &SdkMeterProvider, declared: &str, source: Source) {
+fn register(meters: &SdkMeterProvider, declared: &str, source: Source, interval: Duration) {
     let meter = meters
         .meter_with_scope(InstrumentationScope::builder("observer").with_version(env!("CARGO_PKG_VERSION")).build());
-    let snapshots = Arc::new(Snapshots { source, last: Mutex::new(None) });
+    let snapshots = Arc::new(Snapshots::new(source, interval));
     for family in series::families(declared) {
         let (prom, s) = (family.prometheus.clone(), Arc::clone(&snapshots));
         match family.kind {
@@ -442,26 +442,42 @@ fn key_values(attributes: &[(String, Value)]) -> Vec<KeyValue> {
 }
 
 /// The exposition read once per collection: every instrument's callback
-/// of one collection runs within milliseconds, so a snapshot younger
-/// than a second is that collection's.
-struct Snapshots {
+/// of one collection runs within milliseconds, so a snapshot younger than
+/// `fresh` is that collection's. `fresh` stays under half the export
+/// interval: a snapshot kept a second once served the next collection at
+/// a 500 ms interval, and the first export after a collector came back
+/// carried the failures counter from before the outage (0, not 2).
+pub(super) struct Snapshots {
     source: Source,
+    fresh: Duration,
     last: Mutex<Option<(Instant, Arc<Snapshot>)>>,
 }
 
 impl Snapshots {
+    pub(super) fn new(source: Source, interval: Duration) -> Self {
+        Self { source, fresh: SNAPSHOT_FRESH.min(interval / 2), last: Mutex::new(None) }
+    }
+
     fn get(&self) -> Arc<Snapshot> {
+        self.get_at(Instant::now())
+    }
+
+    pub(super) fn get_at(&self, now: Instant) -> Arc<Snapshot> {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some((at, s)) = last.as_ref() {
-            if at.elapsed() < Duration::from_secs(1) {
+            if now.saturating_duration_since(*at) < self.fresh {
                 return Arc::clone(s);
             }
         }
         let snap = Arc::new(self.source.as_ref()().map_or_else(Snapshot::default, |body| Snapshot::read(&body)));
-        *last = Some((Instant::now(), Arc::clone(&snap)));
+        *last = Some((now, Arc::clone(&snap)));
         snap
     }
 }
+
+/// How long one collection's snapshot is kept at most: its callbacks run
+/// within milliseconds of each other.
+const SNAPSHOT_FRESH: Duration = Duration::from_millis(100);
 
 /// The metric exporter, run on the export runtime and counted.
 struct Counted {

@@ -3,7 +3,7 @@ use std::{collections::BTreeSet, time::Duration};
 use super::{
     parse_headers, resolve,
     series::{families, otel_name, Kind, Snapshot, Value},
-    Transport,
+    Snapshots, Source, Transport,
 };
 use crate::{
     diagnosis::aggregate::Config,
@@ -207,4 +207,34 @@ fn a_full_log_queue_drops_and_counts() {
     }
     assert_eq!(tally.logs_dropped.load(std::sync::atomic::Ordering::Relaxed), 6);
     assert_eq!(rx.try_iter().count(), 4, "the first four wait for the sender");
+}
+
+/// One collection reads the exposition once; the next reads it again,
+/// however short the export interval (a snapshot once outlived a 500 ms
+/// interval and the next export carried a counter from before).
+#[test]
+fn each_collection_reads_the_exposition_anew() {
+    use std::sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    };
+    use std::time::Instant;
+    let reads = Arc::new(AtomicU64::new(0));
+    let counter = Arc::clone(&reads);
+    let source: Source = Arc::new(move || {
+        let n = counter.fetch_add(1, Ordering::Relaxed);
+        Some(format!("# TYPE observer_x_total counter\nobserver_x_total {n}\n"))
+    });
+    let t0 = Instant::now();
+    let at = |ms: u64| t0 + Duration::from_millis(ms);
+    let default = Snapshots::new(Arc::clone(&source), Duration::from_mins(1));
+    default.get_at(at(0));
+    default.get_at(at(5));
+    assert_eq!(reads.load(Ordering::Relaxed), 1, "one collection's callbacks share one read");
+    default.get_at(at(150));
+    assert_eq!(reads.load(Ordering::Relaxed), 2, "a collection 150 ms later reads anew");
+    let fast = Snapshots::new(source, Duration::from_millis(40));
+    fast.get_at(at(0));
+    fast.get_at(at(25));
+    assert_eq!(reads.load(Ordering::Relaxed), 4, "at a 40 ms interval a snapshot lives under 20 ms");
 }
