@@ -77,7 +77,10 @@ pub const HOST_ONLY: &[(&str, &str, &str)] = &[
 /// 655 + 1,230 s, of which about 850 s are the arm64 cross-build and
 /// boot) went to 2,305 s against 1,420 + 1,160 s in run 17 with
 /// `multiplexed` (535 s) in 6.12: 3,815 s in all, against 3,619 s.
-/// `probe` (288 s in run 16) moves instead.
+/// `probe` (288 s in run 16) moves instead. Run 18, with the guests' TSC
+/// clock and the Python interpreter named directly (`guest.rs`,
+/// `python_first`): 6.1 1,842 s; 6.12 751 s then arm64 1,340 s; 3,385 s
+/// in all.
 const X86_61_SUITES: &[&str] = &["foundation", "hooks", "wire_truth", "dead_sockets", "multiplexed", "names"];
 const X86_612_SUITES: &[&str] = &["foundation", "owners", "servers", "prometheus", "diagnosis", "probe"];
 const ARM64_SUITES: &[&str] = &["foundation", "hooks"];
