@@ -34,13 +34,19 @@
 //! side of a step costs as much as a 1 % chance) and keeps it when it
 //! explains the evidence better by at least [`TWO_PATHS_GAIN`] nats and at
 //! least [`CLUSTER_MIN`] failures lie between the steps: more than a stray
-//! few. Survivals just below the shorter path's first failure may all have
-//! taken the longer path, so its lower bound steps back over as many of
-//! them as leave at most a [`LONG_RUN_CHANCE`] that all did, with the
-//! share taken at the low end of what the evidence supports (a share
-//! fitted from a few dozen flows runs high); for the same
-//! reason a failure below the step with no more survivals above it than
-//! such a run is the shorter path's first, not a stray. The interval
+//! few. Flows that survived just below the shorter path's first failure
+//! may all have taken the longer path, so its lower bound steps back over
+//! as many of them as leave at most a [`LONG_RUN_CHANCE`] that all did,
+//! with the share taken at the low end of what the evidence supports (a
+//! share fitted from a few dozen flows runs high); for the same reason a
+//! failure below the step with no more flows surviving above it than such
+//! a run is the shorter path's first, not a stray. These steps count
+//! flows (sockets), each at its longest survival, never reuses: a pooled
+//! connection keeps its path for life, so its many reuses are one draw,
+//! and a flow that survived past the first failure is the longer path's
+//! and says nothing of the shorter one's timeout; a flow that failed
+//! between the steps is the shorter path's, and its longest survival
+//! bounds that path from below by itself. The interval
 //! is then the shorter path's, the recommendation comes
 //! from it, and evidence between the steps is the mix, never a change of
 //! timeout. A single stray reset below many survivals costs the two-step
@@ -129,6 +135,16 @@ pub struct TwoPaths {
     /// Failures and survivals between the steps.
     pub mixed_failures: usize,
     pub mixed_survivals: usize,
+}
+
+/// One flow (socket) as [`two_paths`] counts it: a pooled connection
+/// keeps its path for life, so its reuses are one draw of a path.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FlowSurvival {
+    /// The longest idle age it survived silently.
+    pub survived: f64,
+    /// Its earliest failed reuse, if it failed.
+    pub failed: Option<f64>,
 }
 
 impl TwoPaths {
@@ -240,12 +256,16 @@ pub const MAX_SHORT_SHARE: f64 = 0.5;
 /// The shorter of two paths, when the evidence shows two (see the module
 /// doc): the minimum-misclassification interval of the shorter path with
 /// [`Interval::paths`] set, or None when one step explains it as well.
+/// `alive` and `dead` are the reuses' evidence, `flows` each socket's
+/// longest survival and first failure
+/// ([`crate::diagnosis::evidence::Evidence::flows`]): the lower bound
+/// rests on flows only, and is None with too few.
 #[must_use]
 #[allow(
     clippy::many_single_char_names,
     reason = "the staircase's names: m groups, steps at i and j, k survivals, n and f conversions"
 )]
-pub fn two_paths(alive: &[(f64, u64)], dead: &[f64]) -> Option<Interval> {
+pub fn two_paths(alive: &[(f64, u64)], dead: &[f64], flows: &[FlowSurvival]) -> Option<Interval> {
     // Groups of equal ages: (age, alive, dead), sorted; prefix sums.
     let pts = points(alive, dead);
     let mut groups: Vec<(f64, u64, u64)> = Vec::with_capacity(pts.len());
@@ -294,31 +314,40 @@ pub fn two_paths(alive: &[(f64, u64)], dead: &[f64]) -> Option<Interval> {
     let (a1, d1) = (a_pre[j] - a_pre[i], d_pre[j] - d_pre[i]);
     let n = |x: u64| usize::try_from(x).unwrap_or(usize::MAX);
     let share = f(d1) / f(a1 + d1);
-    // Survivals just below the shorter path's first failure may all have
-    // taken the longer path: k of them in a row do so with chance
+    // Flows that survived just below the shorter path's first failure may
+    // all have taken the longer path: k of them do so with chance
     // (1 - share)^k, k the smallest for which that chance is at most
-    // LONG_RUN_CHANCE. So a failure below the step with at most k
-    // survivals between it and the step is no stray but the shorter
+    // LONG_RUN_CHANCE. So a failure below the step with at most k flows
+    // surviving between it and the step is no stray but the shorter
     // path's first (CI once saw one at 2.276 s for a 2 s path, 12 longer-
     // path survivals above it, taken for a stray: the bound went past
-    // 2 s). The lower bound is the k-th largest survival below it.
+    // 2 s). The lower bound is the k-th largest flow's survival below it.
     let k = (LONG_RUN_CHANCE.ln() / (1.0 - share_lower(d1, a1 + d1).clamp(0.05, MAX_SHORT_SHARE)).ln()).ceil();
+    // Counted in flows, not reuses: a pooled connection's survivals all
+    // took its one path, and one that survived past an age holds that
+    // path's timeout above it (CI once saw a 2 s path bounded below at
+    // 2.185 s by the 4 s path's few connections, reused again and again
+    // between 2 and 2.6 s). A flow that failed between the steps is the
+    // shorter path's (the longer one holds there; a stray is as rare as
+    // the run's chance), so its survival bounds that path alone.
+    let long_upper = groups.get(j).map_or(f64::INFINITY, |g| g.0);
+    let known_short = |fl: &FlowSurvival| fl.failed.is_some_and(|f| f >= groups[i].0 && f < long_upper);
     let mut first = i;
-    let mut between = 0.0;
-    for g in (0..i).rev() {
-        if groups[g].2 > 0 {
-            if between > k {
-                break;
-            }
-            first = g;
-            between = 0.0;
+    for g in (0..i).rev().filter(|&g| groups[g].2 > 0) {
+        let (lo, hi) = (groups[g].0, groups[first].0);
+        let above: Vec<&FlowSurvival> = flows.iter().filter(|fl| fl.survived > lo && fl.survived < hi).collect();
+        #[allow(clippy::cast_precision_loss, reason = "at most MAX_FLOWS flows")]
+        if above.iter().any(|fl| known_short(fl)) || above.len() as f64 > k {
+            break;
         }
-        between += f(groups[g].1);
+        first = g;
     }
-    let mut seen = 0.0;
-    let short_lower = groups[..first].iter().rev().find_map(|g| {
-        seen += f(g.1);
-        (g.1 > 0 && seen >= k).then_some(g.0)
+    let mut below: Vec<&FlowSurvival> = flows.iter().filter(|fl| fl.survived < groups[first].0).collect();
+    below.sort_by(|a, b| b.survived.total_cmp(&a.survived));
+    let mut draws = 0.0;
+    let short_lower = below.iter().find_map(|fl| {
+        draws += 1.0;
+        (known_short(fl) || draws >= k).then_some(fl.survived)
     });
     let paths = TwoPaths {
         short_lower,

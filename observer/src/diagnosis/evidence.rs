@@ -12,6 +12,9 @@
 //!   were really observed;
 //! - our idle closes, request deadlines and late reuses are kept with their
 //!   times up to [`MAX_TIMED`] each;
+//! - each socket's longest silent survival, up to [`MAX_FLOWS`] sockets
+//!   (the least recently surviving leaves first): survivals of one flow
+//!   are one draw of a path, which telling two paths apart needs;
 //! - counts (reuses, failures, peer closes, restarts, idle-age buckets) are
 //!   counters per slice and per minute, so they are exact and never evicted.
 //!
@@ -31,7 +34,7 @@ mod resets;
 mod window;
 
 pub use resets::{ResetBy, ResetCounts, PATH_HOPS};
-use window::{Bin, Minute, Slice, Timed};
+use window::{Bin, Flow, Minute, Slice, Timed};
 pub use window::{Counts, Dead, Evidence};
 
 /// Time slices of the window.
@@ -43,6 +46,8 @@ pub const MAX_SLICES: usize = SLICES + 4;
 pub const MAX_BINS_PER_SLICE: usize = 64;
 /// Dead observations (failed reuses, peer idle closes) kept exactly.
 pub const MAX_DEAD: usize = 512;
+/// Sockets whose longest silent survival is kept (see [`Evidence::flows`]).
+pub const MAX_FLOWS: usize = 256;
 /// Timed observations kept per kind (our idle closes, request deadlines,
 /// late reuses).
 pub const MAX_TIMED: usize = 128;
@@ -59,7 +64,8 @@ const TIMED_KINDS: usize = 4;
 pub const MAX_BYTES: usize = MAX_SLICES * (size_of::<Slice>() + MAX_BINS_PER_SLICE * size_of::<Bin>())
     + MAX_DEAD * size_of::<Dead>()
     + TIMED_KINDS * MAX_TIMED * size_of::<Timed>()
-    + 64 * size_of::<Minute>();
+    + 64 * size_of::<Minute>()
+    + MAX_FLOWS * size_of::<Flow>();
 
 /// One observation, as the estimates see it.
 #[derive(Debug, Clone, Copy, PartialEq)]

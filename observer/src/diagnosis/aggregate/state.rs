@@ -102,7 +102,7 @@ fn one_or_two_paths(ev: &Evidence, alive: &[(f64, u64)], dead: &[f64], refreshed
     if refreshed || one.outliers < estimate::CLUSTER_MIN {
         return one;
     }
-    let Some(two) = estimate::two_paths(alive, dead) else { return one };
+    let Some(two) = estimate::two_paths(alive, dead, &ev.flows()) else { return one };
     let Some(p) = two.paths else { return one };
     let hi = p.long_upper.unwrap_or(f64::INFINITY);
     let first_failure = ev.dead().filter(|d| d.idle >= p.short_upper && d.idle < hi).map(|d| d.ts_ns).min();

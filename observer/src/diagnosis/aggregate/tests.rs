@@ -1351,3 +1351,74 @@ fn resets_never_told_give_no_source() {
     assert!(quiet.resets.from.is_none() && quiet.resets.sources.is_empty(), "{quiet:?}");
     assert_eq!(quiet.resets_in_words(), None);
 }
+
+/// The live test's clients as the daemon sees them: six pooled
+/// connections reused after random ages over [1, 5.5] s, each keeping its
+/// path (2 s or 4 s, half each, drawn per connection) until a reuse
+/// stalls, then a new connection. Over 300 seeded runs the row's interval
+/// holds the shorter path's 2 s in all but 1 %, although in some of them
+/// the same reuses counted one draw each lift the bound past 2 s (the
+/// longer path's connections reused again and again between 2 and 2.6 s:
+/// a CI run on the host bounded 2 s below at 2.185 s so).
+#[test]
+fn pooled_connections_on_two_silent_paths_are_counted_as_flows() {
+    let d = "10.0.0.8:7402";
+    let (mut missed, mut lifted_by_reuses, mut bounded) = (0, 0, 0);
+    for seed in 0..300u64 {
+        let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        let mut next = || {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            #[allow(clippy::cast_precision_loss, reason = "53 bits")]
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            u
+        };
+        let mut agg = Aggregator::new(Config::default());
+        let mut sock = 5_000_000 + seed * 1000;
+        let mut conns: Vec<(f64, u64)> = Vec::new();
+        for _ in 0..6 {
+            sock += 1;
+            conns.push((if next() < 0.5 { 2.0 } else { 4.0 }, sock));
+        }
+        let (mut alive, mut dead) = (Vec::new(), Vec::new());
+        let mut ts = 0.0;
+        for k in 0..84 {
+            let age = 1.0 + 4.5 * next();
+            ts += age;
+            let c = &mut conns[k % 6];
+            let ok = age < c.0;
+            let mut e = reuse(ts, d, age, if ok { Outcome::Ok } else { Outcome::TimedOut });
+            e.sock_id = c.1;
+            agg.ingest(&e);
+            if ok {
+                alive.push((age, 1));
+            } else {
+                dead.push(age);
+                sock += 1;
+                *c = (if next() < 0.5 { 2.0 } else { 4.0 }, sock);
+            }
+        }
+        let per_reuse: Vec<estimate::FlowSurvival> =
+            alive.iter().map(|&(a, _)| estimate::FlowSurvival { survived: a, failed: None }).collect();
+        if estimate::two_paths(&alive, &dead, &per_reuse).is_some_and(|i| i.lower.is_some_and(|l| l >= 2.0)) {
+            lifted_by_reuses += 1;
+        }
+        let rows = table(&mut agg);
+        let r = row(&rows, d);
+        if r.path.mixed_paths.len() == 2 {
+            let holds = r.path.lower_seconds < 2.0 && r.path.upper_seconds.is_some_and(|u| u >= 2.0);
+            missed += usize::from(!holds);
+            bounded += usize::from(r.judgement.recommended_pool_idle_timeout_seconds.is_some());
+            assert!(
+                r.judgement.recommended_pool_idle_timeout_seconds.is_none_or(|rec| rec < 0.8 * 2.0) || !holds,
+                "{r:#?}"
+            );
+        } else {
+            missed += usize::from(r.path.lower_seconds >= 2.0);
+        }
+    }
+    eprintln!(
+        "MEASURED 300 pooled runs: the row missed 2 s in {missed}, advised a number in {bounded}; counted in reuses the bound passed 2 s in {lifted_by_reuses}"
+    );
+    assert!(missed <= 3, "missed {missed} of 300");
+    assert!(lifted_by_reuses > missed, "reuses {lifted_by_reuses}, rows {missed}");
+}

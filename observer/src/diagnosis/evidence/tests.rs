@@ -130,7 +130,55 @@ fn restart_failures_are_counted_not_kept() {
     assert_eq!((e.counts().failures, e.counts().restart_failures), (2, 2));
 }
 
-/// The bound per destination stays under 72 KiB (64 KiB until survivals
+/// The bound per destination stays under 80 KiB (64 KiB until survivals
 /// carried the time of their bin's last one, which tells two paths from
-/// a change of timeout).
-const _: () = assert!(MAX_BYTES < 72 * 1024);
+/// a change of timeout; 72 KiB until each flow's longest survival was
+/// kept, which two paths' lower bound counts).
+const _: () = assert!(MAX_BYTES < 80 * 1024);
+
+fn failed(idle: f64) -> Observation {
+    Observation::Reuse {
+        idle,
+        failed: Some(FailureMode::SilentDrop),
+        refreshed: false,
+        after_stall: false,
+        after_goodbye: false,
+        ping: false,
+    }
+}
+
+/// Each socket is one flow at its longest silent survival, with its
+/// earliest failed reuse; a keep-alive refreshed reuse counts at its first
+/// answered probe's age; a new epoch starts every flow anew; the window
+/// and the cap bound the table.
+#[test]
+fn flows_keep_each_sockets_longest_survival() {
+    let mut e = Evidence::new(120 * S);
+    for (t, idle) in [(0, 1.0), (5, 3.0), (10, 2.0)] {
+        e.add(&at(t, 1, ok(idle)), false);
+    }
+    e.add(&at(11, 2, ok(1.5)), false);
+    e.add(&at(14, 2, failed(2.5)), false);
+    let mut refreshed = at(15, 3, ok(40.0));
+    refreshed.what =
+        Observation::Reuse { idle: 40.0, failed: None, refreshed: true, after_stall: false, after_goodbye: false, ping: false };
+    refreshed.keepalive_idle = 7.0;
+    e.add(&refreshed, false);
+    let mut flows = e.flows();
+    flows.sort_by(|a, b| a.survived.total_cmp(&b.survived));
+    let want = [(1.5, Some(2.5)), (3.0, None), (7.0, None)];
+    assert_eq!(flows.iter().map(|f| (f.survived, f.failed)).collect::<Vec<_>>(), want);
+    e.new_epoch(1_700_000_000 * S + 20 * S);
+    assert!(e.flows().is_empty(), "{:?}", e.flows());
+    e.add(&at(21, 1, ok(0.5)), false);
+    assert_eq!(e.flows().iter().map(|f| f.survived).collect::<Vec<_>>(), [0.5]);
+    e.expire(1_700_000_000 * S + 200 * S);
+    assert!(e.flows.is_empty());
+    for k in 0..(3 * MAX_FLOWS as u64) {
+        e.add(&at(300 + k, 100 + k, ok(1.0)), false);
+    }
+    assert_eq!(e.flows().len(), MAX_FLOWS);
+    // The least recently surviving left: the newest sockets remain.
+    assert!(e.flows.iter().all(|f| f.sock_id >= 100 + 2 * MAX_FLOWS as u64), "{:?}", &e.flows[..4]);
+    assert!(e.bytes() <= MAX_BYTES, "{} > {MAX_BYTES}", e.bytes());
+}

@@ -2,13 +2,13 @@
 //! (binned survivals, exact deaths, timed values, per-minute counts) in
 //! time slices, bounded, and the queries the estimators make of it.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 
 use super::{
-    resets::ResetCounts, secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE, MAX_DEAD, MAX_SLICES,
-    MAX_TIMED, MINUTE_NS, N_BUCKETS, SLICES,
+    resets::ResetCounts, secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE, MAX_DEAD, MAX_FLOWS,
+    MAX_SLICES, MAX_TIMED, MINUTE_NS, N_BUCKETS, SLICES,
 };
-use crate::diagnosis::table::FailureMode;
+use crate::diagnosis::{estimate::FlowSurvival, table::FailureMode};
 
 /// A failed reuse or a peer idle close, kept exactly.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,6 +23,21 @@ pub struct Dead {
     /// candidate); a failed reuse or a keep-alive death only bounds it.
     pub close: bool,
     pub epoch: u32,
+}
+
+/// One socket's silent survivals, reduced to the longest: a flow takes one
+/// path for its life (ECMP and NAT hash its ports), so its survivals are
+/// one draw of a path, however many there are, and a flow that survived
+/// an age is on a path that holds past it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Flow {
+    pub(crate) sock_id: u64,
+    /// The longest idle age it survived silently (current epoch).
+    pub(crate) max_idle: f64,
+    /// Its last survival: the least recent leaves first when the table is
+    /// full, and the flow leaves the window with it.
+    pub(crate) last_ns: u64,
+    pub(crate) epoch: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -221,6 +236,8 @@ pub struct Evidence {
     pub(crate) timeouts: VecDeque<Timed>,
     pub(crate) late: VecDeque<Timed>,
     pub(crate) minutes: VecDeque<Minute>,
+    /// Sockets' longest silent survivals, up to [`MAX_FLOWS`].
+    pub(crate) flows: Vec<Flow>,
     pub(crate) epoch: u32,
     pub(crate) split: bool,
 }
@@ -245,6 +262,7 @@ impl Evidence {
             timeouts: VecDeque::new(),
             late: VecDeque::new(),
             minutes: VecDeque::new(),
+            flows: Vec::new(),
             epoch: 0,
             split: false,
         }
@@ -285,6 +303,15 @@ impl Evidence {
     )]
     pub fn add(&mut self, o: &Observed, explained: bool) {
         let epoch = self.epoch;
+        // The silent age a survival proves: the reuse's, or (refreshed by
+        // keep-alive) its first answered probe's.
+        if let Observation::Reuse { idle, failed: None, refreshed, .. } = o.what {
+            let probe = f64::from(o.keepalive_idle);
+            let silent = if refreshed { (probe > 0.0 && probe < idle).then_some(probe) } else { Some(idle) };
+            if let Some(age) = silent {
+                self.flow_survived(o.sock_id, age, o.ts_ns);
+            }
+        }
         let s = self.slice(o.ts_ns);
         if o.keepalive {
             s.counts.keepalive += 1;
@@ -365,6 +392,25 @@ impl Evidence {
         }
     }
 
+    /// A socket survived `idle` s silently: its flow's longest survival
+    /// grows. Past [`MAX_FLOWS`] sockets the least recently surviving one
+    /// leaves (should it survive again, it comes back as a new flow).
+    fn flow_survived(&mut self, sock_id: u64, idle: f64, ts_ns: u64) {
+        let epoch = self.epoch;
+        if let Some(f) = self.flows.iter_mut().find(|f| f.sock_id == sock_id) {
+            f.max_idle = if f.epoch == epoch { f.max_idle.max(idle) } else { idle };
+            f.last_ns = f.last_ns.max(ts_ns);
+            f.epoch = epoch;
+            return;
+        }
+        let flow = Flow { sock_id, max_idle: idle, last_ns: ts_ns, epoch };
+        if self.flows.len() < MAX_FLOWS {
+            self.flows.push(flow);
+        } else if let Some(oldest) = self.flows.iter_mut().min_by_key(|f| f.last_ns) {
+            *oldest = flow;
+        }
+    }
+
     /// Count a peer restart at `ts_ns`.
     pub fn add_restart(&mut self, ts_ns: u64) {
         self.slice(ts_ns).counts.restarts += 1;
@@ -412,6 +458,7 @@ impl Evidence {
                 q.pop_front();
             }
         }
+        self.flows.retain(|f| !old(f.last_ns));
         let hour_ago = (now_ns / MINUTE_NS).saturating_sub(60);
         while self.minutes.front().is_some_and(|m| m.index < hour_ago) {
             self.minutes.pop_front();
@@ -445,6 +492,22 @@ impl Evidence {
             }
         }
         out
+    }
+
+    /// Each socket's longest silent survival and earliest kept failed
+    /// reuse (current epoch, window): one per flow, where [`Self::alive`]
+    /// gives one per reuse.
+    #[must_use]
+    pub fn flows(&self) -> Vec<FlowSurvival> {
+        let mut failed: HashMap<u64, f64> = HashMap::new();
+        for d in self.dead().filter(|d| d.reuse) {
+            failed.entry(d.sock_id).and_modify(|f| *f = f.min(d.idle)).or_insert(d.idle);
+        }
+        self.flows
+            .iter()
+            .filter(|f| f.epoch == self.epoch)
+            .map(|f| FlowSurvival { survived: f.max_idle, failed: failed.get(&f.sock_id).copied() })
+            .collect()
     }
 
     /// Did a reuse survive at an idle age in `[lo, hi)` after `ts_ns`
@@ -566,5 +629,6 @@ impl Evidence {
             + (self.local_closes.capacity() + self.aborted.capacity() + self.timeouts.capacity() + self.late.capacity())
                 * size_of::<Timed>()
             + self.minutes.capacity() * size_of::<Minute>()
+            + self.flows.capacity() * size_of::<Flow>()
     }
 }
