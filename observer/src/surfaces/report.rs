@@ -6,7 +6,7 @@
 //! This module holds the report's data and how it is built; `html`,
 //! `markdown` and `svg` render it.
 
-use serde::{Serialize, Serializer};
+use serde::{ser::SerializeStruct, Serialize, Serializer};
 
 mod card;
 mod document;
@@ -182,8 +182,10 @@ pub struct Question {
     pub what_we_measured: String,
 }
 
-/// The report (its JSON form is the `--format json` interface).
-#[derive(Debug, Clone, Serialize)]
+/// The report (its JSON form is the `--format json` interface: written by
+/// hand below, so that the top-level `probe` and `probe_used` it has
+/// always published are read from `summary.path`, which holds them).
+#[derive(Debug, Clone)]
 pub struct Report {
     pub destination: String,
     /// What the report is headed by: the name clients used most and the
@@ -207,15 +209,46 @@ pub struct Report {
     pub samples: Samples,
     pub questions: Vec<Question>,
     pub changes: Vec<Change>,
-    /// The latest `observer probe` of the row in the window (null: none),
-    /// and whether the estimate rests on it.
-    pub probe: Option<ProbeEvidence>,
-    pub probe_used: bool,
     /// Further findings as `(what, value)` lines: the verdict's evidence,
     /// restarts, mixed paths, the lower bound's basis, observed deadlines
     /// and, for a server, its clients' behaviour.
-    #[serde(default)]
     pub findings: Vec<(String, String)>,
+}
+
+impl Report {
+    /// The latest `observer probe` of the row in the window (None: none).
+    #[must_use]
+    pub fn probe(&self) -> Option<&ProbeEvidence> {
+        self.summary.path.probe.as_ref()
+    }
+}
+
+impl Serialize for Report {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_struct("Report", 20)?;
+        m.serialize_field("destination", &self.destination)?;
+        m.serialize_field("headline", &self.headline)?;
+        m.serialize_field("server_names", &self.server_names)?;
+        m.serialize_field("role", &self.role)?;
+        m.serialize_field("netns", &self.netns)?;
+        m.serialize_field("generated_unix_ns", &self.generated_unix_ns)?;
+        m.serialize_field("window_start_unix_ns", &self.window_start_unix_ns)?;
+        m.serialize_field("window_end_unix_ns", &self.window_end_unix_ns)?;
+        m.serialize_field("summary", &self.summary)?;
+        m.serialize_field("partner_card", &self.partner_card)?;
+        m.serialize_field("our_side", &self.our_side)?;
+        m.serialize_field("failure_probability", &self.failure_probability)?;
+        m.serialize_field("timeline", &self.timeline)?;
+        m.serialize_field("samples", &self.samples)?;
+        m.serialize_field("questions", &self.questions)?;
+        m.serialize_field("changes", &self.changes)?;
+        // Published at the top level since the probe came (the row's
+        // `path` group holds them).
+        m.serialize_field("probe", &self.summary.path.probe)?;
+        m.serialize_field("probe_used", &self.summary.path.probe_used)?;
+        m.serialize_field("findings", &self.findings)?;
+        m.end()
+    }
 }
 
 /// Nothing to report, or no single row to report on.
@@ -498,8 +531,6 @@ pub fn build(input: &Input) -> Result<Report, NoEvidence> {
         questions: questions(&row, &text),
         changes,
         findings: findings(&row),
-        probe: row.path.probe.clone(),
-        probe_used: row.path.probe_used,
     })
 }
 

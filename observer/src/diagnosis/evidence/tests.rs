@@ -160,8 +160,14 @@ fn flows_keep_each_sockets_longest_survival() {
     e.add(&at(11, 2, ok(1.5)), false);
     e.add(&at(14, 2, failed(2.5)), false);
     let mut refreshed = at(15, 3, ok(40.0));
-    refreshed.what =
-        Observation::Reuse { idle: 40.0, failed: None, refreshed: true, after_stall: false, after_goodbye: false, ping: false };
+    refreshed.what = Observation::Reuse {
+        idle: 40.0,
+        failed: None,
+        refreshed: true,
+        after_stall: false,
+        after_goodbye: false,
+        ping: false,
+    };
     refreshed.keepalive_idle = 7.0;
     e.add(&refreshed, false);
     let mut flows = e.flows();

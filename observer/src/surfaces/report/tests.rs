@@ -98,29 +98,39 @@ fn markdown_has_the_same_content_with_tables() {
 #[test]
 fn json_has_the_documented_fields() {
     let v = serde_json::to_value(fin_report()).unwrap();
-    for f in [
-        "destination",
-        "role",
-        "generated_unix_ns",
-        "window_start_unix_ns",
-        "window_end_unix_ns",
-        "summary",
-        "our_side",
-        "failure_probability",
-        "timeline",
-        "samples",
-        "questions",
-        "changes",
-    ] {
-        assert!(v.get(f).is_some(), "missing {f}");
-    }
+    let keys =
+        |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
+    let want = |k: &[&str]| k.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
+    // The top level, exactly: `probe` and `probe_used` are written from
+    // `summary.path`, which holds them.
+    assert_eq!(
+        keys(&v),
+        want(&[
+            "destination",
+            "headline",
+            "server_names",
+            "role",
+            "netns",
+            "generated_unix_ns",
+            "window_start_unix_ns",
+            "window_end_unix_ns",
+            "summary",
+            "partner_card",
+            "our_side",
+            "failure_probability",
+            "timeline",
+            "samples",
+            "questions",
+            "changes",
+            "probe",
+            "probe_used",
+            "findings",
+        ])
+    );
     // `summary` and `our_side` hold the row's path estimate and judgement
     // whole and publish exactly these keys: none of the row's other fields
     // (`path_outliers`, `evidence`, the server's recommendation) leaks in,
     // none is renamed.
-    let keys =
-        |o: &serde_json::Value| o.as_object().unwrap().keys().cloned().collect::<std::collections::BTreeSet<_>>();
-    let want = |k: &[&str]| k.iter().map(|s| (*s).to_owned()).collect::<std::collections::BTreeSet<_>>();
     assert_eq!(
         keys(&v["summary"]),
         want(&[
@@ -303,7 +313,7 @@ fn probe_evidence_is_shown_labelled_beside_the_passive_evidence() {
     probe.id.netns = fin_report().netns;
     input.probes = vec![probe];
     let r = build(&input).unwrap();
-    let p = r.probe.as_ref().expect("the probe is in the report");
+    let p = r.probe().expect("the probe is in the report");
     assert_eq!(p.how, crate::diagnosis::table::FailureMode::Fin);
     let line = r.findings.iter().find(|(k, _)| k == "Measured by observer probe").expect("a labelled line");
     assert!(
@@ -320,7 +330,7 @@ fn probe_evidence_is_shown_labelled_beside_the_passive_evidence() {
     // The passive evidence is untouched: the same reuses and failures.
     let plain = fin_report();
     assert_eq!((r.summary.reuses, r.summary.failures), (plain.summary.reuses, plain.summary.failures));
-    assert!(plain.probe.is_none() && !plain.findings.iter().any(|(k, _)| k == "Measured by observer probe"));
+    assert!(plain.probe().is_none() && !plain.findings.iter().any(|(k, _)| k == "Measured by observer probe"));
 }
 
 #[test]
@@ -339,7 +349,7 @@ fn a_destination_only_a_probe_measured_has_a_report() {
         host_netns: 0,
     };
     let r = build(&input).unwrap();
-    assert!(r.probe_used);
+    assert!(r.summary.path.probe_used);
     assert_eq!(r.summary.reuses, 0);
     assert!((r.summary.path.lower_seconds - 59.9).abs() < 1e-9);
     assert_eq!(r.our_side.judgement.recommended_pool_idle_timeout_seconds, Some(47.92));
