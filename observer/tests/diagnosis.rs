@@ -41,10 +41,15 @@ fn row<'a>(rows: &'a [DestinationRow], dest: &str) -> Result<&'a DestinationRow>
 const PRECISION: f64 = 0.020;
 
 /// The diagnosis for a destination whose path times out at `t` seconds.
+/// The upper bound is a close or failure the hop's timer caused, seen early
+/// only by as much as our client read its last answer late (the idle clock
+/// starts at the read), which the time slack widens as it does for
+/// `common::fired` (a 6.12 guest under CI's load saw nginx's 2 s close at
+/// 1.973 s).
 fn check_mismatch(r: &DestinationRow, t: f64, mode: FailureMode) {
     let upper = r.path.upper_seconds.expect("an upper bound");
     assert!(
-        r.path.lower_seconds - PRECISION <= t && t <= upper + PRECISION,
+        r.path.lower_seconds - PRECISION <= t && t <= upper + common::tolerance(PRECISION),
         "interval [{}, {upper}] excludes {t}",
         r.path.lower_seconds
     );
