@@ -444,9 +444,8 @@ fn key_values(attributes: &[(String, Value)]) -> Vec<KeyValue> {
 /// The exposition read once per collection: every instrument's callback
 /// of one collection runs within milliseconds, so a snapshot younger than
 /// `fresh` is that collection's. `fresh` stays under half the export
-/// interval: a snapshot kept a second once served the next collection at
-/// a 500 ms interval, and the first export after a collector came back
-/// carried the failures counter from before the outage (0, not 2).
+/// interval: a snapshot kept a second served the next collection too at a
+/// 500 ms interval, which then exported values a collection old.
 pub(super) struct Snapshots {
     source: Source,
     fresh: Duration,
