@@ -335,9 +335,9 @@ pub fn two_paths(alive: &[(f64, u64)], dead: &[f64], flows: &[FlowSurvival]) -> 
     let mut first = i;
     for g in (0..i).rev().filter(|&g| groups[g].2 > 0) {
         let (lo, hi) = (groups[g].0, groups[first].0);
-        let above: Vec<&FlowSurvival> = flows.iter().filter(|fl| fl.survived > lo && fl.survived < hi).collect();
+        let above = || flows.iter().filter(|fl| fl.survived > lo && fl.survived < hi);
         #[allow(clippy::cast_precision_loss, reason = "at most MAX_FLOWS flows")]
-        if above.iter().any(|fl| known_short(fl)) || above.len() as f64 > k {
+        if above().any(known_short) || above().count() as f64 > k {
             break;
         }
         first = g;

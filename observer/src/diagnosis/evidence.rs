@@ -30,11 +30,13 @@ use crate::{
     kernel::event::{Body, How, Outcome, PeerClose, Reuse, SockEvent},
 };
 
+mod flows;
 mod resets;
 mod window;
 
+use flows::Flow;
 pub use resets::{ResetBy, ResetCounts, PATH_HOPS};
-use window::{Bin, Flow, Minute, Slice, Timed};
+use window::{Bin, Minute, Slice, Timed};
 pub use window::{Counts, Dead, Evidence};
 
 /// Time slices of the window.

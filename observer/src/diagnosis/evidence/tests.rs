@@ -179,12 +179,13 @@ fn flows_keep_each_sockets_longest_survival() {
     e.add(&at(21, 1, ok(0.5)), false);
     assert_eq!(e.flows().iter().map(|f| f.survived).collect::<Vec<_>>(), [0.5]);
     e.expire(1_700_000_000 * S + 200 * S);
-    assert!(e.flows.is_empty());
+    assert!(e.flow_table.entries.is_empty());
     for k in 0..(3 * MAX_FLOWS as u64) {
         e.add(&at(300 + k, 100 + k, ok(1.0)), false);
     }
     assert_eq!(e.flows().len(), MAX_FLOWS);
     // The least recently surviving left: the newest sockets remain.
-    assert!(e.flows.iter().all(|f| f.sock_id >= 100 + 2 * MAX_FLOWS as u64), "{:?}", &e.flows[..4]);
+    let kept = &e.flow_table.entries;
+    assert!(kept.iter().all(|f| f.sock_id >= 100 + 2 * MAX_FLOWS as u64), "{:?}", &kept[..4]);
     assert!(e.bytes() <= MAX_BYTES, "{} > {MAX_BYTES}", e.bytes());
 }

@@ -5,8 +5,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use super::{
-    resets::ResetCounts, secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE, MAX_DEAD, MAX_FLOWS,
-    MAX_SLICES, MAX_TIMED, MINUTE_NS, N_BUCKETS, SLICES,
+    flows::FlowTable, resets::ResetCounts, secs_to_ns, Observation, Observed, IDLE_BUCKETS, MAX_BINS_PER_SLICE,
+    MAX_DEAD, MAX_SLICES, MAX_TIMED, MINUTE_NS, N_BUCKETS, SLICES,
 };
 use crate::diagnosis::{estimate::FlowSurvival, table::FailureMode};
 
@@ -23,21 +23,6 @@ pub struct Dead {
     /// candidate); a failed reuse or a keep-alive death only bounds it.
     pub close: bool,
     pub epoch: u32,
-}
-
-/// One socket's silent survivals, reduced to the longest: a flow takes one
-/// path for its life (ECMP and NAT hash its ports), so its survivals are
-/// one draw of a path, however many there are, and a flow that survived
-/// an age is on a path that holds past it.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct Flow {
-    pub(crate) sock_id: u64,
-    /// The longest idle age it survived silently (current epoch).
-    pub(crate) max_idle: f64,
-    /// Its last survival: the least recent leaves first when the table is
-    /// full, and the flow leaves the window with it.
-    pub(crate) last_ns: u64,
-    pub(crate) epoch: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -236,8 +221,8 @@ pub struct Evidence {
     pub(crate) timeouts: VecDeque<Timed>,
     pub(crate) late: VecDeque<Timed>,
     pub(crate) minutes: VecDeque<Minute>,
-    /// Sockets' longest silent survivals, up to [`MAX_FLOWS`].
-    pub(crate) flows: Vec<Flow>,
+    /// Sockets' longest silent survivals (see [`Self::flows`]).
+    pub(crate) flow_table: FlowTable,
     pub(crate) epoch: u32,
     pub(crate) split: bool,
 }
@@ -262,7 +247,7 @@ impl Evidence {
             timeouts: VecDeque::new(),
             late: VecDeque::new(),
             minutes: VecDeque::new(),
-            flows: Vec::new(),
+            flow_table: FlowTable::default(),
             epoch: 0,
             split: false,
         }
@@ -309,7 +294,7 @@ impl Evidence {
             let probe = f64::from(o.keepalive_idle);
             let silent = if refreshed { (probe > 0.0 && probe < idle).then_some(probe) } else { Some(idle) };
             if let Some(age) = silent {
-                self.flow_survived(o.sock_id, age, o.ts_ns);
+                self.flow_table.survived(o.sock_id, age, o.ts_ns, epoch);
             }
         }
         let s = self.slice(o.ts_ns);
@@ -392,25 +377,6 @@ impl Evidence {
         }
     }
 
-    /// A socket survived `idle` s silently: its flow's longest survival
-    /// grows. Past [`MAX_FLOWS`] sockets the least recently surviving one
-    /// leaves (should it survive again, it comes back as a new flow).
-    fn flow_survived(&mut self, sock_id: u64, idle: f64, ts_ns: u64) {
-        let epoch = self.epoch;
-        if let Some(f) = self.flows.iter_mut().find(|f| f.sock_id == sock_id) {
-            f.max_idle = if f.epoch == epoch { f.max_idle.max(idle) } else { idle };
-            f.last_ns = f.last_ns.max(ts_ns);
-            f.epoch = epoch;
-            return;
-        }
-        let flow = Flow { sock_id, max_idle: idle, last_ns: ts_ns, epoch };
-        if self.flows.len() < MAX_FLOWS {
-            self.flows.push(flow);
-        } else if let Some(oldest) = self.flows.iter_mut().min_by_key(|f| f.last_ns) {
-            *oldest = flow;
-        }
-    }
-
     /// Count a peer restart at `ts_ns`.
     pub fn add_restart(&mut self, ts_ns: u64) {
         self.slice(ts_ns).counts.restarts += 1;
@@ -458,7 +424,7 @@ impl Evidence {
                 q.pop_front();
             }
         }
-        self.flows.retain(|f| !old(f.last_ns));
+        self.flow_table.expire(old);
         let hour_ago = (now_ns / MINUTE_NS).saturating_sub(60);
         while self.minutes.front().is_some_and(|m| m.index < hour_ago) {
             self.minutes.pop_front();
@@ -503,9 +469,8 @@ impl Evidence {
         for d in self.dead().filter(|d| d.reuse) {
             failed.entry(d.sock_id).and_modify(|f| *f = f.min(d.idle)).or_insert(d.idle);
         }
-        self.flows
-            .iter()
-            .filter(|f| f.epoch == self.epoch)
+        self.flow_table
+            .of_epoch(self.epoch)
             .map(|f| FlowSurvival { survived: f.max_idle, failed: failed.get(&f.sock_id).copied() })
             .collect()
     }
@@ -629,6 +594,6 @@ impl Evidence {
             + (self.local_closes.capacity() + self.aborted.capacity() + self.timeouts.capacity() + self.late.capacity())
                 * size_of::<Timed>()
             + self.minutes.capacity() * size_of::<Minute>()
-            + self.flows.capacity() * size_of::<Flow>()
+            + self.flow_table.bytes()
     }
 }
