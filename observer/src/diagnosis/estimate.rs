@@ -595,4 +595,4 @@ pub fn recommended_pool_idle(path_timeout: f64) -> f64 {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

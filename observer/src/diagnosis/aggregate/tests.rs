@@ -1365,36 +1365,18 @@ fn pooled_connections_on_two_silent_paths_are_counted_as_flows() {
     let d = "10.0.0.8:7402";
     let (mut missed, mut lifted_by_reuses, mut bounded) = (0, 0, 0);
     for seed in 0..300u64 {
-        let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        let mut next = || {
-            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-            #[allow(clippy::cast_precision_loss, reason = "53 bits")]
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            u
-        };
         let mut agg = Aggregator::new(Config::default());
-        let mut sock = 5_000_000 + seed * 1000;
-        let mut conns: Vec<(f64, u64)> = Vec::new();
-        for _ in 0..6 {
-            sock += 1;
-            conns.push((if next() < 0.5 { 2.0 } else { 4.0 }, sock));
-        }
         let (mut alive, mut dead) = (Vec::new(), Vec::new());
         let mut ts = 0.0;
-        for k in 0..84 {
-            let age = 1.0 + 4.5 * next();
+        for (age, ok, conn) in estimate::tests::pooled_reuses(84, 6, 0.5, seed) {
             ts += age;
-            let c = &mut conns[k % 6];
-            let ok = age < c.0;
             let mut e = reuse(ts, d, age, if ok { Outcome::Ok } else { Outcome::TimedOut });
-            e.sock_id = c.1;
+            e.sock_id = 5_000_000 + seed * 1000 + conn;
             agg.ingest(&e);
             if ok {
                 alive.push((age, 1));
             } else {
                 dead.push(age);
-                sock += 1;
-                *c = (if next() < 0.5 { 2.0 } else { 4.0 }, sock);
             }
         }
         let per_reuse: Vec<estimate::FlowSurvival> =

@@ -1,6 +1,8 @@
 #![allow(clippy::float_cmp, reason = "expected values are exact copies of the inputs")]
 #![allow(clippy::cast_precision_loss, reason = "small test indices")]
 use super::*;
+use std::collections::BTreeMap;
+
 use proptest::prelude::*;
 
 #[test]
@@ -389,34 +391,50 @@ fn random_mixes_of_two_paths_miss_the_shorter_timeout_rarely() {
 /// The live test's clients without their clocks: `clients` pooled
 /// connections, each reused after random idle ages over [1, 5.5] s until
 /// a reuse fails (then a new connection, a new draw of a path: 2 s with
-/// chance `share`, else 4 s), `n` reuses in all. Returns the reuses'
-/// evidence and each connection's longest survival.
-fn pooled_two_paths(n: usize, clients: usize, share: f64, seed: u64) -> (Vec<(f64, u64)>, Vec<f64>, Vec<FlowSurvival>) {
+/// chance `share`, else 4 s), `n` reuses in all, as `(age, survived,
+/// connection)` in order.
+pub(crate) fn pooled_reuses(n: usize, clients: usize, share: f64, seed: u64) -> Vec<(f64, bool, u64)> {
     let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
     let mut next = || {
         x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         (x >> 11) as f64 / (1u64 << 53) as f64
     };
-    let (mut alive, mut dead, mut flows) = (Vec::new(), Vec::new(), Vec::new());
-    // Each client's connection: (timeout, longest survival).
-    let mut conns: Vec<(f64, Option<f64>)> = Vec::new();
-    for _ in 0..clients {
-        conns.push((if next() < share { 2.0 } else { 4.0 }, None));
-    }
+    let mut opened = 0u64;
+    let mut open = |next: &mut dyn FnMut() -> f64| {
+        opened += 1;
+        (if next() < share { 2.0 } else { 4.0 }, opened)
+    };
+    // Each client's connection: (timeout, id).
+    let mut conns: Vec<(f64, u64)> = (0..clients).map(|_| open(&mut next)).collect();
+    let mut out = Vec::with_capacity(n);
     for k in 0..n {
         let age = 1.0 + 4.5 * next();
-        let c = &mut conns[k % clients];
-        if age < c.0 {
-            alive.push((age, 1));
-            c.1 = Some(c.1.map_or(age, |m: f64| m.max(age)));
-        } else {
-            dead.push(age);
-            flows.extend(c.1.map(|m| FlowSurvival { survived: m, failed: Some(age) }));
-            *c = (if next() < share { 2.0 } else { 4.0 }, None);
+        let c = k % clients;
+        let ok = age < conns[c].0;
+        out.push((age, ok, conns[c].1));
+        if !ok {
+            conns[c] = open(&mut next);
         }
     }
-    flows.extend(conns.iter().filter_map(|c| c.1.map(|m| FlowSurvival { survived: m, failed: None })));
-    (alive, dead, flows)
+    out
+}
+
+/// [`pooled_reuses`] as the estimator takes it: the reuses' evidence and
+/// each connection's longest survival and failure.
+fn pooled_two_paths(n: usize, clients: usize, share: f64, seed: u64) -> (Vec<(f64, u64)>, Vec<f64>, Vec<FlowSurvival>) {
+    let reuses = pooled_reuses(n, clients, share, seed);
+    let alive: Vec<(f64, u64)> = reuses.iter().filter(|r| r.1).map(|r| (r.0, 1)).collect();
+    let dead: Vec<f64> = reuses.iter().filter(|r| !r.1).map(|r| r.0).collect();
+    let mut flows: BTreeMap<u64, FlowSurvival> = BTreeMap::new();
+    for &(age, ok, conn) in &reuses {
+        if ok {
+            let f = flows.entry(conn).or_insert(FlowSurvival { survived: age, failed: None });
+            f.survived = f.survived.max(age);
+        } else if let Some(f) = flows.get_mut(&conn) {
+            f.failed = Some(age);
+        }
+    }
+    (alive, dead, flows.into_values().collect())
 }
 
 /// Pooled connections keep their path for life: the longer path's few
